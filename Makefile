@@ -1,0 +1,40 @@
+# promaccel — `make demo` runs promaccel over a generated GPU fleet; `make test` runs the suite.
+# Both set everything up on a fresh Debian/Ubuntu machine (venv, PyPI packages, and Debian's
+# prometheus and redis-server when missing). Services always run on their own loopback ports.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+PYTEST_ARGS ?=
+
+.PHONY: setup system-deps test test-fast demo bench clean lint
+
+setup: system-deps $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+system-deps:
+	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null || ! command -v redis-server >/dev/null; then \
+	  echo "installing Debian's prometheus and redis-server"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus redis-server >/dev/null; \
+	fi
+
+test: setup
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not prom and not redis and not slow" $(PYTEST_ARGS)
+
+demo: setup
+	$(BIN)/python -m loadtests.demo
+
+bench: setup
+	$(BIN)/python -m loadtests.bench
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache .hypothesis *.egg-info

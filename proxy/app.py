@@ -1,0 +1,245 @@
+"""The HTTP surface: Prometheus's API, thin routes over the executor.
+
+Routes only parse and validate (as Prometheus does) and hand a request to `Executor`;
+they never talk to a backend themselves except to relay the metadata endpoints.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import orjson
+from fastapi import FastAPI
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.middleware.gzip import GZipMiddleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from . import __version__
+from .backend import Backend, BackendReply
+from .config import Config
+from .errors import PromError
+from .execute import Executor
+from .forms import first_values, read_pairs
+from .metrics import METRICS
+from .params import parse_instant, parse_range
+
+log = logging.getLogger("promaccel")
+access_log = logging.getLogger("promaccel.access")
+
+JSON = "application/json"
+# Headers Grafana sends; kept for the access log (never auth headers).
+GRAFANA_HEADERS = ("x-dashboard-uid", "x-panel-id", "x-grafana-org-id", "x-query-group-id", "x-datasource-uid")
+
+PROMETHEUS_COMPAT_VERSION = "2.42.0"
+
+
+def _reply(reply: BackendReply, extra_headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        content=reply.body,
+        status_code=reply.status,
+        media_type=None,
+        headers={"Content-Type": reply.content_type, **(extra_headers or {})},
+    )
+
+
+def _error(exc: PromError) -> Response:
+    return Response(exc.body(), status_code=exc.status, media_type=JSON)
+
+
+class AccessLog:
+    """Times each request, counts it by endpoint, and logs it with Grafana's headers."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            elapsed = time.perf_counter() - t0
+            endpoint = _endpoint_label(scope.get("path", ""))
+            METRICS.requests.labels(endpoint, str(status)).inc()
+            METRICS.request_latency.labels(endpoint).observe(elapsed)
+            if access_log.isEnabledFor(logging.INFO):
+                hdrs = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", [])}
+                grafana = " ".join(f"{h}={hdrs[h]}" for h in GRAFANA_HEADERS if h in hdrs)
+                access_log.info(
+                    "%s %s %d %.1fms %s", scope.get("method"), scope.get("path"), status, elapsed * 1000, grafana
+                )
+
+
+_KNOWN = {
+    "/api/v1/query", "/api/v1/query_range", "/api/v1/series", "/api/v1/labels", "/api/v1/metadata",
+    "/api/v1/query_exemplars", "/api/v1/format_query", "/api/v1/rules", "/api/v1/alerts",
+    "/api/v1/explain", "/-/healthy", "/-/ready", "/metrics", "/api/v1/status/buildinfo",
+}
+
+
+def _endpoint_label(path: str) -> str:
+    if path in _KNOWN:
+        return path
+    if path.startswith("/api/v1/label/"):
+        return "/api/v1/label/:name/values"
+    if path.startswith("/api/v1/status/"):
+        return "/api/v1/status/*"
+    return "other"
+
+
+def create_app(config: Config) -> FastAPI:
+    backends = [Backend(b) for b in config.backends]
+    primary = backends[0]
+    executor = Executor(config, backends)
+    max_body = config.limits.max_body_bytes
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await executor.aclose()
+            for b in backends:
+                await b.aclose()
+
+    app = FastAPI(
+        title="promaccel", version=__version__, lifespan=lifespan,
+        docs_url=None, redoc_url=None, openapi_url=None,
+    )
+    app.state.executor = executor
+
+    Handler = Callable[[Request], Awaitable[Response]]
+
+    def route(path: str, methods: tuple[str, ...] = ("GET", "POST")) -> Callable[[Handler], Handler]:
+        def deco(fn: Handler) -> Handler:
+            async def wrapped(request: Request) -> Response:
+                try:
+                    return await fn(request)
+                except PromError as exc:
+                    return _error(exc)
+            app.add_api_route(path, wrapped, methods=list(methods), include_in_schema=False)
+            return fn
+        return deco
+
+    @route("/api/v1/query")
+    async def query(request: Request) -> Response:
+        pairs = await read_pairs(request, max_body)
+        p = parse_instant(first_values(pairs), now_ms=int(time.time() * 1000))
+        return await executor.instant(p, pairs, request.headers)
+
+    @route("/api/v1/query_range")
+    async def query_range(request: Request) -> Response:
+        pairs = await read_pairs(request, max_body)
+        p = parse_range(first_values(pairs), config.limits.max_points)
+        return await executor.range(p, pairs, request.headers)
+
+    @route("/api/v1/explain")
+    async def explain(request: Request) -> Response:
+        pairs = await read_pairs(request, max_body)
+        form = first_values(pairs)
+        if "step" in form or "start" in form:
+            rp = parse_range(form, config.limits.max_points)
+            data = executor.explain_range(rp)
+        else:
+            ip = parse_instant(form, now_ms=int(time.time() * 1000))
+            data = executor.explain_instant(ip)
+        return Response(orjson.dumps({"status": "success", "data": data}), media_type=JSON)
+
+    async def relay(request: Request, path: str) -> Response:
+        pairs = await read_pairs(request, max_body)
+        if request.method == "POST":
+            reply = await primary.request("POST", path, form=pairs, endpoint=_endpoint_label(path))
+        else:
+            reply = await primary.request("GET", path, params=pairs, endpoint=_endpoint_label(path))
+        return _reply(reply)
+
+    for path in ("/api/v1/series", "/api/v1/labels", "/api/v1/query_exemplars", "/api/v1/format_query"):
+        def make(p: str) -> Handler:
+            async def handler(request: Request) -> Response:
+                return await relay(request, p)
+            return handler
+        route(path)(make(path))
+
+    for path in ("/api/v1/metadata", "/api/v1/rules", "/api/v1/alerts", "/api/v1/targets",
+                 "/api/v1/targets/metadata", "/api/v1/alertmanagers"):
+        def make_get(p: str) -> Handler:
+            async def handler(request: Request) -> Response:
+                return await relay(request, p)
+            return handler
+        route(path, ("GET",))(make_get(path))
+
+    @route("/api/v1/label/{name}/values", ("GET",))
+    async def label_values(request: Request) -> Response:
+        return await relay(request, request.url.path)
+
+    @route("/api/v1/status/buildinfo", ("GET",))
+    async def buildinfo(request: Request) -> Response:
+        # AMP has no buildinfo (404); Grafana reads `version` to pick PromQL features, so
+        # promaccel answers with the backend's if it has one, and its own otherwise.
+        data: dict[str, Any] = {
+            "version": PROMETHEUS_COMPAT_VERSION,
+            "revision": f"promaccel-{__version__}",
+            "branch": "promaccel",
+            "buildUser": "promaccel",
+            "buildDate": "",
+            "goVersion": "promaccel (python)",
+        }
+        try:
+            reply = await primary.request("GET", "/api/v1/status/buildinfo", endpoint="buildinfo", timeout_s=5)
+            if reply.ok:
+                backend_data = orjson.loads(reply.body).get("data") or {}
+                if isinstance(backend_data, dict) and backend_data.get("version"):
+                    data.update(backend_data)
+        except (PromError, orjson.JSONDecodeError, AttributeError):
+            pass
+        data["promaccel"] = __version__
+        return Response(orjson.dumps({"status": "success", "data": data}), media_type=JSON)
+
+    @route("/api/v1/status/{what}", ("GET",))
+    async def status(request: Request) -> Response:
+        return await relay(request, request.url.path)
+
+    @app.get("/-/healthy", include_in_schema=False)
+    async def healthy() -> Response:
+        return Response("promaccel is Healthy.\n", media_type="text/plain")
+
+    @app.get("/-/ready", include_in_schema=False)
+    async def ready() -> Response:
+        for b in backends:
+            if await executor.backend_ready(b):
+                return Response("promaccel is Ready.\n", media_type="text/plain")
+        return Response("promaccel is not ready: no backend answers.\n", status_code=503, media_type="text/plain")
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(generate_latest(METRICS.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"],
+                   include_in_schema=False)
+    async def not_found(request: Request) -> Response:
+        return _error(PromError("not_found", f"unknown path {request.url.path!r}: promaccel serves the "
+                                "Prometheus HTTP API under /api/v1/"))
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, exc: Exception) -> Response:
+        log.exception("internal error on %s", request.url.path)
+        return _error(PromError("internal", f"internal error in promaccel: {type(exc).__name__}"))
+
+    app.add_middleware(GZipMiddleware, minimum_size=1024)
+    app.add_middleware(AccessLog)
+    return app

@@ -1,0 +1,187 @@
+"""promaccel's configuration: YAML validated with pydantic; CLI flags override the file.
+
+Unknown keys and wrong types are rejected with a message naming the key (`ConfigError`).
+Durations are Prometheus durations ("30s", "1h30m") or numbers of seconds.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+
+from .params import parse_prom_duration_ms
+
+
+class ConfigError(Exception):
+    """A configuration problem, with a message that names the offending key."""
+
+
+def _to_ms(value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError("expected a duration like 30s or 1h, got a boolean")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError("duration must not be negative")
+        return int(round(value * 1000))
+    if isinstance(value, str):
+        try:
+            return parse_prom_duration_ms(value.strip())
+        except ValueError:
+            raise ValueError(f"expected a duration like 30s or 1h30m, got {value!r}") from None
+    raise ValueError(f"expected a duration like 30s or 1h, got {type(value).__name__}")
+
+
+DurationMs = Annotated[int, BeforeValidator(_to_ms)]
+OptDurationMs = Annotated[int | None, BeforeValidator(_to_ms)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BackendConfig(_Strict):
+    name: str = "default"
+    kind: Literal["prometheus", "amp"] = "prometheus"
+    url: str
+    timeout: DurationMs = Field(default=120_000, description="per backend call")
+    connect_timeout: DurationMs = 5_000
+    max_connections: int = Field(default=64, ge=1)
+    max_keepalive: int = Field(default=32, ge=0)
+    max_parallel: int = Field(default=4, ge=1, description="concurrent pieces per backend")
+    retries: int = Field(default=2, ge=0, le=10)
+    transport: Literal["aiohttp", "httpx"] = "aiohttp"
+    region: str | None = None  # AMP only
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not (v.startswith("http://") or v.startswith("https://")):
+            raise ValueError(f"backend url must start with http:// or https://, got {v!r}")
+        return v.rstrip("/")
+
+
+class CacheConfig(_Strict):
+    redis_url: str | None = None
+    max_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
+    max_freshness: DurationMs = 600_000
+    recent_ttl: DurationMs = 0
+    ttl: DurationMs = 7 * 86_400_000
+
+
+class PlannerConfig(_Strict):
+    split_interval: OptDurationMs = None
+    shards: int | Literal["auto"] = 1
+    shard_labels: dict[str, str] = Field(
+        default_factory=lambda: {"DCGM_.*": "Hostname", "node_.*": "instance"}
+    )
+    min_range_to_split: DurationMs = 0
+    max_pieces: int = Field(default=2_000, ge=1)
+    max_parallel: int = Field(default=8, ge=1)
+    shard_values_ttl: DurationMs = 300_000
+
+    @field_validator("shards")
+    @classmethod
+    def _shards(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("shards must be >= 1 or 'auto'")
+        return v
+
+
+class LimitsConfig(_Strict):
+    max_points: int = Field(default=11_000, ge=1)
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    query_timeout: DurationMs = 120_000
+
+
+class ListenConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=9091, ge=0, le=65535)
+
+
+class Config(_Strict):
+    listen: ListenConfig = Field(default_factory=ListenConfig)
+    backends: list[BackendConfig] = Field(default_factory=list)
+    cache: CacheConfig = Field(default_factory=CacheConfig)
+    planner: PlannerConfig = Field(default_factory=PlannerConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+def _describe(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"unknown key {key!r}")
+        else:
+            lines.append(f"{key}: {e['msg']}")
+    return "invalid configuration: " + "; ".join(lines)
+
+
+def build_config(data: dict[str, Any]) -> Config:
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from None
+
+
+def load_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(p)!r}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(p)!r} must hold a mapping at the top level")
+    return data
+
+
+def load_config(
+    path: str | None = None,
+    *,
+    backends: list[str] | None = None,
+    redis_url: str | None = None,
+    host: str | None = None,
+    port: int | None = None,
+    overrides: dict[str, dict[str, Any]] | None = None,
+) -> Config:
+    """File (or $PROMACCEL_CONFIG), then flags on top."""
+    path = path or os.environ.get("PROMACCEL_CONFIG") or None
+    data: dict[str, Any] = load_file(path) if path else {}
+    if backends:
+        data["backends"] = [
+            {"name": "default" if i == 0 else f"backend{i}", "url": url}
+            for i, url in enumerate(backends)
+        ]
+    for section, values in (overrides or {}).items():
+        if values:
+            merged = dict(data.get(section) or {})
+            merged.update(values)
+            data[section] = merged
+    if redis_url is not None:
+        cache = dict(data.get("cache") or {})
+        cache["redis_url"] = redis_url
+        data["cache"] = cache
+    if host is not None or port is not None:
+        listen = dict(data.get("listen") or {})
+        if host is not None:
+            listen["host"] = host
+        if port is not None:
+            listen["port"] = port
+        data["listen"] = listen
+    cfg = build_config(data)
+    if not cfg.backends:
+        raise ConfigError("no backend configured: pass --backend URL or list backends in the config file")
+    return cfg

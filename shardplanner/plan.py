@@ -1,0 +1,114 @@
+"""The planner's data types: a request in, a plan (pieces + merge recipe) out.
+
+Everything here is frozen and pure. Times are integer milliseconds (`_ms`); seconds exist
+only at the HTTP edge in `proxy/`.
+
+The contract with `proxy/`:
+- `proxy` builds a `QueryRequest` from validated HTTP parameters, asks the planner for a
+  `Plan`, runs every `Piece` against a backend, and merges the piece answers following
+  `Plan.merge` (a `MergeRecipe`).
+- A `Piece.query` is exactly the PromQL string to send. When nothing was rewritten it is the
+  client's original query string, byte for byte.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+MergeKind = Literal["passthrough", "concat", "aggregate"]
+AggOp = Literal["sum", "min", "max", "count", "group", "avg", "topk", "bottomk"]
+
+
+@dataclass(frozen=True)
+class QueryRequest:
+    """A validated query. Range query: start/end/step set. Instant query: time_ms set."""
+
+    query: str
+    start_ms: int | None = None
+    end_ms: int | None = None
+    step_ms: int | None = None
+    time_ms: int | None = None
+    lookback_ms: int = 300_000
+
+    @property
+    def is_range(self) -> bool:
+        return self.step_ms is not None
+
+
+@dataclass(frozen=True)
+class PlannerSettings:
+    """Knobs from config / CLI (`planner.*`)."""
+
+    split_interval_ms: int | None = None  # None: never split by time
+    shards: int = 1  # 1: never shard by node
+    # (metric-name regex, shard label); first match wins.
+    shard_labels: tuple[tuple[str, str], ...] = (
+        ("DCGM_.*", "Hostname"),
+        ("node_.*", "instance"),
+    )
+    min_range_to_split_ms: int = 0
+    max_pieces: int = 10_000
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """Shard `index` of `count` over `label`; `matcher_op`/`matcher_value` is the injected
+    matcher, e.g. Hostname=~"node-0|node-1" or, for the final complement shard,
+    Hostname!~"node-0|...|node-9"."""
+
+    label: str
+    index: int
+    count: int
+    matcher_op: Literal["=~", "!~"]
+    matcher_value: str
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One backend call. Range piece: start/end/step; instant piece: time_ms."""
+
+    query: str
+    start_ms: int | None = None
+    end_ms: int | None = None
+    step_ms: int | None = None
+    time_ms: int | None = None
+    shard: ShardSpec | None = None
+    # For avg: which partial this piece computes ("sum" or "count"); None otherwise.
+    role: str | None = None
+
+    @property
+    def is_range(self) -> bool:
+        return self.step_ms is not None
+
+
+@dataclass(frozen=True)
+class MergeRecipe:
+    """How piece answers become one answer.
+
+    - passthrough: exactly one piece; relay its answer untouched.
+    - concat: pieces partition time and/or series; union the series, concatenating their
+      samples in time order (a series present in several pieces is the same series).
+    - aggregate: per timestamp, group the piece series by the output labels and apply `op`:
+      sum -> sum of sums; count -> sum of counts; min/max -> min/max; group -> 1;
+      avg -> sum of "sum" pieces / sum of "count" pieces; topk/bottomk(param) -> global
+      topk/bottomk over the union of per-shard winners.
+      `grouping` / `without` describe the output labels exactly as the PromQL `by`/`without`.
+    """
+
+    kind: MergeKind
+    op: AggOp | None = None
+    grouping: tuple[str, ...] = ()
+    without: bool = False
+    param: float | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    request: QueryRequest
+    pieces: tuple[Piece, ...]
+    merge: MergeRecipe
+    sharded: bool = False
+    time_split: bool = False
+    # Why the query was not sharded / not split (for metrics and /api/v1/explain).
+    notes: tuple[str, ...] = field(default_factory=tuple)
