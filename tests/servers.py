@@ -1,0 +1,136 @@
+"""Real services for tests: Prometheus over generated GPU data, redis-server, promaccel.
+
+Each runs on a free loopback port with its own data directory and is always stopped at the
+end of the session. Binaries come from Debian's `prometheus` and `redis-server` packages
+(`make test` installs them when missing).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes] | None, timeout: float = 60.0, log: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text()[-3000:] if log and log.exists() else ""
+            raise RuntimeError(f"process for {url} exited with {proc.returncode}:\n{tail}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not become ready in {timeout}s")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+@dataclass
+class RedisServer:
+    url: str
+    port: int
+    proc: subprocess.Popen[bytes]
+    workdir: Path
+
+    @classmethod
+    def start(cls, workdir: Path) -> "RedisServer":
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server not found: run `make test` (installs Debian's redis-server)")
+        workdir.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        log = workdir / "redis.log"
+        proc = subprocess.Popen(
+            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(workdir), "--logfile", str(log), "--daemonize", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        return cls(f"redis://127.0.0.1:{port}/0", port, proc, workdir)
+            except OSError:
+                time.sleep(0.05)
+        stop(proc)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        stop(self.proc)
+
+
+@dataclass
+class Promaccel:
+    url: str
+    proc: subprocess.Popen[bytes]
+    args: tuple[str, ...]
+    log: Path
+
+    @classmethod
+    def start(cls, backend_url: str, args: tuple[str, ...], workdir: Path) -> "Promaccel":
+        workdir.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        log = workdir / f"promaccel-{port}.log"
+        env = dict(os.environ)
+        env.pop("PROMACCEL_CONFIG", None)
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "proxy.cli", "serve", "--backend", backend_url,
+                 "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *args],
+                stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT), env=env,
+            )
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/-/healthy", proc, timeout=60, log=log)
+        return cls(url, proc, args, log)
+
+    def stop(self) -> None:
+        stop(self.proc)
+
+
+@dataclass
+class ProxyPool:
+    """promaccel instances by their flags, started on first use, stopped at session end."""
+
+    backend_url: str
+    workdir: Path
+    running: dict[tuple[str, ...], Promaccel] = field(default_factory=dict)
+
+    def get(self, *args: str) -> Promaccel:
+        if args not in self.running:
+            self.running[args] = Promaccel.start(self.backend_url, args, self.workdir)
+        return self.running[args]
+
+    def stop_all(self) -> None:
+        for p in self.running.values():
+            p.stop()
+        self.running.clear()
