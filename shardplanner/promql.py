@@ -1,0 +1,319 @@
+"""The one door to promql-parser: `parse(query)` returns a `shardplanner.ast` tree.
+
+No other module in the project imports `promql_parser`. The planner works on the frozen
+dataclasses of `shardplanner.ast` (rewrite with `dataclasses.replace`, `transform`,
+`inject_matcher`) and prints with `shardplanner.serialize.to_promql`.
+
+    parse('sum by (Hostname) (rate(x{a=`raw\\d`}[5m]))')
+      -> Agg(op='sum', grouping=('Hostname',),
+             expr=Call('rate', (MatrixSel(Selector('x', (Matcher('a', '=', 'raw\\\\d'),)),
+                                          300000),)))
+
+`CannotParse` means "cannot plan", not "invalid": the proxy forwards such a query unplanned
+and lets the backend's answer (or error) stand. It is raised when promql-parser rejects the
+query and also when promql-parser would read it differently from Prometheus 2.42:
+- `\\x80`..`\\xff` and `\\200`..`\\377` escapes: Prometheus makes raw bytes of them,
+  promql-parser the code points U+0080..U+00FF;
+- a raw U+FFFD anywhere: Prometheus rejects it in strings, promql-parser accepts it;
+- quoted label or metric names (`{"a"="b"}`, Prometheus 3 syntax): promql-parser accepts them,
+  2.42 does not, and printing them back unquoted would make a rejected query valid;
+- `fill()` / `fill_left()` / `fill_right()` binary modifiers (newer than 2.42);
+- a negative `@` time, which makes promql-parser 0.12 panic when it is read back;
+- a decimal literal beyond float64 (`1e400`): Prometheus rejects it, promql-parser reads +Inf;
+- anything else the conversion does not recognise.
+
+promql-parser 0.12 quirks worked around here:
+- a backtick raw string holding a backslash (`` up{a=`raw\\d`} ``) fails to parse ("unknown
+  escape sequence"), although Prometheus takes raw strings verbatim: when the query holds a
+  backtick, `parse` first rewrites each raw string into the equivalent double-quoted string;
+- `holt_winters` (a 2.42 function, renamed in Prometheus 3) is unknown to it: it is registered
+  as an extra function;
+- `@ <time>` comes back as a datetime: it becomes integer milliseconds, rounded as Prometheus
+  rounds `@` (math.Round of seconds * 1000).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import promql_parser as _pp
+
+from shardplanner.ast import (
+    Agg,
+    At,
+    Binary,
+    Call,
+    Expr,
+    MatchOp,
+    Matcher,
+    MatrixSel,
+    Number,
+    Paren,
+    Selector,
+    String,
+    Subquery,
+    Unary,
+    VectorMatching,
+)
+from shardplanner.serialize import quote_string
+
+
+class CannotParse(Exception):
+    """promql-parser cannot read this query the way Prometheus does: do not plan it."""
+
+
+# Prometheus 2.42 functions promql-parser 0.12 no longer knows (Prometheus 3 renamed
+# holt_winters to double_exponential_smoothing). Registration is process-global; this module
+# is the only one that talks to promql-parser, so it owns it.
+_EXTRA_FUNCTIONS = [
+    _pp.Function(
+        "holt_winters",
+        [_pp.ValueType.Matrix, _pp.ValueType.Scalar, _pp.ValueType.Scalar],
+        _pp.ValueType.Vector,
+    ),
+]
+_pp.register_extra_functions(_EXTRA_FUNCTIONS)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MS = timedelta(milliseconds=1)
+_US = timedelta(microseconds=1)
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
+# promql-parser's enums are not hashable: a list of pairs, not a dict.
+_MATCH_OPS: list[tuple[Any, MatchOp]] = [
+    (_pp.MatchOp.Equal, "="),
+    (_pp.MatchOp.NotEqual, "!="),
+    (_pp.MatchOp.Re, "=~"),
+    (_pp.MatchOp.NotRe, "!~"),
+]
+_DECIMAL = re.compile(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_OCTAL = frozenset("01234567")
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def parse(query: str) -> Expr:
+    """Parse `query` into a `shardplanner.ast` tree, or raise CannotParse."""
+    text = _prelex(query)
+    try:
+        return _convert(_pp.parse(text))
+    except CannotParse:
+        raise
+    except (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError):
+        raise
+    except BaseException as exc:
+        # ValueError for a rejected query; pyo3's PanicException (a BaseException) when the
+        # Rust side panics, e.g. reading back `@ -100`.
+        raise CannotParse(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _prelex(query: str) -> str:
+    """Rewrite backtick raw strings as double-quoted strings; raise CannotParse for input that
+    promql-parser and Prometheus read differently (see the module docstring)."""
+    if "\ufffd" in query:
+        raise CannotParse("raw U+FFFD in the query")
+    out: list[str] = []
+    n = len(query)
+    i = 0
+    brace_depth = 0
+    last = ""  # last significant character outside strings and comments
+    while i < n:
+        c = query[i]
+        if c == "#":
+            j = query.find("\n", i)
+            j = n if j < 0 else j
+            out.append(query[i:j])
+            i = j
+            continue
+        if c in "\"'`":
+            if brace_depth and last not in ("=", "~"):
+                raise CannotParse("quoted label or metric name (Prometheus 3 syntax)")
+            if c == "`":
+                j = query.find("`", i + 1)
+                if j < 0:  # unterminated: leave it to the parser to reject
+                    out.append(query[i:])
+                    break
+                out.append(quote_string(query[i + 1 : j]))
+            else:
+                j = _scan_quoted(query, i)
+                out.append(query[i : j + 1])
+            i = j + 1
+            last = c
+            continue
+        if (c.isdigit() or c == ".") and not (i and _is_word_char(query[i - 1])):
+            m = _DECIMAL.match(query, i)
+            if m and math.isinf(float(m.group())):
+                raise CannotParse(f"number {m.group()} overflows float64")
+        if c == "@" and query[i + 1 :].lstrip().startswith("-"):
+            raise CannotParse("negative @ time (promql-parser 0.12 panics on it)")
+        if c == "{":
+            brace_depth += 1
+        elif c == "}":
+            brace_depth = max(0, brace_depth - 1)
+        if not c.isspace():
+            last = c
+        out.append(c)
+        i += 1
+    return "".join(out) if "`" in query else query
+
+
+def _is_word_char(c: str) -> bool:
+    return c.isalnum() or c in "_:."
+
+
+def _scan_quoted(query: str, start: int) -> int:
+    """Index of the closing quote of the string opening at `start` (or the last index if it is
+    unterminated); raises CannotParse for byte escapes >= 0x80."""
+    quote = query[start]
+    n = len(query)
+    i = start + 1
+    while i < n:
+        c = query[i]
+        if c == quote:
+            return i
+        if c == "\\" and i + 1 < n:
+            e = query[i + 1]
+            digits = ""
+            if e == "x":
+                digits = query[i + 2 : i + 4]
+                if len(digits) == 2 and set(digits) <= _HEX and int(digits, 16) >= 0x80:
+                    raise CannotParse(f"byte escape \\x{digits}")
+            elif e in _OCTAL:
+                digits = query[i + 1 : i + 4]
+                if len(digits) == 3 and set(digits) <= _OCTAL and int(digits, 8) >= 0o200:
+                    raise CannotParse(f"byte escape \\{digits}")
+            i += 2
+            continue
+        i += 1
+    return n - 1
+
+
+def _convert(node: Any) -> Expr:
+    if isinstance(node, _pp.VectorSelector):
+        return _selector(node)
+    if isinstance(node, _pp.MatrixSelector):
+        return MatrixSel(_selector(node.vector_selector), _duration_ms(node.range))
+    if isinstance(node, _pp.SubqueryExpr):
+        return Subquery(
+            expr=_convert(node.expr),
+            range_ms=_duration_ms(node.range),
+            step_ms=None if node.step is None else _duration_ms(node.step),
+            offset_ms=_offset_ms(node.offset),
+            at=_at(node.at),
+        )
+    if isinstance(node, _pp.AggregateExpr):
+        mod = node.modifier
+        grouping = None if mod is None else tuple(_label(x) for x in mod.labels)
+        without = mod is not None and mod.type == _pp.AggModifierType.Without
+        return Agg(
+            op=str(node.op),
+            expr=_convert(node.expr),
+            param=None if node.param is None else _convert(node.param),
+            grouping=grouping,
+            without=without,
+        )
+    if isinstance(node, _pp.BinaryExpr):
+        return _binary(node)
+    if isinstance(node, _pp.UnaryExpr):
+        return Unary(_convert(node.expr))
+    if isinstance(node, _pp.ParenExpr):
+        return Paren(_convert(node.expr))
+    if isinstance(node, _pp.Call):
+        return Call(node.func.name, tuple(_convert(a) for a in node.args))
+    if isinstance(node, _pp.NumberLiteral):
+        return Number(float(node.val))
+    if isinstance(node, _pp.StringLiteral):
+        return String(node.val)
+    raise CannotParse(f"unsupported node {type(node).__name__}")
+
+
+def _selector(node: Any) -> Selector:
+    name = node.name
+    if name is not None and not _METRIC_NAME.match(name):
+        raise CannotParse(f"metric name {name!r} is not a Prometheus 2 identifier")
+    matchers = tuple(_matcher(m) for m in node.matchers.matchers)
+    or_matchers = tuple(tuple(_matcher(m) for m in g) for g in node.matchers.or_matchers)
+    if matchers and or_matchers:
+        raise CannotParse("selector with both plain and `or` matchers")
+    return Selector(
+        name=name,
+        matchers=matchers,
+        offset_ms=_offset_ms(node.offset),
+        at=_at(node.at),
+        or_matchers=or_matchers,
+    )
+
+
+def _matcher(m: Any) -> Matcher:
+    for native, op in _MATCH_OPS:
+        if m.op == native:
+            return Matcher(_label(m.name), op, m.value)
+    raise CannotParse(f"unknown match operator {m.op!r}")
+
+
+def _label(name: str) -> str:
+    if not _LABEL_NAME.match(name):
+        raise CannotParse(f"label name {name!r} is not a Prometheus 2 identifier")
+    return name
+
+
+def _binary(node: Any) -> Binary:
+    op = str(node.op)
+    mod = node.modifier
+    return_bool = False
+    matching = None
+    if mod is not None:
+        fill = mod.fill_values
+        if fill is not None and (fill.lhs is not None or fill.rhs is not None):
+            raise CannotParse("fill() modifiers are not PromQL 2.42")
+        return_bool = bool(mod.return_bool)
+        card = mod.card
+        group = None
+        if card == _pp.VectorMatchCardinality.ManyToOne:
+            group = "left"
+        elif card == _pp.VectorMatchCardinality.OneToMany:
+            group = "right"
+        if mod.matching is not None:
+            matching = VectorMatching(
+                on=mod.matching.type == _pp.LabelModifierType.Include,
+                labels=tuple(_label(x) for x in mod.matching.labels),
+                group=group,
+                include=tuple(_label(x) for x in (mod.group_labels or ())) if group else (),
+            )
+        elif group is not None:
+            raise CannotParse("group_left/group_right without on/ignoring")
+    try:
+        return Binary(op, _convert(node.lhs), _convert(node.rhs), return_bool, matching)
+    except ValueError as exc:  # an operator shardplanner.ast does not know
+        raise CannotParse(str(exc)) from exc
+
+
+def _duration_ms(td: timedelta) -> int:
+    ms, rest = divmod(td, _MS)
+    if rest:
+        raise CannotParse(f"duration {td} is not a whole number of milliseconds")
+    return int(ms)
+
+
+def _offset_ms(td: timedelta | None) -> int:
+    return 0 if td is None else _duration_ms(td)
+
+
+def _at(at: Any) -> At:
+    if at is None:
+        return None
+    kind = at.type
+    if kind == _pp.AtModifierType.Start:
+        return "start"
+    if kind == _pp.AtModifierType.End:
+        return "end"
+    # Prometheus: int64(math.Round(seconds * 1000)). promql-parser already rounds that way
+    # (checked against 2.42 at half-millisecond times); this keeps it exact if it stops.
+    seconds = ((at.at - _EPOCH) // _US) / 1e6
+    return int(math.copysign(math.floor(abs(seconds * 1000) + 0.5), seconds))
+
+
+__all__ = ["CannotParse", "parse"]

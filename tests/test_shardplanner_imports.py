@@ -1,0 +1,93 @@
+"""Import boundaries: `shardplanner` is pure (never imports `proxy`), and in the whole product
+(shardplanner, proxy, loadtests) only `shardplanner/promql.py` talks to promql-parser."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PLANNER_MODULES = sorted((ROOT / "shardplanner").rglob("*.py"))
+PRODUCT_MODULES = sorted(p for pkg in ("shardplanner", "proxy", "loadtests") for p in (ROOT / pkg).rglob("*.py"))
+PARSER_GATE = ROOT / "shardplanner" / "promql.py"
+
+
+def _imported_modules(path: Path, root: Path = ROOT) -> set[str]:
+    """Top-level names of every module `path` imports, however it spells it: `import x.y`,
+    `from x import y`, `from ..x import y` (resolved against its package), and
+    `importlib.import_module("x")` / `__import__("x")` with a literal name."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package_parts = path.relative_to(root).with_suffix("").parts[:-1]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                found.add((node.module or "").split(".")[0])
+                continue
+            base = list(package_parts[: len(package_parts) - (node.level - 1)])
+            target = base + (node.module.split(".") if node.module else [])
+            if target:
+                found.add(target[0])
+            else:  # `from .. import proxy` from a top-level package
+                found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.Call) and node.args:
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            arg = node.args[0]
+            if name in ("import_module", "__import__") and isinstance(arg, ast.Constant):
+                if isinstance(arg.value, str):
+                    found.add(arg.value.lstrip(".").split(".")[0])
+    return found
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def test_modules_found() -> None:
+    assert PARSER_GATE in PLANNER_MODULES
+    assert len(PLANNER_MODULES) >= 3
+
+
+@pytest.mark.parametrize("path", PLANNER_MODULES, ids=_rel)
+def test_shardplanner_never_imports_proxy(path: Path) -> None:
+    assert "proxy" not in _imported_modules(path)
+
+
+@pytest.mark.parametrize("path", PRODUCT_MODULES, ids=_rel)
+def test_only_promql_module_imports_promql_parser(path: Path) -> None:
+    assert ("promql_parser" in _imported_modules(path)) == (path == PARSER_GATE)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import proxy\n",
+        "import proxy.app as app\n",
+        "from proxy import errors\n",
+        "from proxy.backend import Backend\n",
+        "from ..proxy import errors\n",
+        "from .. import proxy\n",
+        "def f():\n    import proxy\n",
+        "import importlib\nimportlib.import_module('proxy.cache')\n",
+        "__import__('proxy')\n",
+    ],
+)
+def test_detector_sees_every_spelling(tmp_path: Path, source: str) -> None:
+    pkg = tmp_path / "shardplanner"
+    pkg.mkdir()
+    probe = pkg / "probe.py"
+    probe.write_text(source)
+    assert "proxy" in _imported_modules(probe, root=tmp_path)
+
+
+def test_detector_ignores_lookalikes(tmp_path: Path) -> None:
+    pkg = tmp_path / "shardplanner"
+    pkg.mkdir()
+    probe = pkg / "probe.py"
+    probe.write_text("from . import proxy_free\nimport proxyish\nfrom .ast import Selector\nx = 'proxy'\n")
+    assert "proxy" not in _imported_modules(probe, root=tmp_path)
