@@ -49,6 +49,11 @@ class PlannerSettings:
     )
     min_range_to_split_ms: int = 0
     max_pieces: int = 10_000
+    # Instant `max_over_time(x[7d])` / `min_over_time(...)` (optionally under max/min by ...):
+    # cut the range window at multiples of split_interval_ms into instant pieces evaluated at
+    # different times, recombined with MergeRecipe.combine_time. Off until the executor
+    # implements combine_time.
+    split_instant_windows: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,10 @@ class MergeRecipe:
       avg -> sum of "sum" pieces / sum of "count" pieces; topk/bottomk(param) -> global
       topk/bottomk over the union of per-shard winners.
       `grouping` / `without` describe the output labels exactly as the PromQL `by`/`without`.
+    - combine_time (with aggregate, instant queries only): the pieces are instant queries
+      evaluated at *different* times (`Piece.time_ms`), each over one sub-window of a range
+      selector; treat all their samples as if at the request's `time_ms`, combine them with
+      `op` (max or min only) and stamp the answer with the request's `time_ms`.
     """
 
     kind: MergeKind
@@ -101,6 +110,7 @@ class MergeRecipe:
     grouping: tuple[str, ...] = ()
     without: bool = False
     param: float | None = None
+    combine_time: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,375 @@
+"""Load generated fleet telemetry into a Prometheus TSDB and serve it.
+
+    python -m loadtests.load build --data-dir DIR [--dataset ci|bench | fleet args]
+    python -m loadtests.load serve --data-dir DIR [--port P]
+    python -m loadtests.load sizes [--measure]
+
+`build` generates the fleet (loadtests.gen) in 2 h slices cut on the epoch's 2 h grid, which
+is promtool's block grid, and runs `promtool tsdb create-blocks-from openmetrics` on each,
+two at a time (promtool is single-threaded), each into its own scratch directory, then moves
+the blocks into DIR. Slice files are deleted as soon as promtool is done with them.
+promtool 2.42 reads its whole input once to find the time range and once more per 2 h
+block it writes, so one slice per block keeps that to two passes, and memory to about 1.3x
+the slice file. promtool silently drops out-of-order and duplicate samples (exit code 0), so
+every slice's block sample counts are checked against what the generator wrote.
+DIR/promaccel-dataset.json (written last) records the FleetSpec and generator version; a
+build whose manifest matches is skipped.
+
+`serve` / `start_prometheus()` runs Debian's `prometheus` on 127.0.0.1 with the TSDB in DIR,
+no scrape targets, and retention 100y, so blocks dated weeks ago are neither deleted nor
+"out of bounds" (retention counts from the newest block, not from now). Prometheus compacts
+the 2 h blocks into bigger ones in the background about a minute after start; answers do
+not change, timings may. One Prometheus per DIR (it takes a lock); copy DIR for a second one.
+
+Datasets (measured on the 2-core / 24 GiB development machine, 2 concurrent promtools):
+
+| dataset | fleet                      | window (UTC)                             | samples | series* | text      | gen   | build | TSDB    |
+|---------|----------------------------|------------------------------------------|---------|---------|-----------|-------|-------|---------|
+| ci      | 16 nodes x 4 GPUs, 6 h     | 2026-10-31T18:00:00Z .. 2026-11-01T00:00Z |  0.80 M |  8.7 k  |  191 MiB  | 0.3 s | 4.6 s | 5.7 MiB |
+| bench   | 256 nodes x 8 GPUs, 24 h   | 2026-10-31T00:00:00Z .. 2026-11-01T00:00Z | 89.2 M  |  201 k  | 22.7 GiB  | 27 s  | 230 s | 310 MiB |
+
+*series summed over the 2 h slices. "gen" is generation to /dev/null; "build" is the whole
+`build` (generation, disk, promtool). bench peaks at ~2.6 GiB RSS per promtool (two run at
+once) and ~0.6 GiB for the generator, and needs ~6 GiB of scratch disk beside DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterator
+
+from loadtests.gen import (BENCH_SPEC, CI_SPEC, GENERATOR_VERSION, Fleet, FleetSpec, Stats,
+                           iso_utc, add_fleet_args, slice_bounds, spec_from_args)
+
+MANIFEST = "promaccel-dataset.json"
+CONFIG = "promaccel-prometheus.yml"
+DATASETS = {"ci": CI_SPEC, "bench": BENCH_SPEC}
+SLICE_SECONDS = 2 * 3600
+_ULID = re.compile(r"^[0-9A-HJKMNP-TV-Z]{26}$")
+# what a TSDB directory that we may wipe can contain
+_OURS = re.compile(r"^([0-9A-HJKMNP-TV-Z]{26}|wal|chunks_head|lock|queries\.active|"
+                   r"promaccel-.*|prometheus-\d+\.log|\.promaccel-.*)$")
+
+
+class LoadError(RuntimeError):
+    pass
+
+
+def _which(tool: str) -> str:
+    path = shutil.which(tool) or (f"/usr/bin/{tool}" if os.path.exists(f"/usr/bin/{tool}") else None)
+    if not path:
+        raise LoadError(f"{tool} not found: apt-get install --no-install-recommends prometheus")
+    return path
+
+
+def read_manifest(data_dir: str) -> dict | None:
+    try:
+        with open(os.path.join(data_dir, MANIFEST)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _wanted(spec: FleetSpec) -> dict:
+    return {"generator_version": GENERATOR_VERSION, "spec": spec.to_dict()}
+
+
+def is_built(spec: FleetSpec, data_dir: str) -> bool:
+    m = read_manifest(data_dir)
+    return m is not None and all(m.get(k) == v for k, v in _wanted(spec).items())
+
+
+def _wipe(data_dir: str) -> None:
+    if not os.path.isdir(data_dir):
+        return
+    names = os.listdir(data_dir)
+    foreign = [n for n in names if not _OURS.match(n)]
+    if foreign:
+        raise LoadError(f"refusing to wipe {data_dir}: it holds {foreign[:5]}, not only a TSDB")
+    for n in names:
+        p = os.path.join(data_dir, n)
+        if os.path.isdir(p) and not os.path.islink(p):
+            shutil.rmtree(p)
+        else:
+            os.unlink(p)
+
+
+@dataclass
+class _Job:
+    index: int
+    path: str
+    out: str
+    stats: Stats
+    proc: subprocess.Popen
+    log: str
+    started: float
+
+
+def _block_samples(dir_: str) -> tuple[int, list[str]]:
+    total, blocks = 0, []
+    for n in sorted(os.listdir(dir_)):
+        meta = os.path.join(dir_, n, "meta.json")
+        if _ULID.match(n) and os.path.exists(meta):
+            with open(meta) as f:
+                total += int(json.load(f)["stats"]["numSamples"])
+            blocks.append(n)
+    return total, blocks
+
+
+def _tail(path: str, n: int = 20) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 8192))
+            return "\n".join(f.read().decode(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def build_tsdb(spec: FleetSpec, data_dir: str, *, slice_seconds: int = SLICE_SECONDS,
+               jobs: int | None = None, force: bool = False, verbose: bool = False) -> dict:
+    """Make data_dir a TSDB holding `spec`'s data; skip if its manifest already matches.
+
+    Returns the manifest. Raises LoadError if promtool fails or drops samples.
+    """
+    data_dir = os.path.abspath(data_dir)
+    if not force and is_built(spec, data_dir):
+        return read_manifest(data_dir)  # type: ignore[return-value]
+    promtool = _which("promtool")
+    jobs = jobs or max(1, min(2, os.cpu_count() or 1))
+    _wipe(data_dir)
+    os.makedirs(data_dir, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix=".promaccel-build-", dir=data_dir)
+    say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if verbose else (lambda *a: None)
+    t0 = time.perf_counter()
+    gen_s = 0.0
+    total = Stats()
+    blocks: list[str] = []
+    running: deque[_Job] = deque()
+
+    def finish(job: _Job) -> None:
+        rc = job.proc.wait()
+        with contextlib.suppress(OSError):
+            os.unlink(job.path)
+        if rc != 0:
+            raise LoadError(f"promtool failed (exit {rc}) on slice {job.index}:\n{_tail(job.log)}")
+        got, names = _block_samples(job.out)
+        if got != job.stats.samples:
+            raise LoadError(f"slice {job.index}: generated {job.stats.samples} samples but promtool "
+                            f"wrote {got} (out-of-order or duplicate samples are dropped silently)")
+        for n in names:
+            os.rename(os.path.join(job.out, n), os.path.join(data_dir, n))
+        blocks.extend(names)
+        shutil.rmtree(job.out, ignore_errors=True)
+        say(f"slice {job.index}: {got} samples, promtool {time.perf_counter() - job.started:.1f} s")
+
+    try:
+        fleet = Fleet(spec)
+        for i, (a, b) in enumerate(slice_bounds(spec, slice_seconds)):
+            path = os.path.join(scratch, f"slice-{i:03d}.om")
+            tg = time.perf_counter()
+            with open(path, "wb", buffering=1 << 20) as f:
+                st = fleet.write(f, a, b)
+            gen_s += time.perf_counter() - tg
+            total.add(st)
+            say(f"slice {i}: generated {st.samples} samples, {st.bytes / 2**20:.0f} MiB "
+                f"in {time.perf_counter() - tg:.1f} s")
+            if st.samples == 0:
+                os.unlink(path)
+                continue
+            while len(running) >= jobs:
+                finish(running.popleft())
+            out = os.path.join(scratch, f"blocks-{i:03d}")
+            os.makedirs(out)
+            log = os.path.join(scratch, f"promtool-{i:03d}.log")
+            with open(log, "wb") as lf:
+                proc = subprocess.Popen([promtool, "tsdb", "create-blocks-from", "openmetrics", "-q", path, out],
+                                        stdout=lf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            running.append(_Job(i, path, out, st, proc, log, time.perf_counter()))
+        while running:
+            finish(running.popleft())
+    except BaseException:
+        for job in running:
+            if job.proc.poll() is None:
+                job.proc.kill()
+                job.proc.wait()
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    shutil.rmtree(scratch, ignore_errors=True)
+    manifest = {
+        **_wanted(spec),
+        "start": spec.start, "end": spec.end,
+        "start_iso": iso_utc(spec.start), "end_iso": iso_utc(spec.end),
+        "samples": total.samples, "series_summed_over_slices": total.series,
+        "openmetrics_bytes": total.bytes, "blocks": sorted(blocks),
+        "gen_seconds": round(gen_s, 2), "build_seconds": round(time.perf_counter() - t0, 2),
+    }
+    tmp = os.path.join(data_dir, MANIFEST + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(manifest, f, indent=1)
+    os.replace(tmp, os.path.join(data_dir, MANIFEST))
+    return manifest
+
+
+# --------------------------------------------------------------------------- prometheus
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+_CONFIG_TEXT = """\
+# Written by loadtests.load: serve backfilled blocks only, scrape nothing.
+global:
+  scrape_interval: 30s
+  evaluation_interval: 30s
+scrape_configs: []
+"""
+
+
+def start_prometheus(data_dir: str, port: int | None = None, *, timeout: float = 60.0,
+                     extra_args: tuple[str, ...] = (), log_path: str | None = None) -> subprocess.Popen:
+    """Start prometheus on 127.0.0.1:port over data_dir and wait until /-/ready answers 200.
+
+    The returned Popen also has `.port`, `.url` and `.log_path`. Raises LoadError with the
+    log's tail if prometheus exits or is not ready in `timeout` seconds. Stop it with
+    stop_prometheus().
+    """
+    binary = _which("prometheus")
+    data_dir = os.path.abspath(data_dir)
+    os.makedirs(data_dir, exist_ok=True)
+    port = port or free_port()
+    cfg = os.path.join(data_dir, CONFIG)
+    with open(cfg, "w") as f:
+        f.write(_CONFIG_TEXT)
+    log_path = log_path or os.path.join(data_dir, f"prometheus-{port}.log")
+    cmd = [binary, f"--config.file={cfg}", f"--storage.tsdb.path={data_dir}",
+           "--storage.tsdb.retention.time=100y", f"--web.listen-address=127.0.0.1:{port}",
+           *extra_args]
+    with open(log_path, "wb") as lf:
+        proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=data_dir)
+    url = f"http://127.0.0.1:{port}"
+    proc.port, proc.url, proc.log_path = port, url, log_path  # type: ignore[attr-defined]
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise LoadError(f"prometheus exited with {proc.returncode}:\n{_tail(log_path)}")
+        try:
+            with urllib.request.urlopen(url + "/-/ready", timeout=2) as r:
+                if r.status == 200:
+                    return proc
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            stop_prometheus(proc)
+            raise LoadError(f"prometheus not ready after {timeout} s:\n{_tail(log_path)}")
+        time.sleep(0.1)
+
+
+def stop_prometheus(proc: subprocess.Popen, timeout: float = 15.0) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def running_prometheus(data_dir: str, port: int | None = None, **kw: object) -> Iterator[subprocess.Popen]:
+    proc = start_prometheus(data_dir, port, **kw)  # type: ignore[arg-type]
+    try:
+        yield proc
+    finally:
+        stop_prometheus(proc)
+
+
+# --------------------------------------------------------------------------- CLI
+
+def _spec(a: argparse.Namespace) -> FleetSpec:
+    return DATASETS[a.dataset] if a.dataset else spec_from_args(a)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtests.load", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="generate + promtool into --data-dir (skipped if already built)")
+    b.add_argument("--data-dir", required=True)
+    b.add_argument("--dataset", choices=sorted(DATASETS), help="named fleet; overrides fleet args")
+    add_fleet_args(b)
+    b.add_argument("--slice-hours", type=float, default=SLICE_SECONDS / 3600)
+    b.add_argument("--jobs", type=int, default=None, help="concurrent promtool runs (default 2)")
+    b.add_argument("--force", action="store_true")
+    s = sub.add_parser("serve", help="run prometheus over --data-dir until interrupted")
+    s.add_argument("--data-dir", required=True)
+    s.add_argument("--port", type=int, default=9090)
+    z = sub.add_parser("sizes", help="describe the ci and bench datasets")
+    z.add_argument("--measure", action="store_true", help="generate each to /dev/null and count")
+    a = p.parse_args(argv)
+
+    if a.cmd == "build":
+        spec = _spec(a)
+        if is_built(spec, a.data_dir) and not a.force:
+            print(f"{a.data_dir}: already built", file=sys.stderr)
+            return 0
+        m = build_tsdb(spec, a.data_dir, slice_seconds=int(a.slice_hours * 3600), jobs=a.jobs,
+                       force=a.force, verbose=True)
+        print(json.dumps({k: v for k, v in m.items() if k != "blocks"}, indent=1))
+        return 0
+    if a.cmd == "serve":
+        m = read_manifest(a.data_dir)
+        if m is None:
+            print(f"warning: {a.data_dir} has no {MANIFEST}", file=sys.stderr)
+        proc = start_prometheus(a.data_dir, a.port)
+        rng = f" data {m['start_iso']} .. {m['end_iso']}" if m else ""
+        print(f"prometheus ready at {proc.url}{rng} (log {proc.log_path})", file=sys.stderr, flush=True)
+        stop = {"flag": False}
+
+        def handler(signum: int, frame: object) -> None:
+            stop["flag"] = True
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+        try:
+            while not stop["flag"] and proc.poll() is None:
+                time.sleep(0.2)
+        finally:
+            stop_prometheus(proc)
+        return 0 if proc.returncode in (0, -signal.SIGTERM) else int(proc.returncode or 1)
+    if a.cmd == "sizes":
+        print(__doc__[__doc__.index("| dataset"):].split("\n\n")[0])
+        for name, spec in DATASETS.items():
+            print(f"{name}: {spec}  window {iso_utc(spec.start)} .. {iso_utc(spec.end)}")
+            if a.measure:
+                t = time.perf_counter()
+                fl = Fleet(spec)
+                tot = Stats()
+                with open(os.devnull, "wb") as f:
+                    for lo, hi in slice_bounds(spec, SLICE_SECONDS):
+                        tot.add(fl.write(f, lo, hi))
+                print(f"  {tot.samples} samples, {tot.series} series (summed over slices), "
+                      f"{tot.bytes / 2**20:.0f} MiB, {time.perf_counter() - t:.1f} s")
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""A plan as JSON-ready data (`GET /api/v1/explain`) and as text for humans and logs.
+
+explain(plan) -> {
+  "query": "avg(DCGM_FI_DEV_GPU_UTIL)", "type": "range",
+  "start_ms": ..., "end_ms": ..., "step_ms": ..., "time_ms": null,
+  "sharded": true, "time_split": true, "notes": [],
+  "merge": {"kind": "aggregate", "op": "avg", "by": [], "without": false, ...},
+  "shards": [{"index": 0, "count": 4, "label": "Hostname", "matcher": "Hostname=~\"...\""}],
+  "time_pieces": [[start_ms, end_ms], ...],            # or instant evaluation times
+  "piece_count": 16,
+  "pieces": [{"query": ..., "start_ms": ..., "shard": 0, "role": "sum"}, ...]
+}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardplanner.plan import Piece, Plan, ShardSpec
+from shardplanner.serialize import quote_string
+
+__all__ = ["explain", "explain_text"]
+
+
+def _matcher(spec: ShardSpec) -> str:
+    return f"{spec.label}{spec.matcher_op}{quote_string(spec.matcher_value)}"
+
+
+def _piece(p: Piece) -> dict[str, Any]:
+    out: dict[str, Any] = {"query": p.query}
+    if p.is_range:
+        out.update(start_ms=p.start_ms, end_ms=p.end_ms, step_ms=p.step_ms)
+    else:
+        out["time_ms"] = p.time_ms
+    out["shard"] = None if p.shard is None else p.shard.index
+    out["role"] = p.role
+    return out
+
+
+def explain(plan: Plan) -> dict[str, Any]:
+    """JSON-ready description of ``plan`` (only str/int/float/bool/None/list/dict)."""
+    req = plan.request
+    shards: dict[int, ShardSpec] = {}
+    times: list[Any] = []
+    for p in plan.pieces:
+        if p.shard is not None:
+            shards.setdefault(p.shard.index, p.shard)
+        t: Any = [p.start_ms, p.end_ms] if p.is_range else p.time_ms
+        if t not in times:
+            times.append(t)
+    m = plan.merge
+    return {
+        "query": req.query,
+        "type": "range" if req.is_range else "instant",
+        "start_ms": req.start_ms,
+        "end_ms": req.end_ms,
+        "step_ms": req.step_ms,
+        "time_ms": req.time_ms,
+        "sharded": plan.sharded,
+        "time_split": plan.time_split,
+        "notes": list(plan.notes),
+        "merge": {
+            "kind": m.kind,
+            "op": m.op,
+            "by": list(m.grouping),
+            "without": m.without,
+            "param": m.param,
+            "combine_time": m.combine_time,
+        },
+        "shards": [
+            {"index": s.index, "count": s.count, "label": s.label, "matcher": _matcher(s)}
+            for _, s in sorted(shards.items())
+        ],
+        "time_pieces": times,
+        "piece_count": len(plan.pieces),
+        "pieces": [_piece(p) for p in plan.pieces],
+    }
+
+
+def explain_text(plan: Plan, max_pieces: int = 20) -> str:
+    """Readable multi-line rendering; lists at most ``max_pieces`` pieces."""
+    d = explain(plan)
+    m = d["merge"]
+    lines = [f"query: {d['query']}"]
+    if d["type"] == "range":
+        lines.append(f"range: {d['start_ms']}..{d['end_ms']} ms, step {d['step_ms']} ms")
+    else:
+        lines.append(f"instant: {d['time_ms']} ms")
+    merge = m["kind"]
+    if m["op"]:
+        clause = "without" if m["without"] else "by"
+        merge += f" {m['op']} {clause} ({', '.join(m['by'])})"
+        if m["param"] is not None:
+            merge += f" param={m['param']:g}"
+        if m["combine_time"]:
+            merge += " across time"
+    lines.append(f"merge: {merge}")
+    lines.append(
+        f"pieces: {d['piece_count']} = {len(d['time_pieces'])} time x "
+        f"{max(len(d['shards']), 1)} shard(s)"
+        + (" x 2 roles (sum, count)" if m["op"] == "avg" and d["sharded"] else "")
+    )
+    for s in d["shards"]:
+        lines.append(f"  shard {s['index']}/{s['count']}: {s['matcher']}")
+    for note in d["notes"]:
+        lines.append(f"note: {note}")
+    for p in d["pieces"][:max_pieces]:
+        when = f"{p['start_ms']}..{p['end_ms']}" if "start_ms" in p else f"@{p['time_ms']}"
+        tags = "".join(f" [{k} {p[k]}]" for k in ("shard", "role") if p[k] is not None)
+        lines.append(f"  {when}{tags}: {p['query']}")
+    if len(d["pieces"]) > max_pieces:
+        lines.append(f"  ... {len(d['pieces']) - max_pieces} more")
+    return "\n".join(lines)

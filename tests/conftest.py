@@ -1,0 +1,75 @@
+"""Session fixtures: a real Prometheus over generated GPU fleet data, real Redis, and
+promaccel servers over real HTTP, each on a free loopback port, always stopped at the end."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from loadtests.gen import CI_SPEC, FleetSpec
+from tests.servers import ROOT, Promaccel, ProxyPool, RedisServer
+
+DATA_ROOT = Path(os.environ.get("PROMACCEL_TEST_DATA", ROOT / ".cache" / "testdata"))
+
+
+@dataclass
+class PromServer:
+    url: str
+    spec: FleetSpec
+    data_dir: Path
+
+    @property
+    def start_s(self) -> int:
+        return self.spec.start
+
+    @property
+    def end_s(self) -> int:
+        return self.spec.end
+
+
+@pytest.fixture(scope="session")
+def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromServer]:
+    from loadtests.load import build_tsdb, start_prometheus, stop_prometheus
+
+    data_dir = DATA_ROOT / "ci"
+    build_tsdb(CI_SPEC, str(data_dir))
+    log = tmp_path_factory.mktemp("prometheus") / "prometheus.log"
+    proc = start_prometheus(str(data_dir), log_path=str(log))
+    try:
+        yield PromServer(proc.url, CI_SPEC, data_dir)  # type: ignore[attr-defined]
+    finally:
+        stop_prometheus(proc)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer.start(tmp_path_factory.mktemp("redis"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def proxies(prom: PromServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyPool]:
+    pool = ProxyPool(prom.url, tmp_path_factory.mktemp("promaccel"))
+    try:
+        yield pool
+    finally:
+        pool.stop_all()
+
+
+@pytest.fixture(scope="session")
+def passthrough(proxies: ProxyPool) -> Promaccel:
+    """promaccel with no acceleration: every query forwarded whole."""
+    return proxies.get("--split-interval", "none", "--shards", "1")
+
+
+@pytest.fixture(scope="session")
+def planned(proxies: ProxyPool) -> Promaccel:
+    """promaccel splitting by hour and sharding by node in 8."""
+    return proxies.get("--split-interval", "1h", "--shards", "8")
