@@ -27,6 +27,7 @@ from .execute import Executor
 from .forms import first_values, read_pairs
 from .metrics import METRICS
 from .params import parse_instant, parse_range
+from shardplanner.plan import QueryRequest
 
 log = logging.getLogger("promaccel")
 access_log = logging.getLogger("promaccel.access")
@@ -154,10 +155,11 @@ def create_app(config: Config) -> FastAPI:
         form = first_values(pairs)
         if "step" in form or "start" in form:
             rp = parse_range(form, config.limits.max_points)
-            data = executor.explain_range(rp)
+            req = QueryRequest(query=rp.query, start_ms=rp.start_ms, end_ms=rp.end_ms, step_ms=rp.step_ms)
         else:
             ip = parse_instant(form, now_ms=int(time.time() * 1000))
-            data = executor.explain_instant(ip)
+            req = QueryRequest(query=ip.query, time_ms=ip.time_ms)
+        data = await executor.explain(req)
         return Response(orjson.dumps({"status": "success", "data": data}), media_type=JSON)
 
     async def relay(request: Request, path: str) -> Response:

@@ -36,6 +36,8 @@ def _serve(args: argparse.Namespace) -> int:
         level=getattr(logging, (args.log_level or cfg.log_level).upper()),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    # One line per backend call at INFO would drown the access log.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     import uvicorn
 
     from .app import create_app

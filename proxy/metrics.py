@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -59,6 +59,66 @@ class _Metrics:
         )
         self.cache_errors = Counter(
             "promaccel_cache_errors_total", "Cache operations that failed (bypassed)", ["op"], registry=r
+        )
+        # Piece store (proxy/cache.py) and request coalescing (proxy/singleflight.py).
+        # `store` is "memory" or "redis"; cache_errors' `op` is get, put, delete,
+        # generation, invalidate or bump.
+        self.cache_pieces = Counter(
+            "promaccel_cache_piece_lookups_total",
+            "Piece lookups in the piece store by result (hit, miss)",
+            ["store", "result"],
+            registry=r,
+        )
+        self.cache_read_bytes = Counter(
+            "promaccel_cache_read_bytes_total", "Bytes of cached pieces served", ["store"], registry=r
+        )
+        self.cache_written_bytes = Counter(
+            "promaccel_cache_written_bytes_total", "Bytes of pieces written to the store", ["store"], registry=r
+        )
+        self.cache_puts = Counter(
+            "promaccel_cache_puts_total",
+            "Pieces offered to the store by outcome (stored, not_cached, too_large, raced)",
+            ["store", "result"],
+            registry=r,
+        )
+        self.cache_evictions = Counter(
+            "promaccel_cache_evictions_total",
+            "Entries the in-process store dropped (size: LRU byte bound; expired: TTL)",
+            ["reason"],
+            registry=r,
+        )
+        self.cache_corrupt = Counter(
+            "promaccel_cache_corrupt_entries_total",
+            "Stored values that failed verification, served as misses and deleted",
+            ["store", "reason"],
+            registry=r,
+        )
+        self.cache_invalidated = Counter(
+            "promaccel_cache_invalidated_entries_total",
+            "Entries dropped by invalidation",
+            ["store"],
+            registry=r,
+        )
+        self.cache_bypassed = Counter(
+            "promaccel_cache_bypassed_total",
+            "Cache calls skipped while the Redis circuit breaker was open",
+            ["op"],
+            registry=r,
+        )
+        self.cache_breaker_open = Gauge(
+            "promaccel_cache_breaker_open", "1 while the Redis circuit breaker skips Redis", registry=r
+        )
+        self.cache_memory_bytes = Gauge(
+            "promaccel_cache_memory_bytes", "Bytes held by the in-process piece store", registry=r
+        )
+        self.cache_memory_entries = Gauge(
+            "promaccel_cache_memory_entries", "Entries held by the in-process piece store", registry=r
+        )
+        self.coalesced = Counter(
+            "promaccel_coalesced_calls_total",
+            "Calls that joined an identical call already in flight instead of making their own",
+            ["flight"],
+            registry=r,
         )
 
 

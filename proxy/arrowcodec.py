@@ -1,0 +1,1365 @@
+"""Prometheus JSON <-> columnar query results, and Arrow at the edges.
+
+The only module of promaccel that imports pyarrow. Everything between the backends and the
+client passes one wrapper type around, `QueryResult`:
+
+    result_type   "matrix" | "vector" | "scalar" | "string"
+    labels        list[dict[str, str]], one label set per series (thousands, not millions)
+    offsets       int64[n_series + 1]: the samples of series i are [offsets[i], offsets[i+1])
+    t_ms          int64[n_samples]   sample timestamps, milliseconds since the epoch
+    value         float64[n_samples] sample values (NaN, +Inf, -Inf as IEEE values)
+    warnings      list[str]          Prometheus's "warnings", carried along
+    infos         list[str]          newer Prometheus's "infos", carried along
+    string_value  str | None         only for result_type "string"
+
+Invariants: the samples of a series are contiguous, in series order, and strictly
+increasing in time within a series. A scalar or string result is one pseudo-series with an
+empty label set and one sample (a string's value is NaN, its text is `string_value`).
+
+Decoding (`decode_prometheus_json`) does not create a Python object per sample: a compiled
+(numba) scanner walks the answer once, parses timestamps to integer milliseconds and the
+quoted values to float64 (exact: Clinger's fast path, then the Eisel-Lemire algorithm as in
+Go's strconv; the rare value neither can decide goes through Python's float()), and records
+the byte span of each series' "metric" object, which orjson then parses (labels are few).
+Anything the scanner does not expect (escapes in a value, exponents in a timestamp,
+more than 3 decimals of a second, odd structure) sends the whole answer down an exact slow
+path built on orjson. Native histograms raise `Undecodable`: the caller passes such an
+answer through untouched.
+
+Encoding (`encode_prometheus_json`, `iter_prometheus_json`) writes byte for byte what
+Prometheus 2.42 writes (checked against a real 2.42):
+- `{"status":"success","data":{"resultType":...,"result":...}}`, then `"warnings":[...]`
+  and `"infos":[...]` after `data`, each only when non-empty; no whitespace, no newline.
+- timestamps: unix seconds, then `.` and exactly 3 digits of milliseconds when the
+  millisecond part is not zero (`1700000000`, `1700000000.500`, `-1.500`).
+- values: Go's `strconv.AppendFloat(v, 'f', -1, 64)`, except `'e'` when |v| < 1e-6 or
+  |v| >= 1e21 (`"0.000001"`, `"1e-07"`, `"100000000000000000000"`, `"1e+21"`, `"-0"`),
+  and `"NaN"`, `"+Inf"`, `"-Inf"`.
+- label sets: keys sorted by bytes (so `Hostname` < `__name__` < `abc`), strings escaped as
+  jsoniter does: `<`, `>`, `&`, U+2028, U+2029 and control characters other than \\n \\r \\t as
+  `\\u00XX` (lowercase hex), DEL and other non-ASCII raw.
+The digits come from orjson's shortest round-trip float formatting of the whole value array
+in one call; a compiled pass rewrites each number into Go's notation while it assembles the
+answer.
+
+Arrow:
+- `QueryResult.to_arrow_table()` / `from_arrow_table()`: one row per sample, columns
+  `series` int32 (index into the label list), `t_ms` int64, `value` float64; the schema
+  metadata holds `promaccel.version` ("1"), `promaccel.result_type`, `promaccel.labels`
+  (JSON list of label objects), `promaccel.warnings`, `promaccel.infos` (JSON lists) and,
+  for string results, `promaccel.string_value`. `to_ipc_bytes()` / `from_ipc_bytes()`
+  write / read that table as an Arrow IPC stream with zstd (or lz4) buffer compression:
+  this is what the cache stores.
+- `encode_arrow_stream(result)`: the public Arrow shape for clients that send
+  `Accept: application/vnd.apache.arrow.stream`: one row per sample with columns
+  `series` int32, `timestamp` timestamp[ms, UTC], `value` float64 and
+  `labels` map<utf8, utf8> (the full label set of the row's series), schema metadata
+  `promaccel.result_type`, `promaccel.warnings`, `promaccel.infos` and, for strings,
+  `promaccel.string_value`. Uncompressed, so any Arrow reader can open it.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+from numba import njit
+
+__all__ = [
+    "CodecError",
+    "MalformedAnswer",
+    "QueryResult",
+    "ResultType",
+    "Undecodable",
+    "decode_prometheus_json",
+    "encode_arrow_stream",
+    "encode_prometheus_json",
+    "format_value",
+    "iter_prometheus_json",
+    "labels_json",
+]
+
+ResultType = Literal["matrix", "vector", "scalar", "string"]
+_RESULT_TYPES = ("matrix", "vector", "scalar", "string")
+
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+
+# Exceptions:
+#   CodecError
+#    ├── Undecodable      valid answer we do not model (native histograms): pass it through
+#    └── MalformedAnswer  not a successful Prometheus query answer, or not JSON at all
+class CodecError(Exception):
+    pass
+
+
+class Undecodable(CodecError):
+    pass
+
+
+class MalformedAnswer(CodecError):
+    pass
+
+
+# --------------------------------------------------------------------------------------
+# QueryResult
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class QueryResult:
+    result_type: ResultType
+    labels: list[dict[str, str]]
+    offsets: I64
+    t_ms: I64
+    value: F64
+    warnings: list[str] = field(default_factory=list)
+    infos: list[str] = field(default_factory=list)
+    string_value: str | None = None
+    # Per-series Prometheus-formatted label JSON, filled on first encode (labels never
+    # change once a result exists).
+    _label_json: list[bytes] | None = field(default=None, repr=False)
+    _keys: list[tuple[tuple[str, str], ...]] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.result_type not in _RESULT_TYPES:
+            raise ValueError(f"unknown result type {self.result_type!r}")
+        n = len(self.labels)
+        if self.offsets.shape != (n + 1,) or self.offsets[0] != 0:
+            raise ValueError("offsets must have n_series + 1 entries starting at 0")
+        if int(self.offsets[-1]) != len(self.t_ms) or len(self.t_ms) != len(self.value):
+            raise ValueError("offsets, t_ms and value disagree on the sample count")
+
+    # -- constructors ------------------------------------------------------------------
+
+    @classmethod
+    def from_series(
+        cls,
+        result_type: ResultType,
+        series: Sequence[tuple[dict[str, str], Sequence[int], Sequence[float]]],
+        *,
+        warnings: Sequence[str] = (),
+        infos: Sequence[str] = (),
+    ) -> QueryResult:
+        """Build from Python lists: [(labels, t_ms list, value list), ...] (tests, small data)."""
+        labels = [dict(s[0]) for s in series]
+        counts = [len(s[1]) for s in series]
+        offsets = np.zeros(len(series) + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        t = np.fromiter((x for s in series for x in s[1]), dtype=np.int64, count=int(offsets[-1]))
+        v = np.fromiter((x for s in series for x in s[2]), dtype=np.float64, count=int(offsets[-1]))
+        return cls(result_type, labels, offsets, t, v, list(warnings), list(infos))
+
+    @classmethod
+    def scalar(cls, t_ms: int, value: float, **kw: Any) -> QueryResult:
+        return cls(
+            "scalar",
+            [{}],
+            np.array([0, 1], dtype=np.int64),
+            np.array([t_ms], dtype=np.int64),
+            np.array([value], dtype=np.float64),
+            **kw,
+        )
+
+    @classmethod
+    def string(cls, t_ms: int, text: str, **kw: Any) -> QueryResult:
+        return cls(
+            "string",
+            [{}],
+            np.array([0, 1], dtype=np.int64),
+            np.array([t_ms], dtype=np.int64),
+            np.array([math.nan], dtype=np.float64),
+            string_value=text,
+            **kw,
+        )
+
+    @classmethod
+    def empty(cls, result_type: ResultType = "matrix", **kw: Any) -> QueryResult:
+        z = np.zeros(0, dtype=np.int64)
+        return cls(result_type, [], np.zeros(1, dtype=np.int64), z, np.zeros(0), **kw)
+
+    # -- views -------------------------------------------------------------------------
+
+    @property
+    def n_series(self) -> int:
+        return len(self.labels)
+
+    @property
+    def n_samples(self) -> int:
+        return len(self.t_ms)
+
+    @property
+    def counts(self) -> I64:
+        return np.diff(self.offsets)
+
+    @property
+    def series(self) -> npt.NDArray[np.int32]:
+        """Series index of every sample (int32)."""
+        return np.repeat(np.arange(self.n_series, dtype=np.int32), self.counts)
+
+    def label_json(self) -> list[bytes]:
+        if self._label_json is None:
+            self._label_json = [labels_json(d) for d in self.labels]
+        return self._label_json
+
+    def series_keys(self) -> list[tuple[tuple[str, str], ...]]:
+        """Per series, its label set as sorted (name, value) pairs. Comparing two keys as
+        tuples is Prometheus's labels.Compare."""
+        if self._keys is None:
+            self._keys = [tuple(sorted(d.items())) for d in self.labels]
+        return self._keys
+
+    def to_pylist(self) -> list[tuple[dict[str, str], list[int], list[float]]]:
+        """Slow, for tests and debugging."""
+        out = []
+        for i, d in enumerate(self.labels):
+            a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+            out.append((dict(d), self.t_ms[a:b].tolist(), self.value[a:b].tolist()))
+        return out
+
+    # -- Arrow -------------------------------------------------------------------------
+
+    def to_arrow_table(self) -> pa.Table:
+        meta = {
+            b"promaccel.version": b"1",
+            b"promaccel.result_type": self.result_type.encode(),
+            b"promaccel.labels": orjson.dumps(self.labels),
+            b"promaccel.warnings": orjson.dumps(self.warnings),
+            b"promaccel.infos": orjson.dumps(self.infos),
+        }
+        if self.string_value is not None:
+            meta[b"promaccel.string_value"] = self.string_value.encode()
+        schema = pa.schema(
+            [("series", pa.int32()), ("t_ms", pa.int64()), ("value", pa.float64())],
+            metadata=meta,
+        )
+        return pa.Table.from_arrays(
+            [pa.array(self.series), pa.array(self.t_ms), pa.array(self.value)], schema=schema
+        )
+
+    @classmethod
+    def from_arrow_table(cls, table: pa.Table) -> QueryResult:
+        meta = table.schema.metadata or {}
+        try:
+            if meta.get(b"promaccel.version") != b"1":
+                raise MalformedAnswer("not a promaccel result table (version)")
+            rtype = meta[b"promaccel.result_type"].decode()
+            labels = orjson.loads(meta[b"promaccel.labels"])
+            warnings = orjson.loads(meta.get(b"promaccel.warnings", b"[]"))
+            infos = orjson.loads(meta.get(b"promaccel.infos", b"[]"))
+            sv = meta.get(b"promaccel.string_value")
+            series = _column_numpy(table, "series", np.int32)
+            t = _column_numpy(table, "t_ms", np.int64)
+            v = _column_numpy(table, "value", np.float64)
+        except (KeyError, ValueError, orjson.JSONDecodeError, pa.ArrowException) as exc:
+            raise MalformedAnswer(f"bad promaccel result table: {exc}") from exc
+        n = len(labels)
+        if len(series) and (np.any(np.diff(series) < 0) or series[0] < 0 or series[-1] >= n):
+            raise MalformedAnswer("bad promaccel result table: series column out of order")
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(series, minlength=n), out=offsets[1:])
+        return cls(
+            rtype,
+            labels,
+            offsets,
+            t,
+            v,
+            list(warnings),
+            list(infos),
+            string_value=sv.decode() if sv is not None else None,
+        )
+
+    def to_ipc_bytes(self, compression: Literal["zstd", "lz4"] | None = "zstd") -> bytes:
+        table = self.to_arrow_table()
+        opts = pa.ipc.IpcWriteOptions(compression=compression)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema, options=opts) as writer:
+            writer.write_table(table)
+        return sink.getvalue().to_pybytes()
+
+    @classmethod
+    def from_ipc_bytes(cls, data: bytes) -> QueryResult:
+        try:
+            table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+        except pa.ArrowException as exc:
+            raise MalformedAnswer(f"bad Arrow IPC stream: {exc}") from exc
+        return cls.from_arrow_table(table)
+
+
+def _column_numpy(table: pa.Table, name: str, dtype: Any) -> Any:
+    col = table.column(name)
+    if col.null_count:
+        raise ValueError(f"nulls in column {name}")
+    arr = col.to_numpy() if col.num_chunks != 1 else col.chunk(0).to_numpy(zero_copy_only=False)
+    return np.ascontiguousarray(arr, dtype=dtype)
+
+
+def encode_arrow_stream(result: QueryResult) -> bytes:
+    """The public Arrow IPC stream (schema in the module docstring)."""
+    meta = {
+        b"promaccel.result_type": result.result_type.encode(),
+        b"promaccel.warnings": orjson.dumps(result.warnings),
+        b"promaccel.infos": orjson.dumps(result.infos),
+    }
+    if result.string_value is not None:
+        meta[b"promaccel.string_value"] = result.string_value.encode()
+    map_type = pa.map_(pa.utf8(), pa.utf8())
+    per_series = pa.array([sorted(d.items()) for d in result.labels], type=map_type)
+    series = pa.array(result.series)
+    schema = pa.schema(
+        [
+            ("series", pa.int32()),
+            ("timestamp", pa.timestamp("ms", tz="UTC")),
+            ("value", pa.float64()),
+            ("labels", map_type),
+        ],
+        metadata=meta,
+    )
+    table = pa.Table.from_arrays(
+        [
+            series,
+            pa.array(result.t_ms).view(pa.timestamp("ms", tz="UTC")),
+            pa.array(result.value),
+            pc.take(per_series, series),
+        ],
+        schema=schema,
+    )
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+# --------------------------------------------------------------------------------------
+# Label sets and single values, Prometheus style
+# --------------------------------------------------------------------------------------
+
+# jsoniter (ConfigCompatibleWithStandardLibrary, EscapeHTML) escapes these beyond what
+# orjson escapes; \b and \f it writes as \u0008 / \u000c.
+_GO_NEEDS_FIX = re.compile(rb"[<>&]|\\[bf]|\xe2\x80[\xa8\xa9]")
+_GO_ESCAPES = {i: f"\\u{i:04x}" for i in range(0x20)}
+_GO_ESCAPES.update({0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t", 0x22: '\\"', 0x5C: "\\\\"})
+_GO_ESCAPES.update({0x3C: "\\u003c", 0x3E: "\\u003e", 0x26: "\\u0026"})
+_GO_ESCAPES.update({0x2028: "\\u2028", 0x2029: "\\u2029"})
+
+
+def go_json_string(s: str) -> str:
+    """A JSON string literal as Prometheus (jsoniter) writes it."""
+    return '"' + s.translate(_GO_ESCAPES) + '"'
+
+
+def labels_json(labels: dict[str, str]) -> bytes:
+    """`{"k":"v",...}` with keys sorted by bytes and jsoniter's escaping."""
+    raw = orjson.dumps(labels, option=orjson.OPT_SORT_KEYS)
+    if _GO_NEEDS_FIX.search(raw) is None:
+        return raw
+    parts = [f"{go_json_string(k)}:{go_json_string(labels[k])}" for k in sorted(labels)]
+    return ("{" + ",".join(parts) + "}").encode()
+
+
+def format_value(v: float) -> str:
+    """One value as Prometheus writes it (the reference for the vectorised encoder)."""
+    if v != v:
+        return "NaN"
+    if v == math.inf:
+        return "+Inf"
+    if v == -math.inf:
+        return "-Inf"
+    a = abs(v)
+    if a != 0 and (a < 1e-6 or a >= 1e21):
+        return repr(v)  # Python's repr here is Go's 'e' with shortest digits: 1e-07, 1e+21
+    r = repr(v)
+    if "e" not in r:
+        return r[:-2] if r.endswith(".0") else r
+    mant, _, exp_s = r.partition("e")
+    neg = mant.startswith("-")
+    digits = mant.lstrip("-").replace(".", "")
+    point = mant.lstrip("-").find(".")
+    dp = (point if point >= 0 else len(mant.lstrip("-"))) + int(exp_s)
+    digits = digits.rstrip("0") or "0"
+    if dp <= 0:
+        s = "0." + "0" * (-dp) + digits
+    elif dp >= len(digits):
+        s = digits + "0" * (dp - len(digits))
+    else:
+        s = digits[:dp] + "." + digits[dp:]
+    return "-" + s if neg else s
+
+
+def format_timestamp(t_ms: int) -> str:
+    """One timestamp as Prometheus writes it (jsonutil.MarshalTimestamp)."""
+    sign = ""
+    if t_ms < 0:
+        sign, t_ms = "-", -t_ms
+    sec, frac = divmod(t_ms, 1000)
+    return f"{sign}{sec}.{frac:03d}" if frac else f"{sign}{sec}"
+
+
+# --------------------------------------------------------------------------------------
+# Compiled kernels (numba). Byte constants are numpy uint8 arrays (frozen at compile time).
+# --------------------------------------------------------------------------------------
+
+
+def _lit(s: bytes) -> npt.NDArray[np.uint8]:
+    return np.frombuffer(s, dtype=np.uint8).copy()
+
+
+_K_METRIC = _lit(b"metric")
+_K_VALUES = _lit(b"values")
+_K_VALUE = _lit(b"value")
+_K_HISTOGRAM = _lit(b"histogram")
+_K_HISTOGRAMS = _lit(b"histograms")
+_W_METRIC = _lit(b'{"metric":')
+_W_VALUES = _lit(b',"values":[')
+_W_VALUE = _lit(b',"value":')
+_W_NAN = _lit(b"NaN")
+_W_PINF = _lit(b"+Inf")
+_W_NINF = _lit(b"-Inf")
+
+_U64 = np.uint64
+_M32 = _U64(0xFFFFFFFF)
+_MASK52 = _U64(0x000FFFFFFFFFFFFF)
+_ONE = _U64(1)
+_ZERO = _U64(0)
+_X1FF = _U64(0x1FF)
+_SIGN = _U64(0x8000000000000000)
+
+
+def _powers_of_ten_128() -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
+    """128-bit mantissas (rounded down) of 10**e for e in [-348, 347], as Go's
+    strconv.detailedPowersOfTen: (lo, hi) with the top bit of hi set."""
+    lo = np.zeros(696, dtype=np.uint64)
+    hi = np.zeros(696, dtype=np.uint64)
+    for i, e in enumerate(range(-348, 348)):
+        if e >= 0:
+            v = 10**e
+            bl = v.bit_length()
+            v = v >> (bl - 128) if bl > 128 else v << (128 - bl)
+        else:
+            d = 10 ** (-e)
+            v = (1 << (127 + d.bit_length())) // d
+        assert v.bit_length() == 128
+        hi[i] = v >> 64
+        lo[i] = v & 0xFFFFFFFFFFFFFFFF
+    return lo, hi
+
+
+_POW10_LO, _POW10_HI = _powers_of_ten_128()
+_POW10_EXACT = np.array([10.0**i for i in range(23)], dtype=np.float64)
+
+
+@njit(cache=True, inline='always')
+def _mul64(a, b):  # type: ignore[no-untyped-def]
+    a_lo = a & _M32
+    a_hi = a >> _U64(32)
+    b_lo = b & _M32
+    b_hi = b >> _U64(32)
+    p0 = a_lo * b_lo
+    p1 = a_lo * b_hi
+    p2 = a_hi * b_lo
+    p3 = a_hi * b_hi
+    mid = (p0 >> _U64(32)) + (p1 & _M32) + (p2 & _M32)
+    lo = (mid << _U64(32)) | (p0 & _M32)
+    hi = p3 + (p1 >> _U64(32)) + (p2 >> _U64(32)) + (mid >> _U64(32))
+    return hi, lo
+
+
+@njit(cache=True, inline='always')
+def _eisel_lemire(man, exp10):  # type: ignore[no-untyped-def]
+    """Go's strconv.eiselLemire64 for man != 0: (ok, IEEE bits without sign)."""
+    if exp10 < -348 or exp10 > 347:
+        return False, _ZERO
+    clz = 0
+    probe = man
+    while (probe & _U64(0x8000000000000000)) == _ZERO:
+        probe = probe << _ONE
+        clz += 1
+    man = man << _U64(clz)
+    ret_exp2 = ((217706 * exp10) >> 16) + 64 + 1023 - clz
+    idx = exp10 + 348
+    x_hi, x_lo = _mul64(man, _POW10_HI[idx])
+    if (x_hi & _X1FF) == _X1FF and (x_lo + man) < man:
+        y_hi, y_lo = _mul64(man, _POW10_LO[idx])
+        merged_hi = x_hi
+        merged_lo = x_lo + y_hi
+        if merged_lo < x_lo:
+            merged_hi += _ONE
+        if (merged_hi & _X1FF) == _X1FF and (merged_lo + _ONE) == _ZERO and (y_lo + man) < man:
+            return False, _ZERO
+        x_hi = merged_hi
+        x_lo = merged_lo
+    msb = x_hi >> _U64(63)
+    ret_mant = x_hi >> (msb + _U64(9))
+    ret_exp2 -= 1 ^ np.int64(msb)
+    if x_lo == _ZERO and (x_hi & _X1FF) == _ZERO and (ret_mant & _U64(3)) == _ONE:
+        return False, _ZERO
+    ret_mant += ret_mant & _ONE
+    ret_mant = ret_mant >> _ONE
+    if (ret_mant >> _U64(53)) > _ZERO:
+        ret_mant = ret_mant >> _ONE
+        ret_exp2 += 1
+    if ret_exp2 <= 0 or ret_exp2 >= 0x7FF:
+        return False, _ZERO
+    return True, (_U64(ret_exp2) << _U64(52)) | (ret_mant & _MASK52)
+
+
+@njit(cache=True, inline='always')
+def _parse_float(b, s, e, v_out, v_bits, k):  # type: ignore[no-untyped-def]
+    """Parse b[s:e] (the inside of a quoted Prometheus value) into v_out[k] (v_bits is the
+    same memory as uint64). False means 'let Python decide' (too many digits,
+    subnormal/overflow ambiguity, odd syntax)."""
+    if s >= e:
+        return False
+    i = s
+    neg = False
+    c = b[i]
+    if c == 45:  # '-'
+        neg = True
+        i += 1
+    elif c == 43:  # '+'
+        i += 1
+    n = e - i
+    if n == 3 and b[i] == 73 and b[i + 1] == 110 and b[i + 2] == 102:  # Inf
+        v_out[k] = -np.inf if neg else np.inf
+        return True
+    if n == 3 and b[i] == 78 and b[i + 1] == 97 and b[i + 2] == 78 and i == s:  # NaN
+        v_out[k] = np.nan
+        return True
+    man = _ZERO
+    nd = 0
+    exp10 = 0
+    digits = 0
+    while i < e and 48 <= b[i] <= 57:
+        d = b[i] - 48
+        digits += 1
+        if man != _ZERO or d != 0:
+            if nd >= 19:
+                return False
+            man = man * _U64(10) + _U64(d)
+            nd += 1
+        i += 1
+    if i < e and b[i] == 46:  # '.'
+        i += 1
+        while i < e and 48 <= b[i] <= 57:
+            d = b[i] - 48
+            digits += 1
+            if man != _ZERO or d != 0:
+                if nd >= 19:
+                    return False
+                man = man * _U64(10) + _U64(d)
+                nd += 1
+            exp10 -= 1
+            i += 1
+    if digits == 0:
+        return False
+    if i < e and (b[i] == 101 or b[i] == 69):  # e E
+        i += 1
+        eneg = False
+        if i < e and (b[i] == 45 or b[i] == 43):
+            eneg = b[i] == 45
+            i += 1
+        if i >= e:
+            return False
+        ev = 0
+        while i < e and 48 <= b[i] <= 57:
+            if ev < 100000:
+                ev = ev * 10 + (b[i] - 48)
+            i += 1
+        exp10 += -ev if eneg else ev
+    if i != e:
+        return False
+    if man == _ZERO:
+        v_out[k] = -0.0 if neg else 0.0
+        return True
+    if man <= _U64(9007199254740992) and -22 <= exp10 <= 22:
+        f = np.float64(man)
+        if exp10 >= 0:
+            f = f * _POW10_EXACT[exp10]
+        else:
+            f = f / _POW10_EXACT[-exp10]
+        v_out[k] = -f if neg else f
+        return True
+    ok, bits = _eisel_lemire(man, exp10)
+    if not ok:
+        return False
+    v_bits[k] = (bits | _SIGN) if neg else bits
+    return True
+
+
+@njit(cache=True, inline='always')
+def _skip_ws(b, i, n):  # type: ignore[no-untyped-def]
+    while i < n and (b[i] == 32 or b[i] == 10 or b[i] == 13 or b[i] == 9):
+        i += 1
+    return i
+
+
+@njit(cache=True, inline='always')
+def _skip_string(b, i, n):  # type: ignore[no-untyped-def]
+    """b[i] is an opening quote; index after the closing quote, or -1."""
+    i += 1
+    while i < n:
+        c = b[i]
+        if c == 34:
+            return i + 1
+        if c == 92:
+            i += 2
+        else:
+            i += 1
+    return -1
+
+
+@njit(cache=True)
+def _skip_value(b, i, n):  # type: ignore[no-untyped-def]
+    """Index after the JSON value starting at i (not validated), or -1."""
+    if i >= n:
+        return -1
+    c = b[i]
+    if c == 34:
+        return _skip_string(b, i, n)
+    if c == 123 or c == 91:
+        depth = 0
+        while i < n:
+            c = b[i]
+            if c == 34:
+                i = _skip_string(b, i, n)
+                if i < 0:
+                    return -1
+                continue
+            if c == 123 or c == 91:
+                depth += 1
+            elif c == 125 or c == 93:
+                depth -= 1
+                if depth == 0:
+                    return i + 1
+            i += 1
+        return -1
+    while i < n:
+        c = b[i]
+        if c == 44 or c == 125 or c == 93 or c == 32 or c == 10 or c == 13 or c == 9:
+            return i
+        i += 1
+    return i
+
+
+@njit(cache=True, inline='always')
+def _key_is(b, ks, ke, lit):  # type: ignore[no-untyped-def]
+    if ke - ks != len(lit):
+        return False
+    for j in range(len(lit)):
+        if b[ks + j] != lit[j]:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _object_members(b, i, n, out):  # type: ignore[no-untyped-def]
+    """Members of the object at i: rows (key_start, key_end, value_start, value_end) with
+    key spans inside the quotes. Returns the member count, or -1."""
+    i = _skip_ws(b, i, n)
+    if i >= n or b[i] != 123:
+        return -1
+    i = _skip_ws(b, i + 1, n)
+    k = 0
+    if i < n and b[i] == 125:
+        return 0
+    while True:
+        if i >= n or b[i] != 34 or k >= out.shape[0]:
+            return -1
+        ks = i + 1
+        i = _skip_string(b, i, n)
+        if i < 0:
+            return -1
+        ke = i - 1
+        i = _skip_ws(b, i, n)
+        if i >= n or b[i] != 58:
+            return -1
+        i = _skip_ws(b, i + 1, n)
+        vs = i
+        i = _skip_value(b, i, n)
+        if i < 0:
+            return -1
+        out[k, 0] = ks
+        out[k, 1] = ke
+        out[k, 2] = vs
+        out[k, 3] = i
+        k += 1
+        i = _skip_ws(b, i, n)
+        if i < n and b[i] == 44:
+            i = _skip_ws(b, i + 1, n)
+            continue
+        if i < n and b[i] == 125:
+            return k
+        return -1
+
+
+@njit(cache=True, inline='always')
+def _parse_ts(b, i, n):  # type: ignore[no-untyped-def]
+    """A JSON number of seconds at i -> (ok, t_ms, next index). ok False for exponents,
+    more than 3 non-zero decimals, or more than 15 integer digits."""
+    neg = False
+    if i < n and b[i] == 45:
+        neg = True
+        i += 1
+    sec = 0
+    nd = 0
+    while i < n and 48 <= b[i] <= 57:
+        sec = sec * 10 + (b[i] - 48)
+        nd += 1
+        i += 1
+    if nd == 0 or nd > 15:
+        return False, 0, i
+    ms = 0
+    if i < n and b[i] == 46:
+        i += 1
+        fd = 0
+        while i < n and 48 <= b[i] <= 57:
+            d = b[i] - 48
+            if fd < 3:
+                ms = ms * 10 + d
+            elif d != 0:
+                return False, 0, i
+            fd += 1
+            i += 1
+        if fd == 0:
+            return False, 0, i
+        while fd < 3:
+            ms *= 10
+            fd += 1
+    if i < n and (b[i] == 101 or b[i] == 69):
+        return False, 0, i
+    t = sec * 1000 + ms
+    return True, -t if neg else t, i
+
+
+@njit(cache=True, inline='always')
+def _parse_sample(b, i, n, t_out, v_out, v_bits, k, fb_idx, fb_s, fb_e, nfb):  # type: ignore[no-untyped-def]
+    """`[ts,"value"]` at i into slot k. Returns (ok, next index, nfb)."""
+    if i >= n or b[i] != 91:
+        return False, i, nfb
+    i = _skip_ws(b, i + 1, n)
+    ok, t, i = _parse_ts(b, i, n)
+    if not ok:
+        return False, i, nfb
+    i = _skip_ws(b, i, n)
+    if i >= n or b[i] != 44:
+        return False, i, nfb
+    i = _skip_ws(b, i + 1, n)
+    if i >= n or b[i] != 34:
+        return False, i, nfb
+    vs = i + 1
+    j = vs
+    while j < n and b[j] != 34:
+        if b[j] == 92:
+            return False, j, nfb
+        j += 1
+    if j >= n:
+        return False, j, nfb
+    if not _parse_float(b, vs, j, v_out, v_bits, k):
+        fb_idx[nfb] = k
+        fb_s[nfb] = vs
+        fb_e[nfb] = j
+        nfb += 1
+        v_out[k] = np.nan
+    t_out[k] = t
+    i = _skip_ws(b, j + 1, n)
+    if i >= n or b[i] != 93:
+        return False, i, nfb
+    return True, i + 1, nfb
+
+
+@njit(cache=True)
+def _parse_series_list(b, i, n, is_matrix, met_s, met_e, counts, t_out, v_out, fb_idx, fb_s, fb_e):  # type: ignore[no-untyped-def]
+    """The `result` array of a matrix or vector answer.
+    Returns (status, n_series, n_samples, n_fallback, unsorted); status 0 ok, 1 use the
+    slow path, 2 native histograms (Undecodable)."""
+    v_bits = v_out.view(np.uint64)
+    ns = 0
+    k = 0
+    nfb = 0
+    unsorted = False
+    i = _skip_ws(b, i, n)
+    if i >= n or b[i] != 91:
+        return 1, 0, 0, 0, False
+    i = _skip_ws(b, i + 1, n)
+    if i < n and b[i] == 93:
+        return 0, 0, 0, 0, False
+    while True:
+        if i >= n or b[i] != 123 or ns >= counts.shape[0]:
+            return 1, ns, k, nfb, unsorted
+        i = _skip_ws(b, i + 1, n)
+        ms = -1
+        me = -1
+        k0 = k
+        got = False
+        if i < n and b[i] == 125:
+            i += 1
+        else:
+            while True:
+                if i >= n or b[i] != 34:
+                    return 1, ns, k, nfb, unsorted
+                ks = i + 1
+                i = _skip_string(b, i, n)
+                if i < 0:
+                    return 1, ns, k, nfb, unsorted
+                ke = i - 1
+                i = _skip_ws(b, i, n)
+                if i >= n or b[i] != 58:
+                    return 1, ns, k, nfb, unsorted
+                i = _skip_ws(b, i + 1, n)
+                if _key_is(b, ks, ke, _K_METRIC):
+                    if ms >= 0:
+                        return 1, ns, k, nfb, unsorted
+                    ms = i
+                    i = _skip_value(b, i, n)
+                    if i < 0:
+                        return 1, ns, k, nfb, unsorted
+                    me = i
+                elif is_matrix and _key_is(b, ks, ke, _K_VALUES):
+                    if got:
+                        return 1, ns, k, nfb, unsorted
+                    got = True
+                    if i >= n or b[i] != 91:
+                        return 1, ns, k, nfb, unsorted
+                    i = _skip_ws(b, i + 1, n)
+                    if i < n and b[i] == 93:
+                        i += 1
+                    else:
+                        while True:
+                            if k >= t_out.shape[0]:
+                                return 1, ns, k, nfb, unsorted
+                            ok, i, nfb = _parse_sample(
+                                b, i, n, t_out, v_out, v_bits, k, fb_idx, fb_s, fb_e, nfb
+                            )
+                            if not ok:
+                                return 1, ns, k, nfb, unsorted
+                            if k > k0 and t_out[k] <= t_out[k - 1]:
+                                unsorted = True
+                            k += 1
+                            i = _skip_ws(b, i, n)
+                            if i < n and b[i] == 44:
+                                i = _skip_ws(b, i + 1, n)
+                                continue
+                            if i < n and b[i] == 93:
+                                i += 1
+                                break
+                            return 1, ns, k, nfb, unsorted
+                elif (not is_matrix) and _key_is(b, ks, ke, _K_VALUE):
+                    if got or k >= t_out.shape[0]:
+                        return 1, ns, k, nfb, unsorted
+                    got = True
+                    ok, i, nfb = _parse_sample(
+                        b, i, n, t_out, v_out, v_bits, k, fb_idx, fb_s, fb_e, nfb
+                    )
+                    if not ok:
+                        return 1, ns, k, nfb, unsorted
+                    k += 1
+                elif _key_is(b, ks, ke, _K_HISTOGRAM) or _key_is(b, ks, ke, _K_HISTOGRAMS):
+                    return 2, ns, k, nfb, unsorted
+                else:
+                    i = _skip_value(b, i, n)
+                    if i < 0:
+                        return 1, ns, k, nfb, unsorted
+                i = _skip_ws(b, i, n)
+                if i < n and b[i] == 44:
+                    i = _skip_ws(b, i + 1, n)
+                    continue
+                if i < n and b[i] == 125:
+                    i += 1
+                    break
+                return 1, ns, k, nfb, unsorted
+        if not got and not is_matrix:
+            return 1, ns, k, nfb, unsorted
+        met_s[ns] = ms
+        met_e[ns] = me
+        counts[ns] = k - k0
+        ns += 1
+        i = _skip_ws(b, i, n)
+        if i < n and b[i] == 44:
+            i = _skip_ws(b, i + 1, n)
+            continue
+        if i < n and b[i] == 93:
+            return 0, ns, k, nfb, unsorted
+        return 1, ns, k, nfb, unsorted
+
+
+@njit(cache=True, inline='always')
+def _put(out, o, lit):  # type: ignore[no-untyped-def]
+    for j in range(len(lit)):
+        out[o + j] = lit[j]
+    return o + len(lit)
+
+
+@njit(cache=True, inline='always')
+def _put_uint(out, o, x):  # type: ignore[no-untyped-def]
+    if x == 0:
+        out[o] = 48
+        return o + 1
+    n = 0
+    y = x
+    while y > 0:
+        y //= 10
+        n += 1
+    p = o + n - 1
+    while x > 0:
+        out[p] = 48 + x % 10
+        x //= 10
+        p -= 1
+    return o + n
+
+
+@njit(cache=True, inline='always')
+def _put_ts(out, o, t):  # type: ignore[no-untyped-def]
+    if t < 0:
+        out[o] = 45
+        o += 1
+        t = -t
+    o = _put_uint(out, o, t // 1000)
+    f = t % 1000
+    if f != 0:
+        out[o] = 46
+        out[o + 1] = 48 + f // 100
+        out[o + 2] = 48 + (f // 10) % 10
+        out[o + 3] = 48 + f % 10
+        o += 4
+    return o
+
+
+@njit(cache=True, inline='always')
+def _put_value(out, o, v, tok, p, q, dig):  # type: ignore[no-untyped-def]
+    """Write v in Prometheus notation; tok[p:q] is orjson's shortest repr of v (finite v)."""
+    if v != v:
+        return _put(out, o, _W_NAN)
+    if v == np.inf:
+        return _put(out, o, _W_PINF)
+    if v == -np.inf:
+        return _put(out, o, _W_NINF)
+    neg = False
+    i = p
+    if tok[i] == 45:
+        neg = True
+        i += 1
+    nd = 0
+    dp = 0
+    seen_dot = False
+    while i < q and tok[i] != 101 and tok[i] != 69:
+        c = tok[i]
+        if c == 46:
+            seen_dot = True
+        elif nd == 0 and c == 48:
+            if seen_dot:
+                dp -= 1
+        else:
+            dig[nd] = c
+            nd += 1
+            if not seen_dot:
+                dp += 1
+        i += 1
+    if i < q:  # exponent
+        i += 1
+        eneg = False
+        if tok[i] == 45 or tok[i] == 43:
+            eneg = tok[i] == 45
+            i += 1
+        ev = 0
+        while i < q:
+            ev = ev * 10 + (tok[i] - 48)
+            i += 1
+        dp += -ev if eneg else ev
+    while nd > 0 and dig[nd - 1] == 48:
+        nd -= 1
+    if neg:
+        out[o] = 45
+        o += 1
+    if nd == 0:
+        out[o] = 48
+        return o + 1
+    a = abs(v)
+    if a < 1e-6 or a >= 1e21:
+        out[o] = dig[0]
+        o += 1
+        if nd > 1:
+            out[o] = 46
+            o += 1
+            for j in range(1, nd):
+                out[o] = dig[j]
+                o += 1
+        out[o] = 101
+        x = dp - 1
+        if x < 0:
+            out[o + 1] = 45
+            x = -x
+        else:
+            out[o + 1] = 43
+        o += 2
+        if x < 10:
+            out[o] = 48
+            o += 1
+        return _put_uint(out, o, x)
+    if dp <= 0:
+        out[o] = 48
+        out[o + 1] = 46
+        o += 2
+        for _ in range(-dp):
+            out[o] = 48
+            o += 1
+        for j in range(nd):
+            out[o] = dig[j]
+            o += 1
+        return o
+    if dp >= nd:
+        for j in range(nd):
+            out[o] = dig[j]
+            o += 1
+        for _ in range(dp - nd):
+            out[o] = 48
+            o += 1
+        return o
+    for j in range(dp):
+        out[o] = dig[j]
+        o += 1
+    out[o] = 46
+    o += 1
+    for j in range(dp, nd):
+        out[o] = dig[j]
+        o += 1
+    return o
+
+
+@njit(cache=True)
+def _encode_series_block(out, o, lab_buf, lab_off, offsets, s0, s1, t_ms, v, tok, is_matrix):  # type: ignore[no-untyped-def]
+    """Series s0..s1-1 as Prometheus result elements joined by ','. tok is orjson's dump of
+    v[offsets[s0]:offsets[s1]] (non-finite values replaced by 0). Returns the end offset."""
+    dig = np.empty(40, dtype=np.uint8)
+    p = 1  # after '['
+    for s in range(s0, s1):
+        if s > s0:
+            out[o] = 44
+            o += 1
+        o = _put(out, o, _W_METRIC)
+        for j in range(lab_off[s], lab_off[s + 1]):
+            out[o] = lab_buf[j]
+            o += 1
+        o = _put(out, o, _W_VALUES if is_matrix else _W_VALUE)
+        for k in range(offsets[s], offsets[s + 1]):
+            if k > offsets[s]:
+                out[o] = 44
+                o += 1
+            q = p
+            while tok[q] != 44 and tok[q] != 93:
+                q += 1
+            out[o] = 91
+            o = _put_ts(out, o + 1, t_ms[k])
+            out[o] = 44
+            out[o + 1] = 34
+            o = _put_value(out, o + 2, v[k], tok, p, q, dig)
+            out[o] = 34
+            out[o + 1] = 93
+            o += 2
+            p = q + 1
+        if is_matrix:
+            out[o] = 93
+            o += 1
+        out[o] = 125
+        o += 1
+    return o
+
+
+# --------------------------------------------------------------------------------------
+# Decoding
+# --------------------------------------------------------------------------------------
+
+
+class _SlowPath(Exception):
+    pass
+
+
+def decode_prometheus_json(body: bytes) -> QueryResult:
+    """A successful /api/v1/query or /api/v1/query_range answer -> QueryResult.
+
+    Raises Undecodable for native histograms, MalformedAnswer for anything that is not a
+    successful query answer."""
+    try:
+        return _decode_fast(body)
+    except _SlowPath:
+        return _decode_slow(body)
+
+
+def _members(buf: npt.NDArray[np.uint8], body: bytes, start: int) -> dict[bytes, tuple[int, int]]:
+    out = np.empty((64, 4), dtype=np.int64)
+    k = _object_members(buf, start, len(buf), out)
+    if k < 0:
+        raise _SlowPath
+    res: dict[bytes, tuple[int, int]] = {}
+    for ks, ke, vs, ve in out[:k].tolist():
+        key = body[ks:ke]
+        if key in res or b"\\" in key:
+            raise _SlowPath
+        res[key] = (vs, ve)
+    return res
+
+
+def _str_list(body: bytes, span: tuple[int, int] | None, what: str) -> list[str]:
+    if span is None:
+        return []
+    val = orjson.loads(body[span[0] : span[1]])
+    if val is None:
+        return []
+    if not isinstance(val, list) or not all(isinstance(x, str) for x in val):
+        raise MalformedAnswer(f"{what} is not a list of strings")
+    return val
+
+
+def _decode_fast(body: bytes) -> QueryResult:
+    buf = np.frombuffer(body, dtype=np.uint8)
+    top = _members(buf, body, 0)
+    status = top.get(b"status")
+    if status is None or body[status[0] : status[1]] != b'"success"':
+        raise _SlowPath  # the slow path produces the precise error
+    data = top.get(b"data")
+    if data is None:
+        raise _SlowPath
+    dm = _members(buf, body, data[0])
+    rt_span, res_span = dm.get(b"resultType"), dm.get(b"result")
+    if rt_span is None or res_span is None:
+        raise _SlowPath
+    rtype = body[rt_span[0] : rt_span[1]].strip(b'"').decode("ascii", "replace")
+    warnings = _str_list(body, top.get(b"warnings"), "warnings")
+    infos = _str_list(body, top.get(b"infos"), "infos")
+    if rtype in ("scalar", "string"):
+        return _small_result(rtype, orjson.loads(body[res_span[0] : res_span[1]]), warnings, infos)
+    if rtype not in ("matrix", "vector"):
+        raise MalformedAnswer(f"unknown resultType {rtype!r}")
+    s, e = res_span
+    size = e - s
+    cap_series = size // 12 + 1
+    cap_samples = size // 7 + 1
+    met_s = np.empty(cap_series, dtype=np.int64)
+    met_e = np.empty(cap_series, dtype=np.int64)
+    counts = np.empty(cap_series, dtype=np.int64)
+    t_out = np.empty(cap_samples, dtype=np.int64)
+    v_out = np.empty(cap_samples, dtype=np.float64)
+    fb_idx = np.empty(cap_samples, dtype=np.int64)
+    fb_s = np.empty(cap_samples, dtype=np.int64)
+    fb_e = np.empty(cap_samples, dtype=np.int64)
+    status_code, ns, nk, nfb, unsorted = _parse_series_list(
+        buf, s, e, rtype == "matrix", met_s, met_e, counts, t_out, v_out, fb_idx, fb_s, fb_e
+    )
+    if status_code == 2:
+        raise Undecodable("native histograms are not decoded")
+    if status_code != 0 or unsorted:
+        raise _SlowPath
+    t = t_out[:nk].copy()
+    v = v_out[:nk].copy()
+    for k, a, b in zip(fb_idx[:nfb].tolist(), fb_s[:nfb].tolist(), fb_e[:nfb].tolist()):
+        v[k] = _py_float(body[a:b])
+    labels = []
+    loads = orjson.loads
+    for a, b in zip(met_s[:ns].tolist(), met_e[:ns].tolist()):
+        d = loads(body[a:b]) if a >= 0 else {}
+        if type(d) is not dict:
+            raise MalformedAnswer("metric is not an object")
+        labels.append(d)
+    _check_labels(labels)
+    offsets = np.zeros(ns + 1, dtype=np.int64)
+    np.cumsum(counts[:ns], out=offsets[1:])
+    return QueryResult(rtype, labels, offsets, t, v, warnings, infos)  # type: ignore[arg-type]
+
+
+def _check_labels(labels: list[dict[str, Any]]) -> None:
+    for d in labels:
+        for val in d.values():
+            if type(val) is not str:
+                raise MalformedAnswer("label values must be strings")
+
+
+_GO_FLOAT = re.compile(r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|[Ii]nf(?:inity)?|NaN|nan)")
+
+
+def _py_float(tok: bytes | str) -> float:
+    s = tok.decode() if isinstance(tok, bytes) else tok
+    if not _GO_FLOAT.fullmatch(s):
+        raise MalformedAnswer(f"bad sample value {s!r}")
+    return float(s)
+
+
+def _py_ts(x: Any) -> int:
+    if type(x) is int:
+        return x * 1000
+    if type(x) is float and math.isfinite(x):
+        return round(x * 1000)
+    raise MalformedAnswer(f"bad timestamp {x!r}")
+
+
+def _small_result(rtype: str, res: Any, warnings: list[str], infos: list[str]) -> QueryResult:
+    if not (isinstance(res, list) and len(res) == 2 and isinstance(res[1], str)):
+        raise MalformedAnswer(f"bad {rtype} result")
+    t = _py_ts(res[0])
+    if rtype == "scalar":
+        return QueryResult.scalar(t, _py_float(res[1]), warnings=warnings, infos=infos)
+    return QueryResult.string(t, res[1], warnings=warnings, infos=infos)
+
+
+def _decode_slow(body: bytes) -> QueryResult:
+    """Exact decoding through orjson; the collector is kept out of the way while the
+    sample lists exist."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise MalformedAnswer(f"answer is not JSON: {exc}") from exc
+        if not isinstance(doc, dict) or doc.get("status") != "success":
+            raise MalformedAnswer("not a successful Prometheus answer")
+        data = doc.get("data")
+        if not isinstance(data, dict):
+            raise MalformedAnswer("answer has no data")
+        rtype = data.get("resultType")
+        res = data.get("result")
+        warnings = doc.get("warnings") or []
+        infos = doc.get("infos") or []
+        if not all(isinstance(w, str) for w in [*warnings, *infos]):
+            raise MalformedAnswer("warnings/infos must be strings")
+        if rtype in ("scalar", "string"):
+            return _small_result(rtype, res, list(warnings), list(infos))
+        if rtype not in ("matrix", "vector") or not isinstance(res, list):
+            raise MalformedAnswer(f"bad resultType {rtype!r}")
+        labels: list[dict[str, str]] = []
+        ts: list[int] = []
+        vs: list[float] = []
+        counts: list[int] = []
+        key = "values" if rtype == "matrix" else "value"
+        for el in res:
+            if not isinstance(el, dict):
+                raise MalformedAnswer("result element is not an object")
+            if "histogram" in el or "histograms" in el:
+                raise Undecodable("native histograms are not decoded")
+            metric = el.get("metric", {})
+            if not isinstance(metric, dict):
+                raise MalformedAnswer("metric is not an object")
+            if key not in el:
+                if rtype == "vector":
+                    raise MalformedAnswer("vector element without value")
+                pts = []
+            else:
+                pts = el[key] if rtype == "matrix" else [el[key]]
+            if not isinstance(pts, list):
+                raise MalformedAnswer("bad samples")
+            for p in pts:
+                if not (isinstance(p, list) and len(p) == 2 and isinstance(p[1], str)):
+                    raise MalformedAnswer("bad sample")
+                ts.append(_py_ts(p[0]))
+                vs.append(_py_float(p[1]))
+            labels.append(metric)
+            counts.append(len(pts))
+        _check_labels(labels)  # type: ignore[arg-type]
+    finally:
+        if was_enabled:
+            gc.enable()
+    offsets = np.zeros(len(labels) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    t = np.array(ts, dtype=np.int64)
+    v = np.array(vs, dtype=np.float64)
+    # Per series, samples in time order; a repeated timestamp is a broken answer.
+    series = np.repeat(np.arange(len(labels)), counts)
+    order = np.lexsort((t, series))
+    t, v = t[order], v[order]
+    if len(t) > 1:
+        same = (np.diff(t) == 0) & (np.diff(series) == 0)
+        if same.any():
+            raise MalformedAnswer("a series has two samples at the same timestamp")
+    return QueryResult(rtype, labels, offsets, t, v, list(warnings), list(infos))
+
+
+# --------------------------------------------------------------------------------------
+# Encoding
+# --------------------------------------------------------------------------------------
+
+_STREAM_BATCH_SAMPLES = 262_144
+
+
+def encode_prometheus_json(result: QueryResult) -> bytes:
+    """The whole answer as Prometheus 2.42 writes it."""
+    head, tail = _head_tail(result)
+    if result.result_type in ("scalar", "string"):
+        return head + _small_body(result) + tail
+    return b"".join([head, *_iter_blocks(result, None), tail])
+
+
+def iter_prometheus_json(result: QueryResult, batch_samples: int = _STREAM_BATCH_SAMPLES) -> Iterator[bytes]:
+    """The same bytes as `encode_prometheus_json`, in chunks of about `batch_samples`
+    samples (whole series per chunk), for streaming large answers."""
+    head, tail = _head_tail(result)
+    if result.result_type in ("scalar", "string"):
+        yield head + _small_body(result) + tail
+        return
+    yield head
+    yield from _iter_blocks(result, batch_samples)
+    yield tail
+
+
+def _head_tail(result: QueryResult) -> tuple[bytes, bytes]:
+    head = b'{"status":"success","data":{"resultType":"' + result.result_type.encode() + b'","result":'
+    tail = b"}"
+    if result.warnings:
+        tail += b',"warnings":' + _go_str_list(result.warnings)
+    if result.infos:
+        tail += b',"infos":' + _go_str_list(result.infos)
+    tail += b"}"
+    if result.result_type in ("matrix", "vector"):
+        return head + b"[", b"]" + tail
+    return head, tail
+
+
+def _go_str_list(items: list[str]) -> bytes:
+    return ("[" + ",".join(go_json_string(s) for s in items) + "]").encode()
+
+
+def _small_body(result: QueryResult) -> bytes:
+    t = format_timestamp(int(result.t_ms[0]))
+    if result.result_type == "string":
+        return f"[{t},{go_json_string(result.string_value or '')}]".encode()
+    return f'[{t},"{format_value(float(result.value[0]))}"]'.encode()
+
+
+def _iter_blocks(result: QueryResult, batch_samples: int | None) -> Iterator[bytes]:
+    n = result.n_series
+    if n == 0:
+        return
+    ljson = result.label_json()
+    lab_off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum([len(x) for x in ljson], out=lab_off[1:])
+    lab_buf = np.frombuffer(b"".join(ljson), dtype=np.uint8)
+    offsets = result.offsets
+    t = np.ascontiguousarray(result.t_ms, dtype=np.int64)
+    v = np.ascontiguousarray(result.value, dtype=np.float64)
+    is_matrix = result.result_type == "matrix"
+    # Batch boundaries on whole series.
+    if batch_samples is None:
+        bounds = [0, n]
+    else:
+        targets = np.arange(batch_samples, int(offsets[-1]), batch_samples)
+        cut = np.searchsorted(offsets, targets, side="left")
+        bounds = sorted({0, n, *[int(c) for c in cut if 0 < c < n]})
+    for bi in range(len(bounds) - 1):
+        s0, s1 = bounds[bi], bounds[bi + 1]
+        a, b = int(offsets[s0]), int(offsets[s1])
+        vb = v[a:b]
+        if not np.isfinite(vb).all():
+            vb = np.where(np.isfinite(vb), vb, 0.0)
+        tok = np.frombuffer(orjson.dumps(vb, option=orjson.OPT_SERIALIZE_NUMPY), dtype=np.uint8)
+        nbytes = int(lab_off[s1] - lab_off[s0]) + (s1 - s0) * 24 + (b - a) * 60 + 16
+        out = np.empty(nbytes, dtype=np.uint8)
+        end = _encode_series_block(out, 0, lab_buf, lab_off, offsets, s0, s1, t, v, tok, is_matrix)
+        chunk = out[:end].tobytes()
+        yield chunk if bi == 0 else b"," + chunk

@@ -1,0 +1,449 @@
+"""Merge kernels: piece answers (QueryResult) -> one answer, following a MergeRecipe.
+
+    merge(pieces, recipe, time_ms=None)   dispatch on recipe.kind
+    concat(results)                        union of series, samples concatenated in time
+    aggregate(pieces, recipe, time_ms=None)
+                                           per timestamp, group by the output labels and
+                                           re-aggregate: sum of sums, sum of counts, min of
+                                           mins, max of maxes, group -> 1, avg as sum/count,
+                                           topk/bottomk over the union of per-shard winners
+
+`pieces` are (role, QueryResult) pairs in shard order; role is the Piece.role from the
+plan ("sum" / "count" for the two halves of an avg, None otherwise). Partial sums are added
+in the order of `pieces`, so the same inputs always give byte-identical output.
+
+Output order follows Prometheus: a range answer (matrix) is sorted by label set with
+labels.Compare (label by label in name order, name then value, a shorter set first when it
+is a prefix). Prometheus leaves an instant vector in evaluation order, which a sharded
+query cannot reproduce; we sort it by label set too (topk/bottomk: by group, then by value
+as Prometheus orders a group's winners).
+
+Prometheus 2.42 semantics kept here (promql/engine.go, aggregation()):
+- sum: NaN and +Inf + -Inf give NaN, as in Prometheus (IEEE addition);
+- min/max: a NaN is replaced by any later non-NaN (`v < cur || IsNaN(cur)`): the result is
+  NaN only when every input is NaN;
+- topk/bottomk: NaN ranks below every number for both; k = int(param), k < 1 -> nothing;
+  ties at the k-th place go to the smaller label set (Prometheus keeps the series it met
+  first, which for a plain selector is also the smaller label set);
+- `by (a, b)` keeps the present labels among a, b; `without (a)` drops a and __name__;
+  topk/bottomk keep the full label set of the winners.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+from numba import njit
+
+from proxy.arrowcodec import QueryResult
+from proxy.errors import PromError
+from shardplanner.plan import MergeRecipe
+
+__all__ = ["MergeConflict", "aggregate", "concat", "merge"]
+
+Key = tuple[tuple[str, str], ...]
+I64 = npt.NDArray[np.int64]
+
+
+class MergeConflict(PromError):
+    """Two pieces disagree in a way a correct plan never produces (a planner bug)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("internal", message)
+
+
+# Dense (group x timestamp) accumulators up to this many cells, else compact the cells.
+DENSE_CELLS_LIMIT = 1 << 23
+
+_OPS = {"sum": 0, "count": 1, "min": 2, "max": 3, "group": 4, "avg": 5}
+
+
+def merge(
+    pieces: Sequence[tuple[str | None, QueryResult]],
+    recipe: MergeRecipe,
+    *,
+    time_ms: int | None = None,
+) -> QueryResult:
+    if recipe.kind == "passthrough":
+        if len(pieces) != 1:
+            raise MergeConflict(f"passthrough with {len(pieces)} pieces")
+        return pieces[0][1]
+    if recipe.kind == "concat":
+        return concat([r for _, r in pieces])
+    if recipe.kind == "aggregate":
+        return aggregate(pieces, recipe, time_ms=time_ms)
+    raise MergeConflict(f"unknown merge kind {recipe.kind!r}")
+
+
+def _notes(results: Sequence[QueryResult]) -> tuple[list[str], list[str]]:
+    warnings = list(dict.fromkeys(w for r in results for w in r.warnings))
+    infos = list(dict.fromkeys(w for r in results for w in r.infos))
+    return warnings, infos
+
+
+def _result_type(results: Sequence[QueryResult]) -> str:
+    types = {r.result_type for r in results}
+    if len(types) != 1:
+        raise MergeConflict(f"pieces of different result types: {sorted(types)}")
+    (rtype,) = types
+    return rtype
+
+
+def _gather(
+    src_start: I64, lens: I64, t_all: I64, v_all: npt.NDArray[np.float64]
+) -> tuple[I64, npt.NDArray[np.float64]]:
+    total = int(lens.sum())
+    out_start = np.zeros(len(lens), dtype=np.int64)
+    np.cumsum(lens[:-1], out=out_start[1:])
+    idx = np.repeat(src_start - out_start, lens) + np.arange(total, dtype=np.int64)
+    return t_all[idx], v_all[idx]
+
+
+def concat(results: Sequence[QueryResult], *, keep_first: bool = False) -> QueryResult:
+    """Union of series by label set, samples in time order. The same (series, timestamp)
+    in two pieces raises MergeConflict, or keeps the earliest piece's sample when
+    `keep_first` (two backends holding the same series)."""
+    if not results:
+        raise MergeConflict("nothing to merge")
+    rtype = _result_type(results)
+    warnings, infos = _notes(results)
+    if rtype in ("scalar", "string"):
+        if len(results) != 1:
+            raise MergeConflict(f"cannot concatenate {len(results)} {rtype} results")
+        return results[0]
+
+    gid_of: dict[Key, int] = {}
+    keys: list[Key] = []
+    labels: list[dict[str, str]] = []
+    seg_gid, seg_start, seg_len, seg_first, seg_piece = [], [], [], [], []
+    base = 0
+    for p, r in enumerate(results):
+        gids = np.empty(r.n_series, dtype=np.int64)
+        for s, key in enumerate(r.series_keys()):
+            g = gid_of.get(key)
+            if g is None:
+                g = gid_of[key] = len(keys)
+                keys.append(key)
+                labels.append(r.labels[s])
+            gids[s] = g
+        counts = r.counts
+        nz = counts > 0
+        starts = r.offsets[:-1][nz]
+        seg_gid.append(gids[nz])
+        seg_start.append(starts + base)
+        seg_len.append(counts[nz])
+        seg_first.append(r.t_ms[starts])
+        seg_piece.append(np.full(len(starts), p, dtype=np.int64))
+        base += r.n_samples
+
+    order = sorted(range(len(keys)), key=keys.__getitem__)
+    rank = np.empty(len(keys), dtype=np.int64)
+    rank[order] = np.arange(len(keys))
+    g_all = np.concatenate(seg_gid)
+    s_rank = rank[g_all]
+    s_start = np.concatenate(seg_start)
+    s_len = np.concatenate(seg_len)
+    s_first = np.concatenate(seg_first)
+    s_piece = np.concatenate(seg_piece)
+    seg_order = np.lexsort((s_piece, s_first, s_rank))
+    s_rank, s_start, s_len, s_piece = (
+        s_rank[seg_order],
+        s_start[seg_order],
+        s_len[seg_order],
+        s_piece[seg_order],
+    )
+    t_all = np.concatenate([r.t_ms for r in results])
+    v_all = np.concatenate([r.value for r in results])
+    t, v = _gather(s_start, s_len, t_all, v_all)
+
+    counts_by_rank = np.bincount(s_rank, weights=s_len, minlength=len(keys)).astype(np.int64)
+    offsets = np.zeros(len(keys) + 1, dtype=np.int64)
+    np.cumsum(counts_by_rank, out=offsets[1:])
+
+    # Within a series the concatenated segments must be strictly increasing in time.
+    if len(t) > 1:
+        step_ok = np.diff(t) > 0
+        inner = offsets[1:-1]
+        step_ok[inner[(inner > 0) & (inner < len(t))] - 1] = True  # series boundaries
+        if not step_ok.all():
+            t, v, offsets = _resolve_overlaps(
+                t, v, offsets, np.repeat(s_piece, s_len), keep_first
+            )
+            counts_by_rank = np.diff(offsets)
+
+    keep = counts_by_rank > 0
+    out_labels = [labels[g] for g, k in zip(order, keep.tolist()) if k]
+    if not keep.all():
+        offsets = np.concatenate([[0], offsets[1:][keep]]).astype(np.int64)
+    return QueryResult(rtype, out_labels, offsets, t, v, warnings, infos)  # type: ignore[arg-type]
+
+
+def _resolve_overlaps(
+    t: I64, v: npt.NDArray[np.float64], offsets: I64, piece: I64, keep_first: bool
+) -> tuple[I64, npt.NDArray[np.float64], I64]:
+    series = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    order = np.lexsort((piece, t, series))
+    t, v, series = t[order], v[order], series[order]
+    dup = np.zeros(len(t), dtype=bool)
+    dup[1:] = (np.diff(t) == 0) & (np.diff(series) == 0)
+    if dup.any():
+        if not keep_first:
+            i = int(np.flatnonzero(dup)[0])
+            raise MergeConflict(
+                f"two pieces hold the same sample (series #{int(series[i])}, t_ms={int(t[i])})"
+            )
+        t, v, series = t[~dup], v[~dup], series[~dup]
+    counts = np.bincount(series, minlength=len(offsets) - 1)
+    new_offsets = np.zeros(len(offsets), dtype=np.int64)
+    np.cumsum(counts, out=new_offsets[1:])
+    return t, v, new_offsets
+
+
+# --------------------------------------------------------------------------------------
+# aggregate
+# --------------------------------------------------------------------------------------
+
+
+def _group_labels(d: dict[str, str], grouping: tuple[str, ...], without: bool) -> dict[str, str]:
+    if without:
+        return {k: v for k, v in d.items() if k not in grouping and k != "__name__"}
+    return {k: d[k] for k in grouping if k in d}
+
+
+@njit(cache=True)
+def _time_slots(t):  # type: ignore[no-untyped-def]
+    """(t_min, spacing) such that every t is t_min + spacing * slot; spacing = gcd."""
+    n = len(t)
+    tmin = t[0]
+    for i in range(n):
+        if t[i] < tmin:
+            tmin = t[i]
+    g = 0
+    for i in range(n):
+        d = t[i] - tmin
+        while d != 0:
+            g, d = d, g % d
+        if g == 1:
+            break
+    return tmin, g
+
+
+def _slots(t: I64) -> tuple[I64, I64]:
+    """(slot of every sample, timestamp of every slot)."""
+    if len(t) == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    tmin, g = _time_slots(t)
+    tmin, g = int(tmin), int(g)
+    if g == 0:
+        return np.zeros(len(t), dtype=np.int64), np.array([tmin], dtype=np.int64)
+    n_slots = (int(t.max()) - tmin) // g + 1
+    if n_slots <= max(4 * len(t), 1 << 16):
+        return (t - tmin) // g, tmin + g * np.arange(n_slots, dtype=np.int64)
+    uniq, inv = np.unique(t, return_inverse=True)
+    return inv.astype(np.int64), uniq
+
+
+@njit(cache=True)
+def _accumulate(cell, v, role, op, n_cells):  # type: ignore[no-untyped-def]
+    """Combine samples into cells in input order. For avg, role 0 adds to the sum, role 1
+    to the count; `state` bit 1 = sum seen, bit 2 = count seen."""
+    acc = np.zeros(n_cells, dtype=np.float64)
+    acc2 = np.zeros(n_cells, dtype=np.float64)
+    state = np.zeros(n_cells, dtype=np.uint8)
+    for i in range(len(cell)):
+        c = cell[i]
+        x = v[i]
+        if op == 5:
+            if role[i] == 0:
+                if state[c] & 1:
+                    acc[c] += x
+                else:
+                    acc[c] = x
+                state[c] |= 1
+            else:
+                if state[c] & 2:
+                    acc2[c] += x
+                else:
+                    acc2[c] = x
+                state[c] |= 2
+            continue
+        if state[c] == 0:
+            acc[c] = 1.0 if op == 4 else x
+            state[c] = 3
+        elif op == 0 or op == 1:
+            acc[c] += x
+        elif op == 2:
+            if acc[c] > x or acc[c] != acc[c]:
+                acc[c] = x
+        elif op == 3:
+            if acc[c] < x or acc[c] != acc[c]:
+                acc[c] = x
+    if op == 5:
+        for c in range(n_cells):
+            if state[c] == 3:
+                acc[c] = acc[c] / acc2[c]
+    return acc, state
+
+
+class _Flat:
+    """All pieces' samples flattened, with a group id, a full-series id and a slot each."""
+
+    def __init__(
+        self,
+        pieces: Sequence[tuple[str | None, QueryResult]],
+        recipe: MergeRecipe,
+        time_ms: int | None,
+    ) -> None:
+        results = [r for _, r in pieces]
+        self.rtype = _result_type(results)
+        if self.rtype not in ("matrix", "vector"):
+            raise MergeConflict(f"cannot aggregate {self.rtype} results")
+        self.warnings, self.infos = _notes(results)
+        group_of: dict[Key, int] = {}
+        self.group_keys: list[Key] = []
+        self.group_labels: list[dict[str, str]] = []
+        series_of: dict[Key, int] = {}
+        self.series_keys: list[Key] = []
+        self.series_labels: list[dict[str, str]] = []
+        gids, sids, roles = [], [], []
+        for role, r in pieces:
+            g_ser = np.empty(r.n_series, dtype=np.int64)
+            s_ser = np.empty(r.n_series, dtype=np.int64)
+            for s, (d, key) in enumerate(zip(r.labels, r.series_keys())):
+                sid = series_of.get(key)
+                if sid is None:
+                    sid = series_of[key] = len(self.series_keys)
+                    self.series_keys.append(key)
+                    self.series_labels.append(d)
+                s_ser[s] = sid
+                gl = _group_labels(d, recipe.grouping, recipe.without)
+                gkey = tuple(sorted(gl.items()))
+                gid = group_of.get(gkey)
+                if gid is None:
+                    gid = group_of[gkey] = len(self.group_keys)
+                    self.group_keys.append(gkey)
+                    self.group_labels.append(gl)
+                g_ser[s] = gid
+            counts = r.counts
+            gids.append(np.repeat(g_ser, counts))
+            sids.append(np.repeat(s_ser, counts))
+            roles.append(np.full(r.n_samples, 1 if role == "count" else 0, dtype=np.uint8))
+        self.gid = np.concatenate(gids) if gids else np.zeros(0, dtype=np.int64)
+        self.sid = np.concatenate(sids) if sids else np.zeros(0, dtype=np.int64)
+        self.role = np.concatenate(roles) if roles else np.zeros(0, dtype=np.uint8)
+        self.v = np.concatenate([r.value for r in results])
+        t = np.concatenate([r.t_ms for r in results])
+        if recipe.combine_time:
+            if time_ms is None:
+                raise MergeConflict("combine_time needs the request's time_ms")
+            t = np.full(len(t), time_ms, dtype=np.int64)
+        self.slot, self.slot_t = _slots(t)
+        self.group_rank = _ranks(self.group_keys)
+        self.series_rank = _ranks(self.series_keys)
+
+    def empty(self) -> QueryResult:
+        return QueryResult.empty(self.rtype, warnings=self.warnings, infos=self.infos)  # type: ignore[arg-type]
+
+
+def _ranks(keys: list[Key]) -> I64:
+    order = sorted(range(len(keys)), key=keys.__getitem__)
+    rank = np.empty(len(keys), dtype=np.int64)
+    rank[order] = np.arange(len(keys), dtype=np.int64)
+    return rank
+
+
+def aggregate(
+    pieces: Sequence[tuple[str | None, QueryResult]],
+    recipe: MergeRecipe,
+    *,
+    time_ms: int | None = None,
+) -> QueryResult:
+    """Re-aggregate shard answers of `op by/without (grouping) (...)`."""
+    if not pieces:
+        raise MergeConflict("nothing to merge")
+    op = recipe.op
+    if op in ("topk", "bottomk"):
+        return _top_bottom(pieces, recipe, time_ms)
+    if op not in _OPS:
+        raise MergeConflict(f"cannot re-aggregate {op!r}")
+    if op == "avg":
+        roles = {role for role, _ in pieces}
+        if not roles <= {"sum", "count"}:
+            raise MergeConflict(f"avg pieces need roles 'sum'/'count', got {sorted(map(str, roles))}")
+    flat = _Flat(pieces, recipe, time_ms)
+    if len(flat.v) == 0:
+        return flat.empty()
+    n_slots = len(flat.slot_t)
+    n_groups = len(flat.group_keys)
+    key = flat.group_rank[flat.gid] * n_slots + flat.slot
+    if n_groups * n_slots <= DENSE_CELLS_LIMIT:
+        cell, n_cells, cell_key = key, n_groups * n_slots, None
+    else:
+        cell_key, inv = np.unique(key, return_inverse=True)
+        cell, n_cells = inv.astype(np.int64), len(cell_key)
+    acc, state = _accumulate(cell, flat.v, flat.role, _OPS[op], n_cells)
+    present = np.flatnonzero(state == 3)
+    keys_out = present if cell_key is None else cell_key[present]
+    out_rank = keys_out // n_slots
+    t = flat.slot_t[keys_out % n_slots]
+    v = acc[present]
+    rank_counts = np.bincount(out_rank, minlength=n_groups)
+    order = np.argsort(flat.group_rank)  # group ids in rank order
+    keep = rank_counts > 0
+    labels = [flat.group_labels[g] for g, k in zip(order.tolist(), keep.tolist()) if k]
+    offsets = np.zeros(len(labels) + 1, dtype=np.int64)
+    np.cumsum(rank_counts[keep], out=offsets[1:])
+    return QueryResult(flat.rtype, labels, offsets, t, v, flat.warnings, flat.infos)  # type: ignore[arg-type]
+
+
+def _top_bottom(
+    pieces: Sequence[tuple[str | None, QueryResult]],
+    recipe: MergeRecipe,
+    time_ms: int | None,
+) -> QueryResult:
+    flat = _Flat(pieces, recipe, time_ms)
+    param = recipe.param
+    if param is None or not math.isfinite(param) or int(param) < 1 or len(flat.v) == 0:
+        return flat.empty()
+    k = int(param)
+    n_slots = len(flat.slot_t)
+    cell = flat.group_rank[flat.gid] * n_slots + flat.slot
+    v = flat.v
+    nan = np.isnan(v)
+    val_key = -v if recipe.op == "topk" else v
+    val_key = np.where(nan, 0.0, val_key)
+    srank = flat.series_rank[flat.sid]
+    order = np.lexsort((srank, val_key, nan, cell))
+    cell_o = cell[order]
+    starts = np.ones(len(order), dtype=bool)
+    starts[1:] = cell_o[1:] != cell_o[:-1]
+    start_pos = np.maximum.accumulate(np.where(starts, np.arange(len(order)), 0))
+    winners = order[(np.arange(len(order)) - start_pos) < k]  # cell order, then rank order
+    if flat.rtype == "vector":
+        sel = winners
+    else:
+        sel = winners[np.lexsort((flat.slot[winners], srank[winners]))]
+    s_sel = srank[sel]
+    if len(sel) > 1:
+        dup = (np.diff(s_sel) == 0) & (np.diff(flat.slot[sel]) == 0)
+        if flat.rtype == "matrix" and dup.any():
+            raise MergeConflict("two pieces hold the same sample of a topk/bottomk series")
+    t = flat.slot_t[flat.slot[sel]]
+    vals = v[sel]
+    sid_sel = flat.sid[sel]
+    if flat.rtype == "vector":
+        # One sample per series: each winner is its own series, in winner order.
+        labels = [flat.series_labels[s] for s in sid_sel.tolist()]
+        if len(set(s_sel.tolist())) != len(labels):
+            raise MergeConflict("two pieces hold the same sample of a topk/bottomk series")
+        offsets = np.arange(len(labels) + 1, dtype=np.int64)
+    else:
+        new = np.ones(len(sel), dtype=bool)
+        new[1:] = s_sel[1:] != s_sel[:-1]
+        firsts = np.flatnonzero(new)
+        labels = [flat.series_labels[s] for s in sid_sel[firsts].tolist()]
+        offsets = np.append(firsts, len(sel)).astype(np.int64)
+    return QueryResult(flat.rtype, labels, offsets, t, vals, flat.warnings, flat.infos)  # type: ignore[arg-type]
