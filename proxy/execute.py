@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.responses import Response
@@ -37,6 +37,7 @@ from .forms import Pairs
 from .merge import merge
 from .metrics import METRICS
 from .params import InstantParams, RangeParams
+from .ties import topk_ambiguous
 
 log = logging.getLogger("promaccel.execute")
 
@@ -74,6 +75,10 @@ class Fetch:
     end_ms: int | None
     step_ms: int | None
     time_ms: int | None
+
+
+class AmbiguousTies(Exception):
+    """A sharded topk/bottomk whose winners are not determined by value alone."""
 
 
 class PieceFailed(Exception):
@@ -233,7 +238,14 @@ class Executor:
             return relay(reply, {"X-Promaccel-Pieces": "1"})
         extra = [(k, v) for k, v in pairs if k not in PLANNED_PARAMS]
         try:
-            result = await self._execute(plan, extra, timeout_s)
+            try:
+                result = await self._execute(plan, extra, timeout_s)
+            except AmbiguousTies:
+                # Ties at the k-th place: Prometheus's pick depends on its heap over all
+                # series, so run the query unsharded (time pieces are still exact).
+                METRICS.planned.labels("unsharded_rerun", "topk tie at the k-th place").inc()
+                plan = make_plan(plan.request, replace(self.settings, shards=1), {})
+                result = await self._execute(plan, extra, timeout_s)
         except PieceFailed as failed:
             return relay(failed.reply, {"X-Promaccel-Pieces": str(len(plan.pieces))})
         except Undecodable:
@@ -264,6 +276,10 @@ class Executor:
                 "timeout", f"query timed out after {timeout_s:g}s ({len(fetches)} backend calls)"
             ) from None
         results = [(f.role, t.result()) for f, t in zip(fetches, tasks)]
+        if plan.sharded and plan.merge.op in ("topk", "bottomk") and topk_ambiguous(
+            [(f.shard_index, r) for f, (_, r) in zip(fetches, results)], plan.merge
+        ):
+            raise AmbiguousTies()
         # Deterministic merge order: shard index, then role, then time.
         order = sorted(range(len(fetches)), key=lambda i: (
             fetches[i].shard_index, fetches[i].role or "", fetches[i].start_ms or fetches[i].time_ms or 0))

@@ -1,0 +1,148 @@
+"""Real clients against promaccel: promtool, and requests shaped exactly as Grafana sends
+them (POST form, start/end aligned to the step, step in float seconds). Each answer must
+equal Prometheus's for the same request."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from loadtests.dashboard import panel_requests
+from tests.compare import diff_answers
+
+pytestmark = pytest.mark.prom
+
+DASHBOARD = Path(__file__).resolve().parent.parent / "config" / "grafana" / "dashboards" / "gpu-fleet.json"
+
+
+def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    binary = shutil.which("promtool")
+    assert binary, "promtool missing: `make test` installs Debian's prometheus package"
+    return subprocess.run([binary, "query", *args], capture_output=True, text=True, timeout=120)
+
+
+def _fill(arg: str, subst: dict[str, str]) -> str:
+    for k, v in subst.items():
+        arg = arg.replace(k, v)
+    return arg
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("instant", "--time={t}", "{url}", "sum by (namespace) (DCGM_FI_DEV_FB_USED)"),
+        ("instant", "--time={t}", "{url}", 'DCGM_FI_DEV_GPU_TEMP{Hostname=~"gpu-node-000[12]", gpu="0"}'),
+        ("range", "--start={s}", "--end={t}", "--step=1m", "{url}", "avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)"),
+        ("range", "--start={s}", "--end={t}", "--step=5m", "{url}",
+         "sum by (instance) (rate(node_network_receive_bytes_total[5m]))"),
+        ("series", "--match=kube_node_status_allocatable", "--start={s}", "--end={t}", "{url}"),
+        ("labels", "--start={s}", "--end={t}", "{url}", "Hostname"),
+    ],
+    ids=["instant_sum", "instant_selector", "range_avg", "range_rate", "series", "labels"],
+)
+@pytest.mark.parametrize("mode", ["passthrough", "planned"])
+def test_promtool(prom: Any, passthrough: Any, planned: Any, mode: str, args: tuple[str, ...]) -> None:
+    server = passthrough if mode == "passthrough" else planned
+    t, s = prom.end_s - 3600, prom.end_s - 4 * 3600
+
+    def run(url: str) -> str:
+        subst = {"{url}": url, "{t}": str(t), "{s}": str(s)}
+        proc = _promtool("-o", "json", *(_fill(a, subst) for a in args))
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    direct, proxied = orjson.loads(run(prom.url)), orjson.loads(run(server.url))
+    assert direct, "promtool printed nothing: the comparison would prove nothing"
+    if args[0] in ("series", "labels"):
+        assert proxied == direct
+        return
+    wrap = {"status": "success", "data": {"resultType": "matrix" if args[0] == "range" else "vector",
+                                          "result": direct}}
+    got = {"status": "success", "data": {"resultType": wrap["data"]["resultType"], "result": proxied}}
+    assert diff_answers(wrap, got) == []
+
+
+@pytest.mark.parametrize("window_h", [1, 6])
+@pytest.mark.parametrize("mode", ["passthrough", "planned"])
+def test_grafana_dashboard_requests(prom: Any, passthrough: Any, planned: Any, mode: str, window_h: int) -> None:
+    server = passthrough if mode == "passthrough" else planned
+    end = prom.end_s - 17
+    requests = panel_requests(DASHBOARD.read_text(), end - window_h * 3600, end)
+    assert len(requests) >= 12
+    headers = {"Content-Type": "application/x-www-form-urlencoded", "X-Dashboard-Uid": "gpu-fleet",
+               "X-Panel-Id": "5", "X-Grafana-Org-Id": "1"}
+    for req in requests:
+        body = req.body()
+        direct = httpx.post(prom.url + req.path, content=body, headers=headers, timeout=120)
+        proxied = httpx.post(server.url + req.path, content=body, headers=headers, timeout=120)
+        assert proxied.status_code == direct.status_code == 200, (req.title, proxied.text[:300])
+        problems = diff_answers(orjson.loads(direct.content), orjson.loads(proxied.content))
+        assert problems == [], (req.title, req.expr, problems[:3])
+
+
+def test_gzip_to_clients_that_ask(prom: Any, passthrough: Any, planned: Any) -> None:
+    params = {"query": "DCGM_FI_DEV_GPU_TEMP", "start": str(prom.end_s - 3600), "end": str(prom.end_s), "step": "60"}
+    for server in (passthrough, planned):
+        r = httpx.post(server.url + "/api/v1/query_range", data=params, headers={"Accept-Encoding": "gzip"}, timeout=60)
+        assert r.status_code == 200 and r.headers.get("content-encoding") == "gzip"
+        assert r.json()["status"] == "success"
+        plain = httpx.post(server.url + "/api/v1/query_range", data=params,
+                           headers={"Accept-Encoding": "identity"}, timeout=60)
+        assert "content-encoding" not in plain.headers
+
+
+def test_metadata_endpoints(prom: Any, passthrough: Any) -> None:
+    s, e = str(prom.start_s), str(prom.end_s)
+    calls = [
+        ("GET", "/api/v1/labels", {"start": s, "end": e}),
+        ("POST", "/api/v1/labels", {"start": s, "end": e, "match[]": "DCGM_FI_DEV_GPU_TEMP"}),
+        ("GET", "/api/v1/label/namespace/values", {"start": s, "end": e}),
+        ("GET", "/api/v1/series", [("match[]", "kube_node_status_allocatable"), ("match[]", "node_load1"),
+                                   ("start", s), ("end", e)]),
+        ("POST", "/api/v1/series", {"match[]": 'up{job="kube-state-metrics"}', "start": s, "end": e}),
+        ("GET", "/api/v1/metadata", {}),
+        ("GET", "/api/v1/query_exemplars", {"query": "DCGM_FI_DEV_GPU_TEMP", "start": s, "end": e}),
+        ("GET", "/api/v1/rules", {}),
+        ("GET", "/api/v1/alerts", {}),
+        ("GET", "/api/v1/status/flags", {}),
+    ]
+    for method, path, params in calls:
+        if method == "GET":
+            d = httpx.get(prom.url + path, params=params, timeout=60)
+            p = httpx.get(passthrough.url + path, params=params, timeout=60)
+        else:
+            d = httpx.post(prom.url + path, data=params, timeout=60)
+            p = httpx.post(passthrough.url + path, data=params, timeout=60)
+        assert p.status_code == d.status_code, path
+        assert orjson.loads(p.content) == orjson.loads(d.content), path
+
+
+def test_buildinfo_health_ready_metrics(passthrough: Any) -> None:
+    info = httpx.get(passthrough.url + "/api/v1/status/buildinfo", timeout=30).json()
+    assert info["status"] == "success" and info["data"]["version"] and info["data"]["promaccel"]
+    assert httpx.get(passthrough.url + "/-/healthy", timeout=10).status_code == 200
+    assert httpx.get(passthrough.url + "/-/ready", timeout=10).status_code == 200
+    httpx.get(passthrough.url + "/api/v1/query", params={"query": "vector(1)"}, timeout=10)
+    metrics = httpx.get(passthrough.url + "/metrics", timeout=10).text
+    assert 'promaccel_http_requests_total{code="200",endpoint="/api/v1/query"}' in metrics
+    assert "promaccel_backend_requests_total" in metrics
+    assert "promaccel_http_request_duration_seconds_bucket" in metrics
+
+
+def test_ready_without_backend(tmp_path: Path) -> None:
+    from tests.servers import Promaccel, free_port
+
+    dead = Promaccel.start(f"http://127.0.0.1:{free_port()}", (), tmp_path)
+    try:
+        assert httpx.get(dead.url + "/-/healthy", timeout=10).status_code == 200
+        assert httpx.get(dead.url + "/-/ready", timeout=10).status_code == 503
+        r = httpx.get(dead.url + "/api/v1/query", params={"query": "up"}, timeout=30)
+        assert r.status_code == 503 and r.json()["errorType"] == "unavailable"
+    finally:
+        dead.stop()
