@@ -667,7 +667,8 @@ class Fleet:
         a, b = self.gap_ks
         self.dcgm_ok[self.gap_node, a:b] = False
         # the NaN samples must exist: no random miss on them
-        self.dcgm_ok[self.gpu_node[self.nan_gpu], self.nan_ks] = self.gpu_on[self.gpu_node[self.nan_gpu], self.nan_ks]
+        nan_node = int(self.gpu_node[self.nan_gpu])
+        self.dcgm_ok[nan_node, self.nan_ks] = self.gpu_on[nan_node, self.nan_ks]
         self.ksm_ok = self.noise.uniform(_S_MISS + 200, np.arange(1), ks)[0] >= 0.002
 
     # ---- scrape-index windows for a time slice
@@ -839,7 +840,8 @@ class Fleet:
         prev_target = t_idle + gain * self.p_util[P]
         # exactly cooled after _COOL_K scrapes, so a slice needs no older history
         since = kk - E
-        cool = t_idle + (prev_target - t_idle) * np.where(since > _COOL_K, 0.0, np.exp(-np.minimum(since, _COOL_K) / 8.0))
+        decay = np.where(since > _COOL_K, 0.0, np.exp(-np.minimum(since, _COOL_K) / 8.0))
+        cool = t_idle + (prev_target - t_idle) * decay
         temp = np.where(idle, cool, hot) + 0.7 * self.noise.normal(_S_TEMP, gi, ks)
         temp = np.rint(np.clip(temp, 20, 95))
         del P, E, hot, cool, target, prev_target
@@ -998,20 +1000,23 @@ class Fleet:
                 gpus[(t >= down) & (t < up + 120)] = 0.0
             for res, unit, v in (("nvidia_com_gpu", "integer", gpus), ("cpu", "core", float(self.cpu[n])),
                                  ("memory", "byte", float(self.mem_bytes[n]))):
-                labelsets.append(labels_text([("node", self.hostnames[n]), ("resource", res), ("unit", unit), inst, job]))
+                labelsets.append(labels_text([("node", self.hostnames[n]), ("resource", res),
+                                              ("unit", unit), inst, job]))
                 vals.append(np.broadcast_to(np.asarray(v, np.float64), t.shape).copy())
                 tss.append(t)
         w.header("kube_node_status_allocatable", "gauge", "The allocatable for different resources of a node.")
         if vals:
             bounds = np.concatenate([[0], np.cumsum([len(v) for v in vals])])
-            w.series("kube_node_status_allocatable", labelsets, bounds, np.concatenate(vals), 0, ts=np.concatenate(tss))
+            w.series("kube_node_status_allocatable", labelsets, bounds, np.concatenate(vals), 0,
+                     ts=np.concatenate(tss))
 
     def _write_up(self, w: _Writer, a: int, b: int) -> None:
         N = self.spec.nodes
         labelsets, vals, tss = [], [], []
         for job, inst_of, phase, exists, ok in (
             ("dcgm-exporter", lambda n: f"{self.ips[n]}:9400", self.phase_dcgm, self.dcgm_exists, self.dcgm_ok),
-            ("node-exporter", lambda n: f"{self.hostnames[n]}:9100", self.phase_node, self.node_exists, self.node_ok),
+            ("node-exporter", lambda n: f"{self.hostnames[n]}:9100", self.phase_node, self.node_exists,
+             self.node_ok),
         ):
             klo, khi = self.krange(phase, a, b)
             for n in range(N):
