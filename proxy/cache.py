@@ -270,8 +270,11 @@ def encode_value(key: CacheKey, payload: bytes) -> bytes:
     return b"".join((_HEADER.pack(MAGIC, FRAME_VERSION, len(canonical), crc), canonical, payload))
 
 
-def decode_value(key: CacheKey, value: bytes) -> bytes:
-    """The payload of `value` if it is a sound frame for `key`, else CorruptValue."""
+def decode_value(key: CacheKey, value: bytes, *, verify_checksum: bool = True) -> bytes:
+    """The payload of `value` if it is a sound frame for `key`, else CorruptValue.
+
+    The checksum costs about 1 ms per MB; the in-process store skips it (its values never
+    leave process memory) but still checks the frame and the key."""
     if len(value) < _HEADER.size:
         raise CorruptValue("truncated")
     magic, version, clen, crc = _HEADER.unpack_from(value)
@@ -283,7 +286,7 @@ def decode_value(key: CacheKey, value: bytes) -> bytes:
     if len(value) < body:
         raise CorruptValue("truncated")
     view = memoryview(value)
-    if zlib.crc32(view[body:], zlib.crc32(view[_HEADER.size : body])) != crc:
+    if verify_checksum and zlib.crc32(view[body:], zlib.crc32(view[_HEADER.size : body])) != crc:
         raise CorruptValue("checksum")
     if view[_HEADER.size : body] != key.canonical_bytes:
         raise CorruptValue("collision")
@@ -294,12 +297,37 @@ def decode_value(key: CacheKey, value: bytes) -> bytes:
 # Store interface
 
 
+class _RateLimitedLog:
+    def __init__(self, interval_s: float) -> None:
+        self._interval_s = interval_s
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def warning(self, topic: str, message: str) -> None:
+        """Log `message` unless `topic` was logged less than the interval ago."""
+        now = time.monotonic()
+        last = self._last.get(topic)
+        if last is not None and now - last < self._interval_s:
+            self._suppressed[topic] = self._suppressed.get(topic, 0) + 1
+            return
+        self._last[topic] = now
+        more = self._suppressed.pop(topic, 0)
+        log.warning("%s%s", message, f" ({more} more since the last report)" if more else "")
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 class PieceStore(ABC):
     """Where finished pieces live. Reads and writes never raise; admin calls may."""
 
     kind: str
+    verify_checksum = True
 
-    def __init__(self) -> None:
+    def __init__(self, log_interval_s: float = 30.0) -> None:
+        self._log = _RateLimitedLog(log_interval_s)
         self._n: dict[str, int] = {
             "hits": 0, "misses": 0, "bytes_read": 0, "bytes_written": 0, "stored": 0,
             "not_cached": 0, "too_large": 0, "raced": 0, "corrupt": 0, "invalidated": 0,
@@ -349,11 +377,11 @@ class PieceStore(ABC):
                 out.append(None)
                 continue
             try:
-                payload = decode_value(key, value)
+                payload = decode_value(key, value, verify_checksum=self.verify_checksum)
             except CorruptValue as exc:
                 METRICS.cache_corrupt.labels(self.kind, exc.reason).inc()
                 self._n["corrupt"] += 1
-                log.warning("cache entry %s is corrupt (%s): deleted", skey, exc.reason)
+                self._log.warning("corrupt", f"cache entry {skey} is corrupt ({exc.reason}): deleting it")
                 bad.append(skey)
                 out.append(None)
                 continue
@@ -402,9 +430,10 @@ _ENTRY_OVERHEAD = 200
 class MemoryStore(PieceStore):
     """In-process LRU bounded in bytes (`cache.max_bytes`; 0 disables it), TTLs honoured.
 
-    Values are framed as in Redis, so both stores verify entries the same way."""
+    Values are framed as in Redis and checked the same way, except for the checksum."""
 
     kind = "memory"
+    verify_checksum = False
 
     def __init__(
         self,
@@ -631,35 +660,18 @@ class CircuitBreaker:
         self._probing = False
 
 
-class _RateLimitedLog:
-    def __init__(self, interval_s: float) -> None:
-        self._interval_s = interval_s
-        self._last: dict[str, float] = {}
-        self._suppressed: dict[str, int] = {}
-
-    def warning(self, op: str, exc: BaseException) -> None:
-        now = time.monotonic()
-        last = self._last.get(op)
-        if last is not None and now - last < self._interval_s:
-            self._suppressed[op] = self._suppressed.get(op, 0) + 1
-            return
-        self._last[op] = now
-        more = self._suppressed.pop(op, 0)
-        log.warning(
-            "redis cache %s failed, bypassing the cache: %s: %s%s",
-            op, type(exc).__name__, exc, f" ({more} more since the last report)" if more else "",
-        )
-
-
 _T = TypeVar("_T")
 _FAILED: Any = object()
 
 
-def _connect(url: str, timeout_s: float) -> tuple[Any, bool]:
+def _connect(url: str, connect_timeout_s: float) -> tuple[Any, bool]:
     """A redis.asyncio client for `url`, and whether it is a cluster client."""
     common: dict[str, Any] = {
-        "socket_timeout": timeout_s,
-        "socket_connect_timeout": timeout_s,
+        # Reads are bounded by the store's per-call deadlines instead (asyncio.timeout;
+        # redis-py drops a connection whose read was cancelled): a socket timeout would
+        # cut a large batch at the fixed connect timeout.
+        "socket_timeout": None,
+        "socket_connect_timeout": connect_timeout_s,
         "health_check_interval": 0,
         "decode_responses": False,
         "client_name": "promaccel",
@@ -699,7 +711,10 @@ def _redact(url: str) -> str:
 class RedisStore(PieceStore):
     """Pieces in Redis or Redis Cluster (redis.asyncio, hiredis parser).
 
-    timeout_ms            deadline of a read (get_many) and the connect/socket timeout
+    timeout_ms            connect timeout, and the deadline of a read (get_many) ...
+    timeout_per_key_ms    ... plus this much per key: a batch of 50 pieces of 100 KB takes
+                          15-30 ms on loopback (most of it client-side parsing), so a fixed
+                          deadline would turn big batches into misses
     put_timeout_ms        deadline of a background write
     admin_timeout_ms      deadline of invalidate / bump_generation (these raise on failure)
     generation_refresh_ms how often the generation number is re-read
@@ -715,6 +730,7 @@ class RedisStore(PieceStore):
         url: str,
         *,
         timeout_ms: int = 100,
+        timeout_per_key_ms: float = 1.0,
         put_timeout_ms: int = 2_000,
         admin_timeout_ms: int = 30_000,
         generation_refresh_ms: int = 2_000,
@@ -726,10 +742,11 @@ class RedisStore(PieceStore):
         log_interval_s: float = 30.0,
         clock: Callable[[], int] = wall_ms,
     ) -> None:
-        super().__init__()
+        super().__init__(log_interval_s)
         self.url = url
         self._client, self.cluster = _connect(url, timeout_ms / 1000)
         self._timeout_s = timeout_ms / 1000
+        self._per_key_s = timeout_per_key_ms / 1000
         self._put_timeout_s = put_timeout_ms / 1000
         self._admin_timeout_s = admin_timeout_ms / 1000
         self._gen_refresh_s = generation_refresh_ms / 1000
@@ -737,7 +754,6 @@ class RedisStore(PieceStore):
         self._skew_ms = skew_ms
         self._clock = clock
         self.breaker = CircuitBreaker(breaker_failures, breaker_backoff_ms, breaker_max_backoff_ms)
-        self._log = _RateLimitedLog(log_interval_s)
         self._generation = 0
         self._gen_read_at: float | None = None
 
@@ -765,7 +781,7 @@ class RedisStore(PieceStore):
         self._n["errors"] += 1
         METRICS.cache_errors.labels(op).inc()
         self.breaker.failure()
-        self._log.warning(op, exc)
+        self._log.warning(op, f"redis cache {op} failed, bypassing the cache: {_describe(exc)}")
 
     async def _admin(self, op: str, fn: Callable[[], Awaitable[_T]]) -> _T:
         try:
@@ -776,8 +792,8 @@ class RedisStore(PieceStore):
         except Exception as exc:
             self._n["errors"] += 1
             METRICS.cache_errors.labels(op).inc()
-            log.warning("redis cache %s failed: %s: %s", op, type(exc).__name__, exc)
-            raise PromError("unavailable", f"cache {op} failed: {type(exc).__name__}: {exc}") from exc
+            log.warning("redis cache %s failed: %s", op, _describe(exc))
+            raise PromError("unavailable", f"cache {op} failed: {_describe(exc)}") from exc
 
     # Generation -------------------------------------------------------------------------
 
@@ -806,7 +822,8 @@ class RedisStore(PieceStore):
     async def get_many(self, keys: Sequence[CacheKey]) -> list[bytes | None]:
         if not keys:
             return []
-        fetched = await self._guarded("get", self._timeout_s, lambda: self._mget(keys))
+        deadline_s = self._timeout_s + self._per_key_s * len(keys)
+        fetched = await self._guarded("get", deadline_s, lambda: self._mget(keys))
         if fetched is _FAILED:
             self._count_lookups(0, len(keys))
             return [None] * len(keys)
@@ -828,7 +845,8 @@ class RedisStore(PieceStore):
     async def _unlink(self, skeys: Sequence[str]) -> None:
         pipe = self._client.pipeline(transaction=False)
         for skey in skeys:
-            pipe.unlink(skey)
+            # execute_command: a cluster pipeline's unlink() is a coroutine, not queued.
+            pipe.execute_command("UNLINK", skey)
         await pipe.execute()
 
     # Writes -----------------------------------------------------------------------------
@@ -933,7 +951,7 @@ class RedisStore(PieceStore):
         for i in range(0, len(doomed_list), 1000):
             pipe = self._client.pipeline(transaction=False)
             for skey in doomed_list[i : i + 1000]:
-                pipe.unlink(skey)
+                pipe.execute_command("UNLINK", skey)
             dropped += sum(int(r) for r in await pipe.execute())
         for idx, members in stale_members.items():
             for i in range(0, len(members), 1000):

@@ -1,0 +1,433 @@
+"""Piece store against real redis-server processes: one server and a three-node cluster.
+
+Faults are real too: the server is stopped and restarted on the same port, stalled with
+DEBUG SLEEP and paused with CLIENT PAUSE, and bad values are planted under real keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import statistics
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from redis.crc import key_slot
+
+from proxy.cache import (
+    GENERATION_KEY,
+    CacheItem,
+    CacheKey,
+    PieceMeta,
+    RedisStore,
+    encode_value,
+    make_store,
+)
+from proxy.config import CacheConfig
+from tests.redis_cluster import LocalCluster, RedisNode, redis_cli
+from tests.servers import free_port
+
+pytestmark = pytest.mark.redis
+
+BASE = CacheKey(
+    query="sum by (Hostname) (DCGM_FI_DEV_FB_USED)",
+    start_ms=1_700_000_000_000,
+    end_ms=1_700_003_600_000,
+    step_ms=30_000,
+    route=("prometheus",),
+)
+H = 3_600_000
+
+
+def key(i: int, **kw: Any) -> CacheKey:
+    return dataclasses.replace(BASE, start_ms=i * H, end_ms=(i + 1) * H, **kw)
+
+
+def meta(metrics: tuple[str, ...] = ("DCGM_FI_DEV_FB_USED",), start_ms: int = 0, end_ms: int = H) -> PieceMeta:
+    return PieceMeta(metrics, start_ms, end_ms, fetched_at_ms=time.time_ns() // 1_000_000)
+
+
+def item(k: CacheKey, payload: bytes, ttl_ms: int = 600_000, m: PieceMeta | None = None) -> CacheItem:
+    return CacheItem(k, payload, ttl_ms, m or meta())
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def mget_calls(r: redis.Redis) -> tuple[int, int]:
+    stats = r.info("commandstats")
+    return (stats.get("cmdstat_mget", {}).get("calls", 0), stats.get("cmdstat_get", {}).get("calls", 0))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisNode]:
+    node = RedisNode(free_port(), tmp_path_factory.mktemp("redis"), ("--enable-debug-command", "local")).start()
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+@pytest.fixture()
+def r(server: RedisNode) -> Iterator[redis.Redis]:
+    client = redis.Redis(port=server.port)
+    client.flushall()
+    client.config_resetstat()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def store_for(url: str, **kw: Any) -> RedisStore:
+    options: dict[str, Any] = {"timeout_ms": 100, "breaker_backoff_ms": 200, "breaker_max_backoff_ms": 400}
+    options.update(kw)
+    return RedisStore(url, **options)
+
+
+# --------------------------------------------------------------------------------------
+# One server
+
+
+def test_round_trip_and_ttl(server: RedisNode, r: redis.Redis) -> None:
+    async def main() -> None:
+        store = store_for(server.url)
+        try:
+            payloads = [os.urandom(1000 + i) for i in range(5)]
+            await store.put_many([item(key(i), p, ttl_ms=60_000 + i) for i, p in enumerate(payloads)])
+            assert await store.get_many([key(i) for i in range(6)]) == [*payloads, None]
+            skey = store.storage_key(key(2))
+            assert skey.startswith("promaccel:v1:g0:")
+            assert 0 < r.pttl(skey) <= 60_002
+            stats = store.stats()
+            assert (stats["hits"], stats["misses"], stats["stored"], stats["errors"]) == (5, 1, 5, 0)
+            # Pieces that must not be cached are not written.
+            await store.put_many([CacheItem(key(7), b"x", None, meta()), CacheItem(key(8), b"x", 0, meta())])
+            assert not r.exists(store.storage_key(key(7)), store.storage_key(key(8)))
+        finally:
+            await store.aclose()
+
+    run(main())
+
+
+def test_batched_get_is_one_round_trip(server: RedisNode, r: redis.Redis) -> None:
+    async def main() -> None:
+        store = store_for(server.url)
+        try:
+            keys = [key(i) for i in range(50)]
+            await store.put_many([item(k, b"%d" % i) for i, k in enumerate(keys[::2])])
+            await store.get_many(keys[:1])  # reads the generation
+            before = mget_calls(r)
+            got = await store.get_many(keys)
+            after = mget_calls(r)
+            assert [g is not None for g in got] == [i % 2 == 0 for i in range(50)]
+            assert (after[0] - before[0], after[1] - before[1]) == (1, 0)
+        finally:
+            await store.aclose()
+
+    run(main())
+
+
+def test_corrupt_value_under_a_real_key_is_a_miss_and_is_deleted(server: RedisNode, r: redis.Redis) -> None:
+    async def main() -> None:
+        store = store_for(server.url)
+        try:
+            await store.put_many([item(key(0), b"good" * 100), item(key(1), b"fine")])
+            skey = store.storage_key(key(0))
+            good = r.get(skey)
+            assert good is not None
+            damaged = bytearray(good)
+            damaged[len(damaged) // 2] ^= 0xFF
+            r.set(skey, bytes(damaged))
+            assert await store.get_many([key(0), key(1)]) == [None, b"fine"]
+            assert not r.exists(skey)
+            r.set(skey, b"garbage")
+            assert await store.get_many([key(0)]) == [None]
+            assert not r.exists(skey)
+            assert store.stats()["corrupt"] == 2
+        finally:
+            await store.aclose()
+
+    run(main())
+
+
+def test_colliding_value_under_a_real_key_is_a_miss(server: RedisNode, r: redis.Redis) -> None:
+    async def main() -> None:
+        store = store_for(server.url)
+        try:
+            await store.get_many([key(0)])
+            skey = store.storage_key(key(0))
+            other = dataclasses.replace(key(0), tenant="another-tenant")
+            r.set(skey, encode_value(other, b"another tenant's data"))
+            assert await store.get_many([key(0)]) == [None]
+            assert not r.exists(skey)
+        finally:
+            await store.aclose()
+
+    run(main())
+
+
+def test_invalidation_by_metric_and_range(server: RedisNode, r: redis.Redis) -> None:
+    async def main() -> None:
+        store = store_for(server.url)
+        try:
+            await store.put_many([
+                item(key(0), b"fb-0", m=meta(("DCGM_FI_DEV_FB_USED",), 0, H)),
+                item(key(1), b"fb-1", m=meta(("DCGM_FI_DEV_FB_USED",), H, 2 * H)),
+                item(key(2), b"util-1", m=meta(("DCGM_FI_DEV_GPU_UTIL",), H, 2 * H)),
+                item(key(3), b"both-0", m=meta(("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"), 0, H)),
+                item(key(4), b"any-5", m=meta((), 5 * H, 6 * H)),
+            ])
+            keys = [key(i) for i in range(5)]
+            assert await store.invalidate(["DCGM_FI_DEV_FB_USED"], H + 1, 3 * H) == 1
+            assert [g is not None for g in await store.get_many(keys)] == [True, False, True, True, True]
+            assert await store.invalidate(["DCGM_FI_DEV_GPU_UTIL"]) == 3  # util-1, both-0, any-5
+            assert [g is not None for g in await store.get_many(keys)] == [True, False, False, False, False]
+            assert await store.invalidate(None) == 1
+            assert await store.get_many(keys) == [None] * 5
+            # The indexes are cleaned as entries go.
+            assert r.zcard("promaccel:v1:g0:m:DCGM_FI_DEV_FB_USED") == 0
+        finally:
+            await store.aclose()
+
+    run(main())
+
+
+def test_index_is_trimmed_with_the_ttl(server: RedisNode, r: redis.Redis) -> None:
+    async def main() -> None:
+        store = store_for(server.url)
+        try:
+            await store.put_many([item(key(i), b"x", ttl_ms=50) for i in range(10)])
+            assert r.zcard("promaccel:v1:g0:m:DCGM_FI_DEV_FB_USED") == 10
+            assert 0 < r.pttl("promaccel:v1:g0:m:DCGM_FI_DEV_FB_USED") <= 7 * 86_400_000
+            await asyncio.sleep(0.1)
+            await store.put_many([item(key(20), b"y")])
+            assert r.zcard("promaccel:v1:g0:m:DCGM_FI_DEV_FB_USED") == 1
+        finally:
+            await store.aclose()
+
+    run(main())
+
+
+def test_piece_fetched_before_an_invalidation_is_not_stored(server: RedisNode, r: redis.Redis) -> None:
+    async def main() -> None:
+        store = store_for(server.url, skew_ms=0)
+        try:
+            fetched_before = meta()
+            await asyncio.sleep(0.005)
+            await store.invalidate(["DCGM_FI_DEV_FB_USED"])
+            await asyncio.sleep(0.005)
+            await store.put_many([item(key(0), b"stale", m=fetched_before), item(key(1), b"fresh")])
+            assert await store.get_many([key(0), key(1)]) == [None, b"fresh"]
+            assert store.stats()["raced"] == 1
+        finally:
+            await store.aclose()
+
+    run(main())
+
+
+def test_generation_bump_is_seen_by_every_proxy(server: RedisNode, r: redis.Redis) -> None:
+    async def main() -> None:
+        a = store_for(server.url, generation_refresh_ms=100, skew_ms=0)
+        b = store_for(server.url, generation_refresh_ms=100, skew_ms=0)
+        try:
+            await a.put_many([item(key(0), b"before")])
+            assert await b.get_many([key(0)]) == [b"before"]
+            assert await a.bump_generation() == 1
+            assert r.get(GENERATION_KEY) == b"1"
+            assert await a.get_many([key(0)]) == [None]
+            await asyncio.sleep(0.15)
+            assert await b.get_many([key(0)]) == [None]
+            assert b.storage_key(key(0)).startswith("promaccel:v1:g1:")
+            await a.put_many([item(key(0), b"after")])
+            assert await b.get_many([key(0)]) == [b"after"]
+            # The generation key lost (restart, eviction): it never goes back to 0.
+            r.delete(GENERATION_KEY)
+            await asyncio.sleep(0.15)
+            assert await b.get_many([key(0)]) == [b"after"]
+            assert r.get(GENERATION_KEY) == b"1"
+        finally:
+            await a.aclose()
+            await b.aclose()
+
+    run(main())
+
+
+def test_make_store_uses_redis(server: RedisNode, r: redis.Redis) -> None:
+    async def main() -> None:
+        store = make_store(CacheConfig(redis_url=server.url))
+        try:
+            assert isinstance(store, RedisStore)
+            await store.put_many([item(key(0), b"v")])
+            assert await store.get_many([key(0)]) == [b"v"]
+        finally:
+            await store.aclose()
+
+    run(main())
+
+
+def test_get_many_latency_50_pieces_of_100kb(server: RedisNode, r: redis.Redis) -> None:
+    async def main() -> list[float]:
+        store = store_for(server.url)
+        try:
+            keys = [key(i) for i in range(50)]
+            await store.put_many([item(k, os.urandom(100_000)) for k in keys])
+            times = []
+            for _ in range(30):
+                t0 = time.perf_counter()
+                got = await store.get_many(keys)
+                times.append(time.perf_counter() - t0)
+                assert all(g is not None and len(g) == 100_000 for g in got)
+            return times
+        finally:
+            await store.aclose()
+
+    times = run(main())
+    median_ms = statistics.median(times) * 1000
+    print(f"get_many 50 x 100 KB: median {median_ms:.1f} ms, max {max(times) * 1000:.1f} ms")
+    # Every read above was a hit, so within the default deadline (100 ms + 1 ms per key);
+    # the median keeps a margin to it even on a busy machine.
+    assert median_ms < 100
+
+
+# --------------------------------------------------------------------------------------
+# Faults
+
+
+def test_redis_stopped_then_restarted_on_the_same_port(tmp_path: Path) -> None:
+    node = RedisNode(free_port(), tmp_path / "redis").start()
+
+    async def main() -> None:
+        store = store_for(node.url)
+        try:
+            await store.put_many([item(key(0), b"v")])
+            assert await store.get_many([key(0)]) == [b"v"]
+
+            node.stop()
+            for _ in range(10):
+                t0 = time.monotonic()
+                assert await store.get_many([key(0), key(1)]) == [None, None]
+                await store.put_many([item(key(1), b"w")])  # never raises
+                assert time.monotonic() - t0 < 0.5
+            assert store.stats()["errors"] >= 1
+            assert store.stats()["breaker_open"]
+
+            node.start()  # empty, same port
+            deadline = time.monotonic() + 5
+            while True:
+                await store.put_many([item(key(2), b"back")])
+                if await store.get_many([key(2)]) == [b"back"]:
+                    break
+                assert time.monotonic() < deadline, "the store did not recover after Redis came back"
+                await asyncio.sleep(0.05)
+            assert not store.stats()["breaker_open"]
+        finally:
+            await store.aclose()
+
+    try:
+        run(main())
+    finally:
+        node.stop()
+
+
+@pytest.mark.parametrize("stall", ["DEBUG SLEEP", "CLIENT PAUSE"])
+def test_slow_redis_reads_as_misses_within_the_timeout(server: RedisNode, r: redis.Redis, stall: str) -> None:
+    async def main() -> None:
+        store = store_for(server.url, timeout_ms=100)
+        try:
+            await store.put_many([item(key(0), b"v")])
+            assert await store.get_many([key(0)]) == [b"v"]
+            if stall == "DEBUG SLEEP":
+                sleeper = subprocess.Popen(
+                    ["redis-cli", "-p", str(server.port), "DEBUG", "SLEEP", "1"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                )
+            else:
+                assert "OK" in redis_cli(server.port, "CLIENT", "PAUSE", "1000", "ALL")
+                sleeper = None
+            await asyncio.sleep(0.1)  # the server is now stalled
+            for _ in range(3):
+                t0 = time.monotonic()
+                assert await store.get_many([key(0)]) == [None]
+                assert time.monotonic() - t0 < 0.3
+            await store.put_many([item(key(1), b"w")])  # background write: waits, never raises
+            if sleeper is not None:
+                sleeper.wait(timeout=10)
+            else:
+                await asyncio.sleep(1.0)
+            deadline = time.monotonic() + 5
+            while await store.get_many([key(0)]) != [b"v"]:
+                assert time.monotonic() < deadline, "the store did not recover after the stall"
+                await asyncio.sleep(0.05)
+        finally:
+            await store.aclose()
+
+    run(main())
+
+
+# --------------------------------------------------------------------------------------
+# Redis Cluster
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    c = LocalCluster.start(tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def test_cluster_round_trip_batch_and_invalidation(cluster: LocalCluster) -> None:
+    async def main() -> None:
+        store = store_for(cluster.url, timeout_ms=500)
+        try:
+            assert store.cluster
+            keys = [key(i) for i in range(50)]
+            payloads = [os.urandom(10_000) for _ in keys]
+            await store.put_many([item(k, p, m=meta(start_ms=i * H, end_ms=(i + 1) * H))
+                                  for i, (k, p) in enumerate(zip(keys, payloads))])
+            assert store.stats()["stored"] == 50 and store.stats()["errors"] == 0
+            # Keys spread over every node; a batch is one pipeline per node (sent in
+            # parallel) of one MGET per slot, and no per-key GET.
+            nodes = [redis.Redis(port=n.port) for n in cluster.nodes]
+            try:
+                assert all(n.dbsize() > 0 for n in nodes)
+                for n in nodes:
+                    n.config_resetstat()
+                assert await store.get_many(keys + [key(99)]) == payloads + [None]
+                calls = [mget_calls(n) for n in nodes]
+                slots = {key_slot(store.storage_key(k).encode()) for k in keys + [key(99)]}
+                assert sum(c[0] for c in calls) == len(slots)
+                assert sum(c[1] for c in calls) == 0
+            finally:
+                for n in nodes:
+                    n.close()
+
+            # Corrupt value planted on whichever node owns the key.
+            rc = redis.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+            try:
+                skey = store.storage_key(keys[3])
+                rc.set(skey, b"garbage")
+                got = await store.get_many(keys[:5])
+                assert got[3] is None and got[:3] == payloads[:3]
+                assert not rc.exists(skey)
+            finally:
+                rc.close()
+
+            assert await store.invalidate(["DCGM_FI_DEV_FB_USED"], 10 * H + 1, 12 * H - 1) == 2
+            got = await store.get_many(keys)
+            assert [i for i, g in enumerate(got) if g is None] == [3, 10, 11]
+            assert await store.bump_generation() == 1
+            assert await store.get_many(keys[:3]) == [None] * 3
+        finally:
+            await store.aclose()
+
+    run(main())
