@@ -27,7 +27,8 @@ COPY pyproject.toml README* ./
 COPY proxy ./proxy
 COPY shardplanner ./shardplanner
 COPY loadtests ./loadtests
-RUN pip install .
+# Compile the numba hot path into the image so the first query does not pay for it.
+RUN pip install . && cd / && python -m proxy.warmup
 
 FROM base AS generator
 COPY --from=prometheus /bin/promtool /usr/local/bin/promtool

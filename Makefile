@@ -25,6 +25,7 @@ system-deps:
 	fi
 
 test: setup
+	$(BIN)/python -m proxy.warmup
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 test-fast: setup

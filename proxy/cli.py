@@ -42,6 +42,12 @@ def _serve(args: argparse.Namespace) -> int:
 
     from .app import create_app
 
+    from .warmup import warm_up
+
+    # Compile the codec before the first query needs it (cached on disk after the first run).
+    took = warm_up()
+    if took > 2:
+        print(f"compiled the query hot path in {took:.0f}s (first start only)", flush=True)
     app = create_app(cfg)
     host, port = cfg.listen.host, cfg.listen.port
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host

@@ -1,0 +1,55 @@
+"""Compile the hot path before serving.
+
+The codec and merge kernels are numba-compiled on first use (cached on disk afterwards,
+`cache=True`). A first query that pays a cold compile can take tens of seconds on a busy
+2-core machine, so `promaccel serve` runs this before it reports healthy, and `make test`
+runs it once so that every process after it loads the compiled code from disk.
+"""
+
+from __future__ import annotations
+
+import time
+
+from shardplanner.plan import MergeRecipe
+
+from .arrowcodec import decode_prometheus_json, encode_prometheus_json
+from .merge import merge
+
+_MATRIX = (
+    b'{"status":"success","data":{"resultType":"matrix","result":['
+    b'{"metric":{"__name__":"x","Hostname":"a","gpu":"0"},"values":[[1700000000,"1.5"],[1700000015.5,"NaN"],'
+    b'[1700000030,"+Inf"],[1700000045,"-2e-7"]]},'
+    b'{"metric":{"__name__":"x","Hostname":"b","gpu":"1"},"values":[[1700000000,"3"],[1700000015.5,"4.25"]]}]}}'
+)
+_VECTOR = (
+    b'{"status":"success","data":{"resultType":"vector","result":['
+    b'{"metric":{"Hostname":"a"},"value":[1700000000,"1"]},{"metric":{"Hostname":"b"},"value":[1700000000,"2.5"]}]},'
+    b'"warnings":["w"]}'
+)
+_SCALAR = b'{"status":"success","data":{"resultType":"scalar","result":[1700000000,"1"]}}'
+
+
+def warm_up() -> float:
+    """Exercise every compiled kernel once; returns the seconds it took."""
+    t0 = time.perf_counter()
+    m, v = decode_prometheus_json(_MATRIX), decode_prometheus_json(_VECTOR)
+    s = decode_prometheus_json(_SCALAR)
+    for r in (m, v, s):
+        encode_prometheus_json(r)
+    later = decode_prometheus_json(_MATRIX.replace(b"17000000", b"17000001"))
+    encode_prometheus_json(merge([(None, m), (None, later)], MergeRecipe(kind="concat")))
+    for res, time_ms in ((m, None), (v, 1_700_000_000_000)):
+        for op in ("sum", "min", "max", "count", "group"):
+            encode_prometheus_json(merge([(None, res), (None, res)],
+                                         MergeRecipe(kind="aggregate", op=op, grouping=("Hostname",)),
+                                         time_ms=time_ms))
+        encode_prometheus_json(merge([("sum", res), ("count", res)],
+                                     MergeRecipe(kind="aggregate", op="avg", grouping=()), time_ms=time_ms))
+        for op in ("topk", "bottomk"):
+            encode_prometheus_json(merge([(None, res), (None, res)],
+                                         MergeRecipe(kind="aggregate", op=op, param=1.0), time_ms=time_ms))
+    return time.perf_counter() - t0
+
+
+if __name__ == "__main__":
+    print(f"promaccel hot path compiled in {warm_up():.1f}s")
