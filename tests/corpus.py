@@ -144,6 +144,14 @@ QUERIES: dict[str, str] = {
         'count by (namespace) (DCGM_FI_DEV_GPU_UTIL) * on (namespace) group_left '
         'count by (namespace) (kube_pod_status_phase{phase="Running"} == 1)'
     ),
+    # --- escapes next to injected shard matchers --------------------------------------------
+    "escaped_parens_model": 'sum by (Hostname) (DCGM_FI_DEV_FB_USED{modelName=~"NVIDIA H100 80GB HBM3 \\\\(MIG 3g\\\\.40gb\\\\)"})',
+    "quote_backslash_model": 'avg(DCGM_FI_DEV_GPU_TEMP{modelName="NVIDIA Graphics Device \\"ES\\\\B0\\""})',
+    "raw_string_model_regex": "count by (Hostname) (DCGM_FI_DEV_GPU_UTIL{modelName=~`NVIDIA A100-SXM4-80GB|.*\\(MIG.*`})",
+    "dotted_pod_regex": 'sum(DCGM_FI_DEV_FB_USED{pod=~"qwen2\\\\.5-.*"})',
+    "label_replace_digit_class_sum": (
+        'sum by (node) (label_replace(DCGM_FI_DEV_POWER_USAGE, "node", "$1", "Hostname", "gpu-node-(\\\\d+)"))'
+    ),
     "number_literal": "1 + 2 * 3",
     "string_literal": '"hello"',
 }
