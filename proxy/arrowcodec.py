@@ -25,6 +25,15 @@ Anything the scanner does not expect (escapes in a value, exponents in a timesta
 more than 3 decimals of a second, odd structure) sends the whole answer down an exact slow
 path built on orjson. Native histograms raise `Undecodable`: the caller passes such an
 answer through untouched.
+Label sets are looked up by their JSON text in a bounded process-wide table (series recur
+from piece to piece and refresh to refresh), so the dicts in `labels` are shared between
+results: never mutate them. When the backend's label JSON is byte for byte what Prometheus
+writes (the scanner checks: compact, names in byte order, jsoniter escaping), it is kept as
+the result's canonical keys and written back verbatim by the encoder.
+
+The kernels are compiled by numba on first use and cached on disk next to this file
+(`cache=True`): a cold compile costs ~20-30 s of CPU, a cached load well under 1 s, and
+editing this file invalidates the cache (see proxy/warmup.py).
 
 Encoding (`encode_prometheus_json`, `iter_prometheus_json`) writes byte for byte what
 Prometheus 2.42 writes (checked against a real 2.42):
@@ -38,9 +47,11 @@ Prometheus 2.42 writes (checked against a real 2.42):
 - label sets: keys sorted by bytes (so `Hostname` < `__name__` < `abc`), strings escaped as
   jsoniter does: `<`, `>`, `&`, U+2028, U+2029 and control characters other than \\n \\r \\t as
   `\\u00XX` (lowercase hex), DEL and other non-ASCII raw.
-The digits come from orjson's shortest round-trip float formatting of the whole value array
-in one call; a compiled pass rewrites each number into Go's notation while it assembles the
-answer.
+Integral values (|v| < 2**53) are written directly; the digits of the others come from
+orjson's shortest round-trip formatting of all of them in one call, and a compiled pass
+rewrites each number into Go's notation while it assembles the answer. One difference
+cannot be avoided: Prometheus writes an invalid UTF-8 byte in a label as the escape
+`\ufffd`; decoded, that is the character U+FFFD, which Prometheus (and we) write raw.
 
 Arrow:
 - `QueryResult.to_arrow_table()` / `from_arrow_table()`: one row per sample, columns
@@ -53,7 +64,8 @@ Arrow:
 - `encode_arrow_stream(result)`: the public Arrow shape for clients that send
   `Accept: application/vnd.apache.arrow.stream`: one row per sample with columns
   `series` int32, `timestamp` timestamp[ms, UTC], `value` float64 and
-  `labels` map<utf8, utf8> (the full label set of the row's series), schema metadata
+  `labels` dictionary<int32, map<utf8, utf8>> (the full label set of the row's series,
+  dictionary-encoded by series: one map per series on the wire), schema metadata
   `promaccel.result_type`, `promaccel.warnings`, `promaccel.infos` and, for strings,
   `promaccel.string_value`. Uncompressed, so any Arrow reader can open it.
 """
@@ -63,6 +75,7 @@ from __future__ import annotations
 import gc
 import math
 import re
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -126,9 +139,10 @@ class QueryResult:
     warnings: list[str] = field(default_factory=list)
     infos: list[str] = field(default_factory=list)
     string_value: str | None = None
-    # Per-series Prometheus-formatted label JSON, filled on first encode (labels never
-    # change once a result exists).
-    _label_json: list[bytes] | None = field(default=None, repr=False)
+    # Caches (labels never change once a result exists): Prometheus-formatted label JSON
+    # as (bytes, starts, ends), per-series canonical keys, sortable keys.
+    _label_block: tuple[bytes, I64, I64] | None = field(default=None, repr=False)
+    _ckeys: list[bytes] | None = field(default=None, repr=False)
     _keys: list[tuple[tuple[str, str], ...]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -207,10 +221,29 @@ class QueryResult:
         """Series index of every sample (int32)."""
         return np.repeat(np.arange(self.n_series, dtype=np.int32), self.counts)
 
-    def label_json(self) -> list[bytes]:
-        if self._label_json is None:
-            self._label_json = [labels_json(d) for d in self.labels]
-        return self._label_json
+    def label_block(self) -> tuple[bytes, I64, I64]:
+        """All label sets as Prometheus writes them: (bytes, start, end) per series."""
+        if self._label_block is None:
+            self._label_block = _label_block(self.labels)
+        return self._label_block
+
+    def canonical_keys(self) -> list[bytes]:
+        """Per series, its label set as Prometheus writes it (`labels_json`): equal label
+        sets give equal keys, whichever backend sent them. Hash these, sort series_keys()."""
+        if self._ckeys is None:
+            raw, starts, ends = self.label_block()
+            self._ckeys = [raw[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
+        return self._ckeys
+
+    def set_canonical_keys(self, keys: list[bytes]) -> None:
+        """Adopt keys known to be `canonical_keys()` of these very label sets (a merge
+        reusing its pieces' keys), so that encoding does not format the labels again."""
+        if len(keys) != self.n_series:
+            raise ValueError("one key per series")
+        lens = np.fromiter((len(x) for x in keys), dtype=np.int64, count=len(keys))
+        ends = np.cumsum(lens)
+        self._label_block = (b"".join(keys), ends - lens, ends)
+        self._ckeys = keys
 
     def series_keys(self) -> list[tuple[tuple[str, str], ...]]:
         """Per series, its label set as sorted (name, value) pairs. Comparing two keys as
@@ -316,22 +349,19 @@ def encode_arrow_stream(result: QueryResult) -> bytes:
     map_type = pa.map_(pa.utf8(), pa.utf8())
     per_series = pa.array([sorted(d.items()) for d in result.labels], type=map_type)
     series = pa.array(result.series)
+    # The label sets are dictionary-encoded by series: one map per series, not per row.
+    labels = pa.DictionaryArray.from_arrays(series, per_series)
     schema = pa.schema(
         [
             ("series", pa.int32()),
             ("timestamp", pa.timestamp("ms", tz="UTC")),
             ("value", pa.float64()),
-            ("labels", map_type),
+            ("labels", labels.type),
         ],
         metadata=meta,
     )
     table = pa.Table.from_arrays(
-        [
-            series,
-            pa.array(result.t_ms).view(pa.timestamp("ms", tz="UTC")),
-            pa.array(result.value),
-            pc.take(per_series, series),
-        ],
+        [series, pa.array(result.t_ms).view(pa.timestamp("ms", tz="UTC")), pa.array(result.value), labels],
         schema=schema,
     )
     sink = pa.BufferOutputStream()
@@ -346,7 +376,14 @@ def encode_arrow_stream(result: QueryResult) -> bytes:
 
 # jsoniter (ConfigCompatibleWithStandardLibrary, EscapeHTML) escapes these beyond what
 # orjson escapes; \b and \f it writes as \u0008 / \u000c.
-_GO_NEEDS_FIX = re.compile(rb"[<>&]|\\[bf]|\xe2\x80[\xa8\xa9]")
+def _needs_go_fix(raw: bytes) -> bool:
+    # Single-byte `in` is memchr; a regex alternation is ~100x slower on megabytes.
+    if b"<" in raw or b">" in raw or b"&" in raw:
+        return True
+    if b"\\" in raw and (b"\\b" in raw or b"\\f" in raw):
+        return True
+    return b"\xe2" in raw and (b"\xe2\x80\xa8" in raw or b"\xe2\x80\xa9" in raw)
+
 _GO_ESCAPES = {i: f"\\u{i:04x}" for i in range(0x20)}
 _GO_ESCAPES.update({0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t", 0x22: '\\"', 0x5C: "\\\\"})
 _GO_ESCAPES.update({0x3C: "\\u003c", 0x3E: "\\u003e", 0x26: "\\u0026"})
@@ -361,10 +398,24 @@ def go_json_string(s: str) -> str:
 def labels_json(labels: dict[str, str]) -> bytes:
     """`{"k":"v",...}` with keys sorted by bytes and jsoniter's escaping."""
     raw = orjson.dumps(labels, option=orjson.OPT_SORT_KEYS)
-    if _GO_NEEDS_FIX.search(raw) is None:
+    if not _needs_go_fix(raw):
         return raw
     parts = [f"{go_json_string(k)}:{go_json_string(labels[k])}" for k in sorted(labels)]
     return ("{" + ",".join(parts) + "}").encode()
+
+
+def _label_block(labels: list[dict[str, str]]) -> tuple[bytes, I64, I64]:
+    n = len(labels)
+    raw = orjson.dumps(labels, option=orjson.OPT_SORT_KEYS)
+    if not _needs_go_fix(raw):
+        starts = np.empty(n, dtype=np.int64)
+        ends = np.empty(n, dtype=np.int64)
+        if _array_element_spans(np.frombuffer(raw, dtype=np.uint8), starts, ends) == n:
+            return raw, starts, ends
+    parts = [labels_json(d) for d in labels]
+    lens = np.array([len(x) for x in parts], dtype=np.int64)
+    ends = np.cumsum(lens)
+    return b"".join(parts), ends - lens, ends
 
 
 def format_value(v: float) -> str:
@@ -455,10 +506,11 @@ def _powers_of_ten_128() -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]
 
 
 _POW10_LO, _POW10_HI = _powers_of_ten_128()
+_D4 = np.array([[ord(c) for c in f"{i:04d}"] for i in range(10000)], dtype=np.uint8)
 _POW10_EXACT = np.array([10.0**i for i in range(23)], dtype=np.float64)
 
 
-@njit(cache=True, inline='always')
+@njit(cache=True)
 def _mul64(a, b):  # type: ignore[no-untyped-def]
     a_lo = a & _M32
     a_hi = a >> _U64(32)
@@ -474,7 +526,7 @@ def _mul64(a, b):  # type: ignore[no-untyped-def]
     return hi, lo
 
 
-@njit(cache=True, inline='always')
+@njit(cache=True)
 def _eisel_lemire(man, exp10):  # type: ignore[no-untyped-def]
     """Go's strconv.eiselLemire64 for man != 0: (ok, IEEE bits without sign)."""
     if exp10 < -348 or exp10 > 347:
@@ -515,72 +567,74 @@ def _eisel_lemire(man, exp10):  # type: ignore[no-untyped-def]
 
 @njit(cache=True, inline='always')
 def _parse_float(b, s, e, v_out, v_bits, k):  # type: ignore[no-untyped-def]
-    """Parse b[s:e] (the inside of a quoted Prometheus value) into v_out[k] (v_bits is the
-    same memory as uint64). False means 'let Python decide' (too many digits,
-    subnormal/overflow ambiguity, odd syntax)."""
-    if s >= e:
-        return False
+    """Parse the number starting at b[s] (bytes up to e) into v_out[k] (v_bits is the same
+    memory as uint64). Returns the index of the first byte after the number, or -1 for
+    'let Python decide' (more than 19 digits, subnormals, overflow, odd syntax)."""
     i = s
     neg = False
+    if i >= e:
+        return -1
     c = b[i]
     if c == 45:  # '-'
         neg = True
         i += 1
     elif c == 43:  # '+'
         i += 1
-    n = e - i
-    if n == 3 and b[i] == 73 and b[i + 1] == 110 and b[i + 2] == 102:  # Inf
+    if i + 3 <= e and b[i] == 73 and b[i + 1] == 110 and b[i + 2] == 102:  # Inf
         v_out[k] = -np.inf if neg else np.inf
-        return True
-    if n == 3 and b[i] == 78 and b[i + 1] == 97 and b[i + 2] == 78 and i == s:  # NaN
+        return i + 3
+    if i == s and i + 3 <= e and b[i] == 78 and b[i + 1] == 97 and b[i + 2] == 78:  # NaN
         v_out[k] = np.nan
-        return True
+        return i + 3
+    # Accumulate every digit; leading zeros leave man at 0 and are counted in `lz`, so
+    # that more than 19 significant digits (man overflowed) can be told apart.
     man = _ZERO
-    nd = 0
-    exp10 = 0
-    digits = 0
-    while i < e and 48 <= b[i] <= 57:
-        d = b[i] - 48
-        digits += 1
-        if man != _ZERO or d != 0:
-            if nd >= 19:
-                return False
-            man = man * _U64(10) + _U64(d)
-            nd += 1
+    lz = 0
+    i0 = i
+    while i < e:
+        d = np.int64(b[i]) - 48
+        if d < 0 or d > 9:
+            break
+        man = man * _U64(10) + _U64(d)
+        lz += man == _ZERO
         i += 1
+    digits = i - i0
+    exp10 = 0
     if i < e and b[i] == 46:  # '.'
         i += 1
-        while i < e and 48 <= b[i] <= 57:
-            d = b[i] - 48
-            digits += 1
-            if man != _ZERO or d != 0:
-                if nd >= 19:
-                    return False
-                man = man * _U64(10) + _U64(d)
-                nd += 1
-            exp10 -= 1
+        i1 = i
+        while i < e:
+            d = np.int64(b[i]) - 48
+            if d < 0 or d > 9:
+                break
+            man = man * _U64(10) + _U64(d)
+            lz += man == _ZERO
             i += 1
+        exp10 = i1 - i
+        digits += i - i1
     if digits == 0:
-        return False
+        return -1
+    if digits - lz > 19:
+        return -1
     if i < e and (b[i] == 101 or b[i] == 69):  # e E
         i += 1
         eneg = False
         if i < e and (b[i] == 45 or b[i] == 43):
             eneg = b[i] == 45
             i += 1
-        if i >= e:
-            return False
         ev = 0
+        ed = 0
         while i < e and 48 <= b[i] <= 57:
             if ev < 100000:
-                ev = ev * 10 + (b[i] - 48)
+                ev = ev * 10 + (np.int64(b[i]) - 48)
+            ed += 1
             i += 1
+        if ed == 0:
+            return -1
         exp10 += -ev if eneg else ev
-    if i != e:
-        return False
     if man == _ZERO:
         v_out[k] = -0.0 if neg else 0.0
-        return True
+        return i
     if man <= _U64(9007199254740992) and -22 <= exp10 <= 22:
         f = np.float64(man)
         if exp10 >= 0:
@@ -588,22 +642,22 @@ def _parse_float(b, s, e, v_out, v_bits, k):  # type: ignore[no-untyped-def]
         else:
             f = f / _POW10_EXACT[-exp10]
         v_out[k] = -f if neg else f
-        return True
+        return i
     ok, bits = _eisel_lemire(man, exp10)
     if not ok:
-        return False
+        return -1
     v_bits[k] = (bits | _SIGN) if neg else bits
-    return True
+    return i
 
 
-@njit(cache=True, inline='always')
+@njit(cache=True)
 def _skip_ws(b, i, n):  # type: ignore[no-untyped-def]
     while i < n and (b[i] == 32 or b[i] == 10 or b[i] == 13 or b[i] == 9):
         i += 1
     return i
 
 
-@njit(cache=True, inline='always')
+@njit(cache=True)
 def _skip_string(b, i, n):  # type: ignore[no-untyped-def]
     """b[i] is an opening quote; index after the closing quote, or -1."""
     i += 1
@@ -651,7 +705,7 @@ def _skip_value(b, i, n):  # type: ignore[no-untyped-def]
     return i
 
 
-@njit(cache=True, inline='always')
+@njit(cache=True)
 def _key_is(b, ks, ke, lit):  # type: ignore[no-untyped-def]
     if ke - ks != len(lit):
         return False
@@ -662,35 +716,48 @@ def _key_is(b, ks, ke, lit):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _object_members(b, i, n, out):  # type: ignore[no-untyped-def]
-    """Members of the object at i: rows (key_start, key_end, value_start, value_end) with
-    key spans inside the quotes. Returns the member count, or -1."""
-    i = _skip_ws(b, i, n)
-    if i >= n or b[i] != 123:
-        return -1
-    i = _skip_ws(b, i + 1, n)
+def _scan_members(b, i, n, first, stop, out):  # type: ignore[no-untyped-def]
+    """Members of a JSON object, from its '{' at i (first) or from just after a member's
+    value. Rows (key_start, key_end, value_start, value_end) go to out, key spans inside
+    the quotes. Stops before skipping the value of the key `stop` (its value_end is -1), so
+    that the big `result` array is walked once, by the series parser.
+    Returns (status, rows, pos): 0 the object ended (pos after '}'), 1 stopped at `stop`
+    (pos = its value start), -1 not what we expect."""
     k = 0
-    if i < n and b[i] == 125:
-        return 0
+    i = _skip_ws(b, i, n)
+    if first:
+        if i >= n or b[i] != 123:
+            return -1, 0, i
+        i = _skip_ws(b, i + 1, n)
+        if i < n and b[i] == 125:
+            return 0, 0, i + 1
+    else:
+        if i < n and b[i] == 125:
+            return 0, 0, i + 1
+        if i >= n or b[i] != 44:
+            return -1, 0, i
+        i = _skip_ws(b, i + 1, n)
     while True:
         if i >= n or b[i] != 34 or k >= out.shape[0]:
-            return -1
+            return -1, k, i
         ks = i + 1
         i = _skip_string(b, i, n)
         if i < 0:
-            return -1
+            return -1, k, i
         ke = i - 1
         i = _skip_ws(b, i, n)
         if i >= n or b[i] != 58:
-            return -1
+            return -1, k, i
         i = _skip_ws(b, i + 1, n)
-        vs = i
-        i = _skip_value(b, i, n)
-        if i < 0:
-            return -1
         out[k, 0] = ks
         out[k, 1] = ke
-        out[k, 2] = vs
+        out[k, 2] = i
+        if len(stop) > 0 and _key_is(b, ks, ke, stop):
+            out[k, 3] = -1
+            return 1, k + 1, i
+        i = _skip_value(b, i, n)
+        if i < 0:
+            return -1, k, i
         out[k, 3] = i
         k += 1
         i = _skip_ws(b, i, n)
@@ -698,14 +765,166 @@ def _object_members(b, i, n, out):  # type: ignore[no-untyped-def]
             i = _skip_ws(b, i + 1, n)
             continue
         if i < n and b[i] == 125:
-            return k
-        return -1
+            return 0, k, i + 1
+        return -1, k, i
+
+
+@njit(cache=True)
+def _hexval(c):  # type: ignore[no-untyped-def]
+    """Value of a lowercase hex digit, -1 otherwise (jsoniter writes lowercase)."""
+    if 48 <= c <= 57:
+        return np.int64(c) - 48
+    if 97 <= c <= 102:
+        return np.int64(c) - 87
+    return -1
+
+
+@njit(cache=True)
+def _label_string(b, i, n):  # type: ignore[no-untyped-def]
+    """The string at b[i] == '"' inside a label set: (index after it or -1, canonical),
+    canonical meaning: escaped exactly as Prometheus (jsoniter) escapes."""
+    canon = True
+    i += 1
+    while i < n:
+        c = b[i]
+        if c == 34:
+            return i + 1, canon
+        if c == 92:
+            if i + 1 >= n:
+                return -1, False
+            e = b[i + 1]
+            if e == 34 or e == 92 or e == 110 or e == 114 or e == 116:
+                i += 2
+                continue
+            if e == 117 and i + 5 < n:
+                x = 0
+                for j in range(i + 2, i + 6):
+                    h = _hexval(b[j])
+                    if h < 0:
+                        canon = False
+                        h = 0
+                    x = x * 16 + h
+                if not (
+                    (x < 32 and x != 9 and x != 10 and x != 13)
+                    or x == 0x3C
+                    or x == 0x3E
+                    or x == 0x26
+                    or x == 0x2028
+                    or x == 0x2029
+                ):
+                    canon = False
+                i += 6
+                continue
+            canon = False
+            i += 2
+            continue
+        if c < 32:
+            return -1, False
+        if c == 60 or c == 62 or c == 38:
+            canon = False
+        elif c == 0xE2 and i + 2 < n and b[i + 1] == 0x80 and (b[i + 2] == 0xA8 or b[i + 2] == 0xA9):
+            canon = False
+        i += 1
+    return -1, False
+
+
+@njit(cache=True)
+def _skip_label_object(b, i, n):  # type: ignore[no-untyped-def]
+    """The flat {"name":"value",...} object at i: (end or -1 if it is anything else,
+    canonical), canonical meaning byte for byte what Prometheus writes for it (compact,
+    names in increasing byte order, jsoniter escaping), so that it can be reused as is."""
+    if i >= n or b[i] != 123:
+        return -1, False
+    canon = True
+    i += 1
+    if i < n and b[i] == 125:
+        return i + 1, True
+    pks = -1
+    pke = -1
+    while True:
+        j = _skip_ws(b, i, n)
+        if j != i:
+            canon = False
+            i = j
+        if i >= n or b[i] != 34:
+            return -1, False
+        ks = i + 1
+        i, c1 = _label_string(b, i, n)
+        if i < 0:
+            return -1, False
+        ke = i - 1
+        # Names strictly increasing by bytes (which also rules out duplicates).
+        if pks >= 0:
+            m = min(ke - ks, pke - pks)
+            cmp = 0
+            for j in range(m):
+                if b[ks + j] != b[pks + j]:
+                    cmp = 1 if b[ks + j] > b[pks + j] else -1
+                    break
+            if cmp < 0 or (cmp == 0 and ke - ks <= pke - pks):
+                canon = False
+        for j in range(ks, ke):
+            if b[j] == 92:
+                canon = False
+        pks = ks
+        pke = ke
+        j = _skip_ws(b, i, n)
+        if j != i:
+            canon = False
+            i = j
+        if i >= n or b[i] != 58:
+            return -1, False
+        i += 1
+        j = _skip_ws(b, i, n)
+        if j != i:
+            canon = False
+            i = j
+        if i >= n or b[i] != 34:
+            return -1, False
+        i, c2 = _label_string(b, i, n)
+        if i < 0:
+            return -1, False
+        canon = canon and c1 and c2
+        j = _skip_ws(b, i, n)
+        if j != i:
+            canon = False
+            i = j
+        if i < n and b[i] == 44:
+            i += 1
+            continue
+        if i < n and b[i] == 125:
+            return i + 1, canon
+        return -1, False
 
 
 @njit(cache=True, inline='always')
 def _parse_ts(b, i, n):  # type: ignore[no-untyped-def]
     """A JSON number of seconds at i -> (ok, t_ms, next index). ok False for exponents,
     more than 3 non-zero decimals, or more than 15 integer digits."""
+    # Today's timestamps have exactly 10 integer digits: no loop-carried branch.
+    if i + 10 < n:
+        sec = 0
+        ok = True
+        for j in range(10):
+            d = np.int64(b[i + j]) - 48
+            ok = ok and 0 <= d <= 9
+            sec = sec * 10 + d
+        c = b[i + 10]
+        if ok and (c < 48 or c > 57) and c != 101 and c != 69:
+            if c != 46:
+                return True, sec * 1000, i + 10
+            if i + 14 <= n:
+                d1 = np.int64(b[i + 11]) - 48
+                d2 = np.int64(b[i + 12]) - 48
+                d3 = np.int64(b[i + 13]) - 48
+                c = b[i + 14] if i + 14 < n else 0
+                if 0 <= d1 <= 9 and 0 <= d2 <= 9 and 0 <= d3 <= 9 and (c < 48 or c > 57) and c != 101 and c != 69:
+                    return True, sec * 1000 + d1 * 100 + d2 * 10 + d3, i + 14
+    return _parse_ts_general(b, i, n)
+
+
+@njit(cache=True)
+def _parse_ts_general(b, i, n):  # type: ignore[no-untyped-def]
     neg = False
     if i < n and b[i] == 45:
         neg = True
@@ -744,10 +963,37 @@ def _parse_ts(b, i, n):  # type: ignore[no-untyped-def]
 @njit(cache=True, inline='always')
 def _parse_sample(b, i, n, t_out, v_out, v_bits, k, fb_idx, fb_s, fb_e, nfb):  # type: ignore[no-untyped-def]
     """`[ts,"value"]` at i into slot k. Returns (ok, next index, nfb)."""
+    # Fast path: Prometheus's own compact layout.
+    if i + 1 < n and b[i] == 91:
+        ok, t, j = _parse_ts(b, i + 1, n)
+        if ok and j + 2 < n and b[j] == 44 and b[j + 1] == 34:
+            end = _parse_float(b, j + 2, n, v_out, v_bits, k)
+            if end >= 0 and end + 1 < n and b[end] == 34 and b[end + 1] == 93:
+                t_out[k] = t
+                return True, end + 2, nfb
+    return _parse_sample_general(b, i, n, t_out, v_out, v_bits, k, fb_idx, fb_s, fb_e, nfb)
+
+
+# Out-of-line copies for the rarely taken general path (inlining them twice would double
+# the compile time of the series parser).
+@njit(cache=True)
+def _parse_ts_call(b, i, n):  # type: ignore[no-untyped-def]
+    return _parse_ts(b, i, n)
+
+
+@njit(cache=True)
+def _parse_float_call(b, s, e, v_out, v_bits, k):  # type: ignore[no-untyped-def]
+    return _parse_float(b, s, e, v_out, v_bits, k)
+
+
+
+@njit(cache=True)
+def _parse_sample_general(b, i, n, t_out, v_out, v_bits, k, fb_idx, fb_s, fb_e, nfb):  # type: ignore[no-untyped-def]
+    i = _skip_ws(b, i, n)
     if i >= n or b[i] != 91:
         return False, i, nfb
     i = _skip_ws(b, i + 1, n)
-    ok, t, i = _parse_ts(b, i, n)
+    ok, t, i = _parse_ts_call(b, i, n)
     if not ok:
         return False, i, nfb
     i = _skip_ws(b, i, n)
@@ -764,7 +1010,7 @@ def _parse_sample(b, i, n, t_out, v_out, v_bits, k, fb_idx, fb_s, fb_e, nfb):  #
         j += 1
     if j >= n:
         return False, j, nfb
-    if not _parse_float(b, vs, j, v_out, v_bits, k):
+    if _parse_float_call(b, vs, j, v_out, v_bits, k) != j:
         fb_idx[nfb] = k
         fb_s[nfb] = vs
         fb_e[nfb] = j
@@ -778,10 +1024,11 @@ def _parse_sample(b, i, n, t_out, v_out, v_bits, k, fb_idx, fb_s, fb_e, nfb):  #
 
 
 @njit(cache=True)
-def _parse_series_list(b, i, n, is_matrix, met_s, met_e, counts, t_out, v_out, fb_idx, fb_s, fb_e):  # type: ignore[no-untyped-def]
+def _parse_series_list(b, i, n, is_matrix, met_s, met_e, counts, t_out, v_out, fb_idx, fb_s, fb_e, canon):  # type: ignore[no-untyped-def]
     """The `result` array of a matrix or vector answer.
-    Returns (status, n_series, n_samples, n_fallback, unsorted); status 0 ok, 1 use the
-    slow path, 2 native histograms (Undecodable)."""
+    Returns (status, n_series, n_samples, n_fallback, unsorted, end); status 0 ok, 1 use
+    the slow path, 2 native histograms (Undecodable); end is the index after the array.
+    canon[0] is cleared when a label set is not byte for byte what Prometheus writes."""
     v_bits = v_out.view(np.uint64)
     ns = 0
     k = 0
@@ -789,13 +1036,13 @@ def _parse_series_list(b, i, n, is_matrix, met_s, met_e, counts, t_out, v_out, f
     unsorted = False
     i = _skip_ws(b, i, n)
     if i >= n or b[i] != 91:
-        return 1, 0, 0, 0, False
+        return 1, 0, 0, 0, False, i
     i = _skip_ws(b, i + 1, n)
     if i < n and b[i] == 93:
-        return 0, 0, 0, 0, False
+        return 0, 0, 0, 0, False, i + 1
     while True:
         if i >= n or b[i] != 123 or ns >= counts.shape[0]:
-            return 1, ns, k, nfb, unsorted
+            return 1, ns, k, nfb, unsorted, i
         i = _skip_ws(b, i + 1, n)
         ms = -1
         me = -1
@@ -806,69 +1053,70 @@ def _parse_series_list(b, i, n, is_matrix, met_s, met_e, counts, t_out, v_out, f
         else:
             while True:
                 if i >= n or b[i] != 34:
-                    return 1, ns, k, nfb, unsorted
+                    return 1, ns, k, nfb, unsorted, i
                 ks = i + 1
                 i = _skip_string(b, i, n)
                 if i < 0:
-                    return 1, ns, k, nfb, unsorted
+                    return 1, ns, k, nfb, unsorted, i
                 ke = i - 1
                 i = _skip_ws(b, i, n)
                 if i >= n or b[i] != 58:
-                    return 1, ns, k, nfb, unsorted
+                    return 1, ns, k, nfb, unsorted, i
                 i = _skip_ws(b, i + 1, n)
                 if _key_is(b, ks, ke, _K_METRIC):
                     if ms >= 0:
-                        return 1, ns, k, nfb, unsorted
+                        return 1, ns, k, nfb, unsorted, i
                     ms = i
-                    i = _skip_value(b, i, n)
+                    i, c = _skip_label_object(b, i, n)
+                    if not c:
+                        canon[0] = 0
                     if i < 0:
-                        return 1, ns, k, nfb, unsorted
+                        return 1, ns, k, nfb, unsorted, i
                     me = i
-                elif is_matrix and _key_is(b, ks, ke, _K_VALUES):
+                elif _key_is(b, ks, ke, _K_VALUES if is_matrix else _K_VALUE):
+                    # A matrix's "values":[[t,"v"],...] or a vector's "value":[t,"v"]; one
+                    # call site for the (inlined) sample parser keeps compile time down.
                     if got:
-                        return 1, ns, k, nfb, unsorted
+                        return 1, ns, k, nfb, unsorted, i
                     got = True
-                    if i >= n or b[i] != 91:
-                        return 1, ns, k, nfb, unsorted
-                    i = _skip_ws(b, i + 1, n)
-                    if i < n and b[i] == 93:
-                        i += 1
-                    else:
-                        while True:
-                            if k >= t_out.shape[0]:
-                                return 1, ns, k, nfb, unsorted
-                            ok, i, nfb = _parse_sample(
-                                b, i, n, t_out, v_out, v_bits, k, fb_idx, fb_s, fb_e, nfb
-                            )
-                            if not ok:
-                                return 1, ns, k, nfb, unsorted
-                            if k > k0 and t_out[k] <= t_out[k - 1]:
-                                unsorted = True
-                            k += 1
+                    more = True
+                    if is_matrix:
+                        if i >= n or b[i] != 91:
+                            return 1, ns, k, nfb, unsorted, i
+                        i = _skip_ws(b, i + 1, n)
+                        if i < n and b[i] == 93:
+                            i += 1
+                            more = False
+                    while more:
+                        if k >= t_out.shape[0]:
+                            return 1, ns, k, nfb, unsorted, i
+                        ok, i, nfb = _parse_sample(
+                            b, i, n, t_out, v_out, v_bits, k, fb_idx, fb_s, fb_e, nfb
+                        )
+                        if not ok:
+                            return 1, ns, k, nfb, unsorted, i
+                        if k > k0 and t_out[k] <= t_out[k - 1]:
+                            unsorted = True
+                        k += 1
+                        if not is_matrix:
+                            break
+                        c = b[i] if i < n else 0
+                        if c != 44 and c != 93:
                             i = _skip_ws(b, i, n)
-                            if i < n and b[i] == 44:
-                                i = _skip_ws(b, i + 1, n)
-                                continue
-                            if i < n and b[i] == 93:
-                                i += 1
-                                break
-                            return 1, ns, k, nfb, unsorted
-                elif (not is_matrix) and _key_is(b, ks, ke, _K_VALUE):
-                    if got or k >= t_out.shape[0]:
-                        return 1, ns, k, nfb, unsorted
-                    got = True
-                    ok, i, nfb = _parse_sample(
-                        b, i, n, t_out, v_out, v_bits, k, fb_idx, fb_s, fb_e, nfb
-                    )
-                    if not ok:
-                        return 1, ns, k, nfb, unsorted
-                    k += 1
+                            c = b[i] if i < n else 0
+                        if c == 44:
+                            i += 1  # the sample parser skips whitespace itself
+                            continue
+                        if c == 93:
+                            i += 1
+                            break
+                        return 1, ns, k, nfb, unsorted, i
                 elif _key_is(b, ks, ke, _K_HISTOGRAM) or _key_is(b, ks, ke, _K_HISTOGRAMS):
-                    return 2, ns, k, nfb, unsorted
+                    return 2, ns, k, nfb, unsorted, i
                 else:
                     i = _skip_value(b, i, n)
                     if i < 0:
-                        return 1, ns, k, nfb, unsorted
+                        return 1, ns, k, nfb, unsorted, i
                 i = _skip_ws(b, i, n)
                 if i < n and b[i] == 44:
                     i = _skip_ws(b, i + 1, n)
@@ -876,9 +1124,9 @@ def _parse_series_list(b, i, n, is_matrix, met_s, met_e, counts, t_out, v_out, f
                 if i < n and b[i] == 125:
                     i += 1
                     break
-                return 1, ns, k, nfb, unsorted
+                return 1, ns, k, nfb, unsorted, i
         if not got and not is_matrix:
-            return 1, ns, k, nfb, unsorted
+            return 1, ns, k, nfb, unsorted, i
         met_s[ns] = ms
         met_e[ns] = me
         counts[ns] = k - k0
@@ -888,8 +1136,8 @@ def _parse_series_list(b, i, n, is_matrix, met_s, met_e, counts, t_out, v_out, f
             i = _skip_ws(b, i + 1, n)
             continue
         if i < n and b[i] == 93:
-            return 0, ns, k, nfb, unsorted
-        return 1, ns, k, nfb, unsorted
+            return 0, ns, k, nfb, unsorted, i + 1
+        return 1, ns, k, nfb, unsorted, i
 
 
 @njit(cache=True, inline='always')
@@ -899,7 +1147,7 @@ def _put(out, o, lit):  # type: ignore[no-untyped-def]
     return o + len(lit)
 
 
-@njit(cache=True, inline='always')
+@njit(cache=True)
 def _put_uint(out, o, x):  # type: ignore[no-untyped-def]
     if x == 0:
         out[o] = 48
@@ -917,24 +1165,7 @@ def _put_uint(out, o, x):  # type: ignore[no-untyped-def]
     return o + n
 
 
-@njit(cache=True, inline='always')
-def _put_ts(out, o, t):  # type: ignore[no-untyped-def]
-    if t < 0:
-        out[o] = 45
-        o += 1
-        t = -t
-    o = _put_uint(out, o, t // 1000)
-    f = t % 1000
-    if f != 0:
-        out[o] = 46
-        out[o + 1] = 48 + f // 100
-        out[o + 2] = 48 + (f // 10) % 10
-        out[o + 3] = 48 + f % 10
-        o += 4
-    return o
-
-
-@njit(cache=True, inline='always')
+@njit(cache=True)
 def _put_value(out, o, v, tok, p, q, dig):  # type: ignore[no-untyped-def]
     """Write v in Prometheus notation; tok[p:q] is orjson's shortest repr of v (finite v)."""
     if v != v:
@@ -1035,18 +1266,35 @@ def _put_value(out, o, v, tok, p, q, dig):  # type: ignore[no-untyped-def]
     return o
 
 
+@njit(cache=True, inline='always')
+def _put_small(out, o, x):  # type: ignore[no-untyped-def]
+    """0 <= x < 10000 without leading zeros."""
+    if x < 10:
+        out[o] = 48 + x
+        return o + 1
+    skip = 2 if x < 100 else (1 if x < 1000 else 0)
+    for j in range(skip, 4):
+        out[o] = _D4[x, j]
+        o += 1
+    return o
+
+
 @njit(cache=True)
-def _encode_series_block(out, o, lab_buf, lab_off, offsets, s0, s1, t_ms, v, tok, is_matrix):  # type: ignore[no-untyped-def]
-    """Series s0..s1-1 as Prometheus result elements joined by ','. tok is orjson's dump of
-    v[offsets[s0]:offsets[s1]] (non-finite values replaced by 0). Returns the end offset."""
+def _encode_series_block(out, o, lab_buf, lab_s, lab_e, offsets, s0, s1, t_ms, v, tok, is_matrix):  # type: ignore[no-untyped-def]
+    """Series s0..s1-1 as Prometheus result elements joined by ','. Integral values
+    (|v| < 2**53) are written here; tok is orjson's dump of the other values of
+    v[offsets[s0]:offsets[s1]], in order, non-finite ones replaced by 0. Returns the end."""
     dig = np.empty(40, dtype=np.uint8)
+    hi_dig = np.empty(24, dtype=np.uint8)
+    hi_len = 0
+    hi_val = -1
     p = 1  # after '['
     for s in range(s0, s1):
         if s > s0:
             out[o] = 44
             o += 1
         o = _put(out, o, _W_METRIC)
-        for j in range(lab_off[s], lab_off[s + 1]):
+        for j in range(lab_s[s], lab_e[s]):
             out[o] = lab_buf[j]
             o += 1
         o = _put(out, o, _W_VALUES if is_matrix else _W_VALUE)
@@ -1054,24 +1302,97 @@ def _encode_series_block(out, o, lab_buf, lab_off, offsets, s0, s1, t_ms, v, tok
             if k > offsets[s]:
                 out[o] = 44
                 o += 1
-            q = p
-            while tok[q] != 44 and tok[q] != 93:
-                q += 1
             out[o] = 91
-            o = _put_ts(out, o + 1, t_ms[k])
+            o += 1
+            # Timestamp: the digits above the last four repeat from sample to sample.
+            t = t_ms[k]
+            if t < 0:
+                out[o] = 45
+                o += 1
+                t = -t
+            sec = t // 1000
+            frac = t - sec * 1000
+            hi = sec // 10000
+            lo = sec - hi * 10000
+            if hi > 0:
+                if hi != hi_val:
+                    hi_val = hi
+                    hi_len = _put_uint(hi_dig, 0, hi)
+                for j in range(hi_len):
+                    out[o + j] = hi_dig[j]
+                o += hi_len
+                for j in range(4):
+                    out[o + j] = _D4[lo, j]
+                o += 4
+            else:
+                o = _put_small(out, o, lo)
+            if frac != 0:
+                out[o] = 46
+                out[o + 1] = _D4[frac, 1]
+                out[o + 2] = _D4[frac, 2]
+                out[o + 3] = _D4[frac, 3]
+                o += 4
             out[o] = 44
             out[o + 1] = 34
-            o = _put_value(out, o + 2, v[k], tok, p, q, dig)
+            o += 2
+            x = v[k]
+            a = abs(x)
+            if a < 9007199254740992.0 and np.floor(x) == x:
+                if x < 0 or (x == 0 and math.copysign(1.0, x) < 0):
+                    out[o] = 45
+                    o += 1
+                ia = np.int64(a)
+                if ia < 10000:
+                    o = _put_small(out, o, ia)
+                else:
+                    o = _put_uint(out, o, ia)
+            else:
+                q = p
+                has_e = False
+                while tok[q] != 44 and tok[q] != 93:
+                    if tok[q] == 101:
+                        has_e = True
+                    q += 1
+                if x != x or a == np.inf or has_e:
+                    o = _put_value(out, o, x, tok, p, q, dig)
+                else:
+                    # orjson's positional form is Go's, but for a trailing ".0".
+                    for j in range(p, q):
+                        out[o] = tok[j]
+                        o += 1
+                    if q - p >= 2 and tok[q - 1] == 48 and tok[q - 2] == 46:
+                        o -= 2
+                p = q + 1
             out[o] = 34
             out[o + 1] = 93
             o += 2
-            p = q + 1
         if is_matrix:
             out[o] = 93
             o += 1
         out[o] = 125
         o += 1
     return o
+
+
+@njit(cache=True)
+def _array_element_spans(b, starts, ends):  # type: ignore[no-untyped-def]
+    """Spans of the elements of the JSON array b (as orjson writes it: no whitespace)."""
+    n = len(b)
+    i = 1
+    k = 0
+    if n < 2 or b[1] == 93:
+        return 0
+    while i < n:
+        j = _skip_value(b, i, n)
+        if j < 0 or k >= starts.shape[0]:
+            return -1
+        starts[k] = i
+        ends[k] = j
+        k += 1
+        if j >= n or b[j] != 44:
+            break
+        i = j + 1
+    return k
 
 
 # --------------------------------------------------------------------------------------
@@ -1094,18 +1415,17 @@ def decode_prometheus_json(body: bytes) -> QueryResult:
         return _decode_slow(body)
 
 
-def _members(buf: npt.NDArray[np.uint8], body: bytes, start: int) -> dict[bytes, tuple[int, int]]:
-    out = np.empty((64, 4), dtype=np.int64)
-    k = _object_members(buf, start, len(buf), out)
-    if k < 0:
-        raise _SlowPath
-    res: dict[bytes, tuple[int, int]] = {}
-    for ks, ke, vs, ve in out[:k].tolist():
+_K_DATA = _lit(b"data")
+_K_RESULT = _lit(b"result")
+_K_NONE = _lit(b"")
+
+
+def _collect(body: bytes, rows: Any, k: int, into: dict[bytes, tuple[int, int]]) -> None:
+    for ks, ke, vs, ve in rows[:k].tolist():
         key = body[ks:ke]
-        if key in res or b"\\" in key:
+        if key in into or b"\\" in key:
             raise _SlowPath
-        res[key] = (vs, ve)
-    return res
+        into[key] = (vs, ve)
 
 
 def _str_list(body: bytes, span: tuple[int, int] | None, what: str) -> list[str]:
@@ -1119,60 +1439,118 @@ def _str_list(body: bytes, span: tuple[int, int] | None, what: str) -> list[str]
     return val
 
 
+class _LabelSets:
+    """Label JSON -> the dict decoded from it, shared between results (label dicts are
+    never mutated). Bounded: cleared when it grows past `limit` entries."""
+
+    def __init__(self, limit: int = 500_000) -> None:
+        self.limit = limit
+        self.map: dict[bytes, dict[str, str]] = {}
+
+    def lookup(self, spans: list[bytes]) -> list[dict[str, str]]:
+        get = self.map.get
+        out: list[Any] = [get(k) for k in spans]
+        missing = [i for i, d in enumerate(out) if d is None]
+        if missing:
+            try:
+                parsed = orjson.loads(b"[" + b",".join([spans[i] for i in missing]) + b"]")
+            except orjson.JSONDecodeError as exc:  # e.g. invalid UTF-8
+                raise _SlowPath from exc
+            if len(self.map) + len(missing) > self.limit:
+                self.map.clear()
+            for i, d in zip(missing, parsed):
+                out[i] = d
+                self.map[spans[i]] = d
+        return out
+
+
+_LABEL_CACHE = _LabelSets()
+
+
 def _decode_fast(body: bytes) -> QueryResult:
     buf = np.frombuffer(body, dtype=np.uint8)
-    top = _members(buf, body, 0)
+    n = len(buf)
+    rows = np.empty((64, 4), dtype=np.int64)
+    top: dict[bytes, tuple[int, int]] = {}
+    dm: dict[bytes, tuple[int, int]] = {}
+    st, k, pos = _scan_members(buf, 0, n, True, _K_DATA, rows)
+    if st != 1:
+        raise _SlowPath
+    _collect(body, rows, k - 1, top)
+    data_start = pos
+    st, k, pos = _scan_members(buf, data_start, n, True, _K_RESULT, rows)
+    if st != 1:
+        raise _SlowPath
+    _collect(body, rows, k - 1, dm)
+    rt_span = dm.get(b"resultType")
+    if rt_span is None:
+        raise _SlowPath  # resultType after result: not Prometheus's layout
+    rtype = body[rt_span[0] : rt_span[1]].strip(b'"').decode("ascii", "replace")
+    res_start = pos
+    parsed = None
+    if rtype in ("matrix", "vector"):
+        # Upper bounds (a sample takes >= 7 bytes, a series >= 25); untouched pages of
+        # these allocations are never mapped in.
+        cap_series = (n - res_start) // 12 + 2
+        cap_samples = (n - res_start) // 7 + 2
+        met_s = np.empty(cap_series, dtype=np.int64)
+        met_e = np.empty(cap_series, dtype=np.int64)
+        counts = np.empty(cap_series, dtype=np.int64)
+        t_out = np.empty(cap_samples, dtype=np.int64)
+        v_out = np.empty(cap_samples, dtype=np.float64)
+        fb_idx = np.empty(cap_samples, dtype=np.int64)
+        fb_s = np.empty(cap_samples, dtype=np.int64)
+        fb_e = np.empty(cap_samples, dtype=np.int64)
+        canon = np.ones(1, dtype=np.uint8)
+        code, ns, nk, nfb, unsorted, res_end = _parse_series_list(
+            buf, res_start, n, rtype == "matrix", met_s, met_e, counts, t_out, v_out, fb_idx, fb_s, fb_e, canon
+        )
+        if code == 2:
+            raise Undecodable("native histograms are not decoded")
+        if code != 0 or unsorted:
+            raise _SlowPath
+        parsed = (ns, nk, nfb, met_s, met_e, counts, t_out, v_out, fb_idx, fb_s, fb_e, bool(canon[0]))
+    elif rtype in ("scalar", "string"):
+        res_end = _skip_value(buf, res_start, n)
+    else:
+        raise MalformedAnswer(f"unknown resultType {rtype!r}")
+    if res_end < 0:
+        raise _SlowPath
+    dm[b"result"] = (res_start, res_end)
+    st, k, pos = _scan_members(buf, res_end, n, False, _K_NONE, rows)
+    if st != 0:
+        raise _SlowPath
+    _collect(body, rows, k, dm)
+    st, k, pos = _scan_members(buf, pos, n, False, _K_NONE, rows)
+    if st != 0:
+        raise _SlowPath
+    _collect(body, rows, k, top)
     status = top.get(b"status")
     if status is None or body[status[0] : status[1]] != b'"success"':
         raise _SlowPath  # the slow path produces the precise error
-    data = top.get(b"data")
-    if data is None:
-        raise _SlowPath
-    dm = _members(buf, body, data[0])
-    rt_span, res_span = dm.get(b"resultType"), dm.get(b"result")
-    if rt_span is None or res_span is None:
-        raise _SlowPath
-    rtype = body[rt_span[0] : rt_span[1]].strip(b'"').decode("ascii", "replace")
     warnings = _str_list(body, top.get(b"warnings"), "warnings")
     infos = _str_list(body, top.get(b"infos"), "infos")
-    if rtype in ("scalar", "string"):
-        return _small_result(rtype, orjson.loads(body[res_span[0] : res_span[1]]), warnings, infos)
-    if rtype not in ("matrix", "vector"):
-        raise MalformedAnswer(f"unknown resultType {rtype!r}")
-    s, e = res_span
-    size = e - s
-    cap_series = size // 12 + 1
-    cap_samples = size // 7 + 1
-    met_s = np.empty(cap_series, dtype=np.int64)
-    met_e = np.empty(cap_series, dtype=np.int64)
-    counts = np.empty(cap_series, dtype=np.int64)
-    t_out = np.empty(cap_samples, dtype=np.int64)
-    v_out = np.empty(cap_samples, dtype=np.float64)
-    fb_idx = np.empty(cap_samples, dtype=np.int64)
-    fb_s = np.empty(cap_samples, dtype=np.int64)
-    fb_e = np.empty(cap_samples, dtype=np.int64)
-    status_code, ns, nk, nfb, unsorted = _parse_series_list(
-        buf, s, e, rtype == "matrix", met_s, met_e, counts, t_out, v_out, fb_idx, fb_s, fb_e
-    )
-    if status_code == 2:
-        raise Undecodable("native histograms are not decoded")
-    if status_code != 0 or unsorted:
-        raise _SlowPath
-    t = t_out[:nk].copy()
-    v = v_out[:nk].copy()
+    if parsed is None:
+        return _small_result(rtype, orjson.loads(body[res_start:res_end]), warnings, infos)
+    ns, nk, nfb, met_s, met_e, counts, t_out, v_out, fb_idx, fb_s, fb_e, canonical = parsed
+    t = t_out[:nk]
+    v = v_out[:nk]
     for k, a, b in zip(fb_idx[:nfb].tolist(), fb_s[:nfb].tolist(), fb_e[:nfb].tolist()):
         v[k] = _py_float(body[a:b])
-    labels = []
-    loads = orjson.loads
-    for a, b in zip(met_s[:ns].tolist(), met_e[:ns].tolist()):
-        d = loads(body[a:b]) if a >= 0 else {}
-        if type(d) is not dict:
-            raise MalformedAnswer("metric is not an object")
-        labels.append(d)
-    _check_labels(labels)
+    # The scanner checked every metric is a flat object of strings: look the label sets
+    # up by their JSON (series recur from piece to piece and refresh to refresh), parse
+    # the others with one orjson call.
+    mv = memoryview(body)
+    starts, ends = met_s[:ns], met_e[:ns]
+    spans = [bytes(mv[a:b]) if a >= 0 else b"{}" for a, b in zip(starts.tolist(), ends.tolist())]
+    labels = _LABEL_CACHE.lookup(spans)
     offsets = np.zeros(ns + 1, dtype=np.int64)
     np.cumsum(counts[:ns], out=offsets[1:])
-    return QueryResult(rtype, labels, offsets, t, v, warnings, infos)  # type: ignore[arg-type]
+    result = QueryResult(rtype, labels, offsets, t, v, warnings, infos)  # type: ignore[arg-type]
+    if canonical:
+        # The backend's label JSON is what we would write: keep it for encoding/merging.
+        result.set_canonical_keys(spans)
+    return result
 
 
 def _check_labels(labels: list[dict[str, Any]]) -> None:
@@ -1290,22 +1668,21 @@ _STREAM_BATCH_SAMPLES = 262_144
 
 def encode_prometheus_json(result: QueryResult) -> bytes:
     """The whole answer as Prometheus 2.42 writes it."""
-    head, tail = _head_tail(result)
-    if result.result_type in ("scalar", "string"):
-        return head + _small_body(result) + tail
-    return b"".join([head, *_iter_blocks(result, None), tail])
+    return b"".join(iter_prometheus_json(result, None))
 
 
-def iter_prometheus_json(result: QueryResult, batch_samples: int = _STREAM_BATCH_SAMPLES) -> Iterator[bytes]:
+def iter_prometheus_json(
+    result: QueryResult, batch_samples: int | None = _STREAM_BATCH_SAMPLES
+) -> Iterator[bytes]:
     """The same bytes as `encode_prometheus_json`, in chunks of about `batch_samples`
-    samples (whole series per chunk), for streaming large answers."""
+    samples (whole series per chunk; None: one chunk), for streaming large answers."""
     head, tail = _head_tail(result)
     if result.result_type in ("scalar", "string"):
         yield head + _small_body(result) + tail
-        return
-    yield head
-    yield from _iter_blocks(result, batch_samples)
-    yield tail
+    elif result.n_series == 0:
+        yield head + tail
+    else:
+        yield from _iter_blocks(result, batch_samples, head, tail)
 
 
 def _head_tail(result: QueryResult) -> tuple[bytes, bytes]:
@@ -1332,14 +1709,27 @@ def _small_body(result: QueryResult) -> bytes:
     return f'[{t},"{format_value(float(result.value[0]))}"]'.encode()
 
 
-def _iter_blocks(result: QueryResult, batch_samples: int | None) -> Iterator[bytes]:
+_SCRATCH = threading.local()
+_SCRATCH_MAX = 64 << 20
+
+
+def _scratch(size: int) -> npt.NDArray[np.uint8]:
+    """A per-thread output buffer, kept between answers: writing tens of megabytes into
+    fresh memory costs about as much in page faults as formatting them. Its content is
+    copied out (tobytes) before any caller code runs, so interleaved streams are safe."""
+    buf: npt.NDArray[np.uint8] | None = getattr(_SCRATCH, "buf", None)
+    if buf is not None and len(buf) >= size:
+        return buf
+    buf = np.empty(max(size, 1 << 20), dtype=np.uint8)
+    if size <= _SCRATCH_MAX:
+        _SCRATCH.buf = buf
+    return buf
+
+
+def _iter_blocks(result: QueryResult, batch_samples: int | None, head: bytes, tail: bytes) -> Iterator[bytes]:
     n = result.n_series
-    if n == 0:
-        return
-    ljson = result.label_json()
-    lab_off = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum([len(x) for x in ljson], out=lab_off[1:])
-    lab_buf = np.frombuffer(b"".join(ljson), dtype=np.uint8)
+    raw, lab_s, lab_e = result.label_block()
+    lab_buf = np.frombuffer(raw, dtype=np.uint8)
     offsets = result.offsets
     t = np.ascontiguousarray(result.t_ms, dtype=np.int64)
     v = np.ascontiguousarray(result.value, dtype=np.float64)
@@ -1355,11 +1745,21 @@ def _iter_blocks(result: QueryResult, batch_samples: int | None) -> Iterator[byt
         s0, s1 = bounds[bi], bounds[bi + 1]
         a, b = int(offsets[s0]), int(offsets[s1])
         vb = v[a:b]
-        if not np.isfinite(vb).all():
-            vb = np.where(np.isfinite(vb), vb, 0.0)
-        tok = np.frombuffer(orjson.dumps(vb, option=orjson.OPT_SERIALIZE_NUMPY), dtype=np.uint8)
-        nbytes = int(lab_off[s1] - lab_off[s0]) + (s1 - s0) * 24 + (b - a) * 60 + 16
-        out = np.empty(nbytes, dtype=np.uint8)
-        end = _encode_series_block(out, 0, lab_buf, lab_off, offsets, s0, s1, t, v, tok, is_matrix)
-        chunk = out[:end].tobytes()
-        yield chunk if bi == 0 else b"," + chunk
+        # The kernel writes integral values itself; orjson gives the shortest digits of
+        # the others (the same predicate as the kernel's, or the tokens go out of step).
+        with np.errstate(invalid="ignore"):
+            other = vb[~((np.abs(vb) < 9007199254740992.0) & (np.floor(vb) == vb))]
+        if not np.isfinite(other).all():
+            other = np.where(np.isfinite(other), other, 0.0)
+        tok = np.frombuffer(orjson.dumps(other, option=orjson.OPT_SERIALIZE_NUMPY), dtype=np.uint8)
+        prefix = head if bi == 0 else b","
+        suffix = tail if bi == len(bounds) - 2 else b""
+        nbytes = int((lab_e[s0:s1] - lab_s[s0:s1]).sum()) + (s1 - s0) * 24 + (b - a) * 60
+        out = _scratch(len(prefix) + nbytes + len(suffix))
+        out[: len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
+        end = _encode_series_block(
+            out, len(prefix), lab_buf, lab_s, lab_e, offsets, s0, s1, t, v, tok, is_matrix
+        )
+        out[end : end + len(suffix)] = np.frombuffer(suffix, dtype=np.uint8)
+        yield out[: end + len(suffix)].tobytes()
+

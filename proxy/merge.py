@@ -92,14 +92,40 @@ def _result_type(results: Sequence[QueryResult]) -> str:
     return rtype
 
 
-def _gather(
-    src_start: I64, lens: I64, t_all: I64, v_all: npt.NDArray[np.float64]
-) -> tuple[I64, npt.NDArray[np.float64]]:
-    total = int(lens.sum())
-    out_start = np.zeros(len(lens), dtype=np.int64)
-    np.cumsum(lens[:-1], out=out_start[1:])
-    idx = np.repeat(src_start - out_start, lens) + np.arange(total, dtype=np.int64)
-    return t_all[idx], v_all[idx]
+@njit(cache=True)
+def _gather_segments(seg_start, seg_len, seg_rank, t_all, v_all, t_out, v_out):  # type: ignore[no-untyped-def]
+    """Copy the segments in order; False if a series' timestamps are not increasing."""
+    o = 0
+    ok = True
+    prev_rank = -1
+    prev_t = 0
+    for j in range(len(seg_start)):
+        a = seg_start[j]
+        same = seg_rank[j] == prev_rank
+        for x in range(seg_len[j]):
+            tt = t_all[a + x]
+            if (same or x > 0) and tt <= prev_t:
+                ok = False
+            t_out[o] = tt
+            v_out[o] = v_all[a + x]
+            o += 1
+            prev_t = tt
+        prev_rank = seg_rank[j]
+    return ok
+
+
+def _order_by_labels(ckeys: list[bytes], labels: list[dict[str, str]]) -> list[int]:
+    """Series indexes in Prometheus's labels.Compare order. Without escapes in the label
+    JSON, `n1 NUL v1 NUL n2 NUL v2 NUL` compares bytewise exactly like labels.Compare
+    (a string that is a prefix of another sorts first) and is much cheaper than tuples."""
+    if not any(b"\\" in k for k in ckeys):
+        skeys = [
+            (k[2:-2].replace(b'":"', b"\0").replace(b'","', b"\0") + b"\0") if len(k) > 2 else b""
+            for k in ckeys
+        ]
+        return sorted(range(len(skeys)), key=skeys.__getitem__)
+    tkeys = [tuple(sorted(d.items())) for d in labels]
+    return sorted(range(len(tkeys)), key=tkeys.__getitem__)
 
 
 def concat(results: Sequence[QueryResult], *, keep_first: bool = False) -> QueryResult:
@@ -115,18 +141,18 @@ def concat(results: Sequence[QueryResult], *, keep_first: bool = False) -> Query
             raise MergeConflict(f"cannot concatenate {len(results)} {rtype} results")
         return results[0]
 
-    gid_of: dict[Key, int] = {}
-    keys: list[Key] = []
+    gid_of: dict[bytes, int] = {}
+    ckeys: list[bytes] = []
     labels: list[dict[str, str]] = []
     seg_gid, seg_start, seg_len, seg_first, seg_piece = [], [], [], [], []
     base = 0
     for p, r in enumerate(results):
         gids = np.empty(r.n_series, dtype=np.int64)
-        for s, key in enumerate(r.series_keys()):
-            g = gid_of.get(key)
+        for s, ck in enumerate(r.canonical_keys()):
+            g = gid_of.get(ck)
             if g is None:
-                g = gid_of[key] = len(keys)
-                keys.append(key)
+                g = gid_of[ck] = len(ckeys)
+                ckeys.append(ck)
                 labels.append(r.labels[s])
             gids[s] = g
         counts = r.counts
@@ -139,9 +165,9 @@ def concat(results: Sequence[QueryResult], *, keep_first: bool = False) -> Query
         seg_piece.append(np.full(len(starts), p, dtype=np.int64))
         base += r.n_samples
 
-    order = sorted(range(len(keys)), key=keys.__getitem__)
-    rank = np.empty(len(keys), dtype=np.int64)
-    rank[order] = np.arange(len(keys))
+    order = _order_by_labels(ckeys, labels)
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
     g_all = np.concatenate(seg_gid)
     s_rank = rank[g_all]
     s_start = np.concatenate(seg_start)
@@ -157,28 +183,28 @@ def concat(results: Sequence[QueryResult], *, keep_first: bool = False) -> Query
     )
     t_all = np.concatenate([r.t_ms for r in results])
     v_all = np.concatenate([r.value for r in results])
-    t, v = _gather(s_start, s_len, t_all, v_all)
+    total = int(s_len.sum())
+    t = np.empty(total, dtype=np.int64)
+    v = np.empty(total, dtype=np.float64)
+    increasing = _gather_segments(s_start, s_len, s_rank, t_all, v_all, t, v)
 
-    counts_by_rank = np.bincount(s_rank, weights=s_len, minlength=len(keys)).astype(np.int64)
-    offsets = np.zeros(len(keys) + 1, dtype=np.int64)
+    n_keys = len(order)
+    counts_by_rank = np.bincount(s_rank, weights=s_len, minlength=n_keys).astype(np.int64)
+    offsets = np.zeros(n_keys + 1, dtype=np.int64)
     np.cumsum(counts_by_rank, out=offsets[1:])
 
     # Within a series the concatenated segments must be strictly increasing in time.
-    if len(t) > 1:
-        step_ok = np.diff(t) > 0
-        inner = offsets[1:-1]
-        step_ok[inner[(inner > 0) & (inner < len(t))] - 1] = True  # series boundaries
-        if not step_ok.all():
-            t, v, offsets = _resolve_overlaps(
-                t, v, offsets, np.repeat(s_piece, s_len), keep_first
-            )
-            counts_by_rank = np.diff(offsets)
+    if not increasing:
+        t, v, offsets = _resolve_overlaps(t, v, offsets, np.repeat(s_piece, s_len), keep_first)
+        counts_by_rank = np.diff(offsets)
 
     keep = counts_by_rank > 0
-    out_labels = [labels[g] for g, k in zip(order, keep.tolist()) if k]
+    kept = [g for g, k in zip(order, keep.tolist()) if k]
     if not keep.all():
         offsets = np.concatenate([[0], offsets[1:][keep]]).astype(np.int64)
-    return QueryResult(rtype, out_labels, offsets, t, v, warnings, infos)  # type: ignore[arg-type]
+    out = QueryResult(rtype, [labels[g] for g in kept], offsets, t, v, warnings, infos)  # type: ignore[arg-type]
+    out.set_canonical_keys([ckeys[g] for g in kept])
+    return out
 
 
 def _resolve_overlaps(
@@ -205,12 +231,6 @@ def _resolve_overlaps(
 # --------------------------------------------------------------------------------------
 # aggregate
 # --------------------------------------------------------------------------------------
-
-
-def _group_labels(d: dict[str, str], grouping: tuple[str, ...], without: bool) -> dict[str, str]:
-    if without:
-        return {k: v for k, v in d.items() if k not in grouping and k != "__name__"}
-    return {k: d[k] for k in grouping if k in d}
 
 
 @njit(cache=True)
@@ -305,28 +325,30 @@ class _Flat:
         group_of: dict[Key, int] = {}
         self.group_keys: list[Key] = []
         self.group_labels: list[dict[str, str]] = []
-        series_of: dict[Key, int] = {}
-        self.series_keys: list[Key] = []
+        series_of: dict[bytes, tuple[int, int]] = {}  # canonical key -> (series id, group id)
         self.series_labels: list[dict[str, str]] = []
+        by = tuple(sorted(set(recipe.grouping)))
+        drop = frozenset(recipe.grouping) | {"__name__"}
         gids, sids, roles = [], [], []
         for role, r in pieces:
             g_ser = np.empty(r.n_series, dtype=np.int64)
             s_ser = np.empty(r.n_series, dtype=np.int64)
-            for s, (d, key) in enumerate(zip(r.labels, r.series_keys())):
-                sid = series_of.get(key)
-                if sid is None:
-                    sid = series_of[key] = len(self.series_keys)
-                    self.series_keys.append(key)
+            for s, ck in enumerate(r.canonical_keys()):
+                ids = series_of.get(ck)
+                if ids is None:
+                    d = r.labels[s]
+                    if recipe.without:
+                        gkey = tuple(sorted(kv for kv in d.items() if kv[0] not in drop))
+                    else:
+                        gkey = tuple((k, d[k]) for k in by if k in d)
+                    gid = group_of.get(gkey)
+                    if gid is None:
+                        gid = group_of[gkey] = len(self.group_keys)
+                        self.group_keys.append(gkey)
+                        self.group_labels.append(dict(gkey))
+                    ids = series_of[ck] = (len(self.series_labels), gid)
                     self.series_labels.append(d)
-                s_ser[s] = sid
-                gl = _group_labels(d, recipe.grouping, recipe.without)
-                gkey = tuple(sorted(gl.items()))
-                gid = group_of.get(gkey)
-                if gid is None:
-                    gid = group_of[gkey] = len(self.group_keys)
-                    self.group_keys.append(gkey)
-                    self.group_labels.append(gl)
-                g_ser[s] = gid
+                s_ser[s], g_ser[s] = ids
             counts = r.counts
             gids.append(np.repeat(g_ser, counts))
             sids.append(np.repeat(s_ser, counts))
@@ -342,7 +364,9 @@ class _Flat:
             t = np.full(len(t), time_ms, dtype=np.int64)
         self.slot, self.slot_t = _slots(t)
         self.group_rank = _ranks(self.group_keys)
-        self.series_rank = _ranks(self.series_keys)
+
+    def series_rank(self) -> I64:
+        return _ranks([tuple(sorted(d.items())) for d in self.series_labels])
 
     def empty(self) -> QueryResult:
         return QueryResult.empty(self.rtype, warnings=self.warnings, infos=self.infos)  # type: ignore[arg-type]
@@ -415,7 +439,7 @@ def _top_bottom(
     nan = np.isnan(v)
     val_key = -v if recipe.op == "topk" else v
     val_key = np.where(nan, 0.0, val_key)
-    srank = flat.series_rank[flat.sid]
+    srank = flat.series_rank()[flat.sid]
     order = np.lexsort((srank, val_key, nan, cell))
     cell_o = cell[order]
     starts = np.ones(len(order), dtype=bool)
@@ -447,3 +471,4 @@ def _top_bottom(
         labels = [flat.series_labels[s] for s in sid_sel[firsts].tolist()]
         offsets = np.append(firsts, len(sel)).astype(np.int64)
     return QueryResult(flat.rtype, labels, offsets, t, vals, flat.warnings, flat.infos)  # type: ignore[arg-type]
+
