@@ -8,23 +8,36 @@ transport of `httpx-aiohttp` managed 1,550-1,700 (DESIGN.md), so aiohttp is the 
 Errors are translated here, once: connection failures -> PromError "unavailable" (503),
 timeouts -> PromError "timeout" (503). A backend's own HTTP answer, error or not, is returned
 as a `BackendReply` for the caller to relay (4xx/422 relayed as is).
+
+AMP backends (`kind: amp`): every request is SigV4-signed (`_SigV4Auth` over
+`sigv4.SigV4Signer`), and AMP's throttling answers (429, and 503) are retried after
+Retry-After plus exponential backoff with full jitter, at most `throttle_retries` times and
+never past the call's deadline; when the budget or the deadline runs out, the 429/503 is
+returned for the caller to relay.
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, AsyncGenerator, Generator, Mapping, Sequence
 
 import httpx
 
 from .config import BackendConfig
 from .errors import PromError
 from .metrics import METRICS
+from .sigv4 import SigV4Signer, install_log_redaction, signer_for
 
 RETRY_STATUSES = frozenset({502, 503, 504})
+# AMP answers 429 (ThrottlingException) when a workspace's query rate is exceeded and 503
+# when it sheds load; both mean "same request, later".
+THROTTLE_STATUSES = frozenset({429, 503})
+THROTTLE_BACKOFF_S = 0.1
+THROTTLE_BACKOFF_CAP_S = 5.0
 
 
 @dataclass
@@ -37,6 +50,49 @@ class BackendReply:
     @property
     def ok(self) -> bool:
         return 200 <= self.status < 300
+
+
+class _SigV4Auth(httpx.Auth):
+    """Signs each request as sent (after httpx has built its URL, headers and body)."""
+
+    requires_request_body = True
+
+    def __init__(self, signer: SigV4Signer) -> None:
+        self.signer = signer
+
+    def _apply(self, request: httpx.Request) -> None:
+        signed = self.signer.sign(request.method, str(request.url), request.headers.multi_items(),
+                                  request.content)
+        request.url = httpx.URL(signed.url)
+        request.headers.update(signed.headers)
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        self._apply(request)
+        yield request
+
+    async def async_auth_flow(self, request: httpx.Request) -> AsyncGenerator[httpx.Request, httpx.Response]:
+        await request.aread()
+        if self.signer.needs_refresh():
+            # First resolution or a refresh may call STS or instance metadata: not on the loop.
+            await asyncio.to_thread(self.signer.credentials.frozen)
+        self._apply(request)
+        yield request
+
+
+def _retry_after_s(value: str | None) -> float | None:
+    """Retry-After as seconds: delay-seconds or an HTTP-date (RFC 9110)."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
 
 
 def _make_client(cfg: BackendConfig) -> httpx.AsyncClient:
@@ -53,10 +109,16 @@ def _make_client(cfg: BackendConfig) -> httpx.AsyncClient:
         transport = AiohttpTransport(limits=limits, trust_env=False)
     else:
         transport = httpx.AsyncHTTPTransport(limits=limits, http1=True, http2=False)
+    auth: httpx.Auth | None = None
+    if cfg.kind == "amp":
+        assert cfg.region is not None  # config fills it from the workspace URL or fails
+        auth = _SigV4Auth(signer_for(cfg.name, cfg.region, cfg.service, cfg.profile))
+        install_log_redaction()
     return httpx.AsyncClient(
         base_url=cfg.url,
         transport=transport,
         timeout=timeout,
+        auth=auth,
         # Loopback and in-cluster backends: compression costs more CPU than it saves.
         headers={"Accept-Encoding": "identity", "User-Agent": "promaccel"},
         trust_env=False,
@@ -94,26 +156,48 @@ class Backend:
         limited: bool = False,
         endpoint: str = "other",
     ) -> BackendReply:
-        """One call with retries on connection errors and 502/503/504 (never on 4xx)."""
-        attempts = self.cfg.retries + 1
-        last_exc: PromError | None = None
-        for attempt in range(attempts):
-            if attempt:
-                # Exponential backoff with full jitter: 50 ms, 100 ms, 200 ms ...
-                await asyncio.sleep(random.uniform(0, 0.05 * (2 ** (attempt - 1))))
+        """One call with retries on connection errors and 502/503/504 (never on 4xx); for AMP,
+        429/503 are retried on their own budget (`throttle_retries`) within the deadline."""
+        throttle = self.cfg.kind == "amp"
+        budget_s = timeout_s if timeout_s is not None else self.cfg.timeout / 1000
+        deadline = time.monotonic() + budget_s
+        attempt = 0
+        throttled = 0
+        call_timeout = timeout_s
+        while True:
             try:
-                reply = await self._once(method, path, params, form, headers, timeout_s, limited, endpoint)
+                reply = await self._once(method, path, params, form, headers, call_timeout, limited, endpoint)
             except PromError as exc:
-                last_exc = exc
-                if exc.kind == "timeout":
+                if exc.kind == "timeout" or attempt >= self.cfg.retries:
                     raise
-                continue
-            if reply.status in RETRY_STATUSES and attempt + 1 < attempts:
+            else:
+                if throttle and reply.status in THROTTLE_STATUSES:
+                    delay = self._throttle_delay(throttled, reply)
+                    left = deadline - time.monotonic()
+                    if throttled >= self.cfg.throttle_retries or delay >= left:
+                        METRICS.backend_throttled.labels(self.name, str(reply.status), "gave_up").inc()
+                        return reply
+                    throttled += 1
+                    METRICS.backend_throttled.labels(self.name, str(reply.status), "retried").inc()
+                    METRICS.backend_retries.labels(self.name).inc()
+                    METRICS.backend_throttle_wait.labels(self.name).inc(delay)
+                    await asyncio.sleep(delay)
+                    # The next try gets what is left of the deadline, not a fresh timeout.
+                    call_timeout = max(0.001, deadline - time.monotonic())
+                    continue
+                if reply.status not in RETRY_STATUSES or attempt >= self.cfg.retries:
+                    return reply
                 METRICS.backend_retries.labels(self.name).inc()
-                continue
-            return reply
-        assert last_exc is not None
-        raise last_exc
+            attempt += 1
+            # Exponential backoff with full jitter: 50 ms, 100 ms, 200 ms ...
+            await asyncio.sleep(random.uniform(0, 0.05 * (2 ** (attempt - 1))))
+
+    @staticmethod
+    def _throttle_delay(throttled: int, reply: BackendReply) -> float:
+        """Retry-After (when given) plus full-jitter exponential backoff: the server's floor,
+        spread so that pieces throttled together do not come back together."""
+        backoff = random.uniform(0, min(THROTTLE_BACKOFF_CAP_S, THROTTLE_BACKOFF_S * 2 ** throttled))
+        return (_retry_after_s(reply.headers.get("retry-after")) or 0.0) + backoff
 
     async def _once(
         self,
@@ -160,8 +244,10 @@ class Backend:
         finally:
             METRICS.backend_latency.labels(self.name, endpoint).observe(time.perf_counter() - t0)
         METRICS.backend_calls.labels(self.name, endpoint, str(resp.status_code)).inc()
+        retry_after = resp.headers.get("retry-after")
         return BackendReply(
             status=resp.status_code,
             body=resp.content,
             content_type=resp.headers.get("content-type", "application/json"),
+            headers={"retry-after": retry_after} if retry_after is not None else {},
         )

@@ -38,6 +38,8 @@ def _serve(args: argparse.Namespace) -> int:
     )
     # One line per backend call at INFO would drown the access log.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    # numba's compiler logs every pass at DEBUG: megabytes per kernel.
+    logging.getLogger("numba").setLevel(logging.WARNING)
     import uvicorn
 
     from .app import create_app

@@ -7,11 +7,12 @@ Durations are Prometheus durations ("30s", "1h30m") or numbers of seconds.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .params import parse_prom_duration_ms
 
@@ -41,6 +42,9 @@ DurationMs = Annotated[int, BeforeValidator(_to_ms)]
 OptDurationMs = Annotated[int | None, BeforeValidator(_to_ms)]
 
 
+_AMP_HOST = re.compile(r"^https?://aps-workspaces(?:-fips)?\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?(?::\d+)?(?:/|$)", re.I)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -56,7 +60,14 @@ class BackendConfig(_Strict):
     max_parallel: int = Field(default=4, ge=1, description="concurrent pieces per backend")
     retries: int = Field(default=2, ge=0, le=10)
     transport: Literal["aiohttp", "httpx"] = "aiohttp"
-    region: str | None = None  # AMP only
+    # AMP only. Requests are SigV4-signed for `service` in `region` (taken from an
+    # aps-workspaces.<region>.amazonaws.com URL when not given) with credentials from
+    # botocore's default chain, in shared-config `profile` when set (None: $AWS_PROFILE or
+    # the default). Secrets never go in this file.
+    region: str | None = None
+    service: str = Field(default="aps", min_length=1)
+    profile: str | None = None
+    throttle_retries: int = Field(default=5, ge=0, le=20, description="429/503 retries per call (AMP)")
 
     @field_validator("url")
     @classmethod
@@ -65,13 +76,71 @@ class BackendConfig(_Strict):
             raise ValueError(f"backend url must start with http:// or https://, got {v!r}")
         return v.rstrip("/")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _amp_region(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("kind") == "amp" and not data.get("region") \
+                and isinstance(data.get("url"), str):
+            m = _AMP_HOST.match(data["url"])
+            if not m:
+                raise ValueError(
+                    "region is required for kind amp unless the url is an AMP workspace URL "
+                    "(https://aps-workspaces.<region>.amazonaws.com/workspaces/<id>)"
+                )
+            data = {**data, "region": m.group(1)}
+        return data
+
+
+_REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
+
 
 class CacheConfig(_Strict):
+    """Results cache (issue 5). Durations in ms inside; see README's configuration reference.
+
+    Read by proxy/cache.py (store), proxy/execute.py (what is cached when) and proxy/app.py
+    (admin endpoints)."""
+
+    enabled: bool = True
     redis_url: str | None = None
     max_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
     max_freshness: DurationMs = 600_000
     recent_ttl: DurationMs = 0
     ttl: DurationMs = 7 * 86_400_000
+    # Planning interval used when planner.split_interval is not set at all: the cache only
+    # helps a range query that is cut into epoch-aligned pieces. null: never split by default.
+    split_interval: OptDurationMs = 3_600_000
+    # A missing edge piece that covers only part of an old split interval is fetched for
+    # the whole interval (when the query spans several intervals), so that the next refresh
+    # of a sliding window finds it.
+    extend_partial: bool = True
+    out_of_order_window: DurationMs = 0
+    out_of_order_ttl: DurationMs = 600_000
+    redis_timeout: DurationMs = 100
+    redis_put_timeout: DurationMs = 2_000
+    generation_refresh: DurationMs = 2_000
+    breaker_backoff: DurationMs = 1_000
+    breaker_max_backoff: DurationMs = 10_000
+    max_pending_puts: int = Field(default=64, ge=1)
+    revalidate_interval: DurationMs = 0
+    revalidate_max_age: DurationMs = 3_600_000
+    revalidate_max_entries: int = Field(default=10_000, ge=1)
+    admin_token: str | None = None
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, v: str | None) -> str | None:
+        if v is None or v == "":
+            return None
+        scheme = v.partition("://")[0].lower() if "://" in v else ""
+        if scheme not in _REDIS_SCHEMES:
+            shown = v.rpartition("@")[2] if "@" in v else v
+            raise ValueError(
+                "expected a redis://, rediss://, unix://, redis+cluster:// or rediss+cluster:// "
+                f"URL, got {shown!r}"
+            )
+        if scheme != "unix" and not v.partition("://")[2].rpartition("@")[2].split("/")[0]:
+            raise ValueError("the redis URL names no host")
+        return v
 
 
 class PlannerConfig(_Strict):

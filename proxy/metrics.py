@@ -35,6 +35,19 @@ class _Metrics:
         self.backend_retries = Counter(
             "promaccel_backend_retries_total", "Backend calls retried", ["backend"], registry=r
         )
+        # AMP throttling (429/503): `outcome` is retried or gave_up (budget or deadline spent).
+        self.backend_throttled = Counter(
+            "promaccel_backend_throttled_total",
+            "Throttled answers (429/503) from AMP backends, by what promaccel did next",
+            ["backend", "code", "outcome"],
+            registry=r,
+        )
+        self.backend_throttle_wait = Counter(
+            "promaccel_backend_throttle_wait_seconds_total",
+            "Time spent waiting (Retry-After plus backoff) before retrying throttled calls",
+            ["backend"],
+            registry=r,
+        )
         self.backend_latency = Histogram(
             "promaccel_backend_request_duration_seconds",
             "Backend call latency",

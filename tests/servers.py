@@ -97,20 +97,27 @@ class Promaccel:
     log: Path
 
     @classmethod
-    def start(cls, backend_url: str, args: tuple[str, ...], workdir: Path) -> "Promaccel":
+    def start(cls, backend_url: str | None, args: tuple[str, ...], workdir: Path, *,
+              config: Path | None = None, env: dict[str, str] | None = None) -> "Promaccel":
+        """`backend_url` None: the backends come from `config` (a YAML file, e.g. with an AMP
+        backend); `env` is added to the environment (e.g. AWS credentials)."""
         workdir.mkdir(parents=True, exist_ok=True)
         port = free_port()
         log = workdir / f"promaccel-{port}.log"
-        env = dict(os.environ)
-        env.pop("PROMACCEL_CONFIG", None)
+        proc_env = dict(os.environ)
+        proc_env.pop("PROMACCEL_CONFIG", None)
+        proc_env.update(env or {})
+        where = ["--backend", backend_url] if backend_url is not None else []
+        if config is not None:
+            where += ["--config", str(config)]
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "proxy.cli", "serve", "--backend", backend_url,
+                [sys.executable, "-m", "proxy.cli", "serve", *where,
                  "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *args],
-                stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT), env=env,
+                stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT), env=proc_env,
             )
         url = f"http://127.0.0.1:{port}"
-        wait_http(url + "/-/healthy", proc, timeout=60, log=log)
+        wait_http(url + "/-/healthy", proc, timeout=240, log=log)
         return cls(url, proc, args, log)
 
     def stop(self) -> None:
