@@ -7,6 +7,8 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -45,8 +47,32 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromServer]:
         stop_prometheus(proc)
 
 
+def _docker_answers() -> bool:
+    import shutil
+    import subprocess
+
+    if os.environ.get("PROMACCEL_TEST_DOCKER", "auto") == "0" or shutil.which("docker") is None:
+        return False
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 @pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Debian's redis-server on a free loopback port; a testcontainers Redis instead only
+    when a Docker engine answers (never the case on the development machines)."""
+    if _docker_answers():
+        try:
+            from testcontainers.community.redis import RedisContainer
+        except ImportError:  # testcontainers < 4.10
+            from testcontainers.redis import RedisContainer  # type: ignore[no-redef]
+
+        with RedisContainer("redis:7") as container:
+            host, port = container.get_container_host_ip(), int(container.get_exposed_port(6379))
+            yield SimpleNamespace(url=f"redis://{host}:{port}/0", port=port, stop=lambda: None)
+        return
     server = RedisServer.start(tmp_path_factory.mktemp("redis"))
     try:
         yield server
