@@ -35,7 +35,8 @@ demo: setup
 	$(BIN)/python -m loadtests.demo
 
 bench: setup
-	$(BIN)/python -m loadtests.bench
+	$(BIN)/pip install -q -e '.[test,bench]'
+	$(BIN)/python -m loadtests.bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .hypothesis *.egg-info

@@ -60,6 +60,9 @@ def _serve(args: argparse.Namespace) -> int:
     uvicorn.run(
         app, host=host, port=port, log_level="warning", access_log=False,
         loop="auto", http="auto", workers=1,
+        # Longer than clients' idle keep-alive (Grafana's Go client: 90 s), so promaccel never
+        # closes a connection a client is about to reuse.
+        timeout_keep_alive=120,
     )
     return 0
 
@@ -77,6 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--shards", help="node shards per query: a number or 'auto'")
     s.add_argument("--shard-label", action="append", help="METRIC_REGEX=LABEL (repeatable)")
     s.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    sub.add_parser("bench", help="replay the GPU fleet dashboard direct vs through promaccel "
+                   "(options: promaccel bench -- --help)", add_help=False)
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv and argv[0] == "bench":
+        from loadtests.bench import main as bench_main
+
+        rest = argv[1:]
+        return int(bench_main(rest[1:] if rest[:1] == ["--"] else rest) or 0)
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
