@@ -1,17 +1,23 @@
 """Benchmark of the JSON <-> Arrow hot path (proxy.arrowcodec, proxy.merge).
 
-    .venv/bin/python -m loadtests.codec_bench [--series 6000] [--points 128] [--reps 5]
+    .venv/bin/python -m loadtests.codec_bench [--series 6000] [--points 128] [--reps 7]
 
-Builds a Prometheus-shaped query_range answer (dcgm-exporter labels, ~6,000 series x 128
-points, ~15 MB: integer utilisations, temperatures, 3-decimal power readings and full
-precision rate()-like values) and times, median of `reps` runs (wall and CPU time of this
-thread, since CI machines are shared):
+Builds a Prometheus-shaped query_range answer (dcgm-exporter labels, 6,000 series x 128
+points = 768,000 points, ~20 MB: integer utilisations, temperatures, 3-decimal power
+readings and full precision rate()-like values) and prints one table: CPU time of this
+thread (the machines are shared: wall time is noise), median and minimum of `reps` runs,
+and points/s at the median:
 
-- orjson.loads with the garbage collector on and off, orjson.dumps (the baseline);
-- decode_prometheus_json, encode_prometheus_json (checked to reproduce the input bytes);
-- concat of 4 time pieces, sum by (namespace, gpu) over 8 shard pieces;
-- the cache format: QueryResult.to_ipc_bytes / from_ipc_bytes; the client Arrow stream;
-- end to end: decode 4 time-piece answers + concat + encode.
+- baseline: orjson.loads with the garbage collector on and off, orjson.dumps, and a
+  loads + dumps round trip (gc on / off);
+- stages: decode, encode, concat of 4 time pieces, sum by (namespace, gpu) of 8 shard
+  pieces, the cache format (Arrow IPC), the client Arrow stream;
+- end to end (gc on, as served): (a) decode + encode of the one answer, (b) decode 4 time
+  pieces + concat + encode, (c) decode 8 shard pieces + sum aggregate + encode, (d) the
+  warm refresh: 4 pieces from the cache format + concat + encode; each checked to
+  reproduce the expected bytes;
+- peak RSS above the decoded result of encoding the answer in one piece vs streaming it
+  (iter_prometheus_json, chunks sent on and dropped), each in a fresh process.
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,8 +35,15 @@ from typing import Any
 import numpy as np
 import orjson
 
-from proxy.arrowcodec import QueryResult, decode_prometheus_json, encode_arrow_stream, encode_prometheus_json
+from proxy.arrowcodec import (
+    QueryResult,
+    decode_prometheus_json,
+    encode_arrow_stream,
+    encode_prometheus_json,
+    iter_prometheus_json,
+)
 from proxy.merge import aggregate, concat
+from proxy.warmup import warm_up
 from shardplanner.plan import MergeRecipe
 
 STEP_MS = 30_000
@@ -93,76 +109,186 @@ def series_split(r: QueryResult, parts: int) -> list[QueryResult]:
     return out
 
 
+ROWS: list[tuple[str, float, float, int]] = []
+
+
 def bench(name: str, fn: Callable[[], Any], points: int, reps: int) -> Any:
-    walls, cpus = [], []
+    """Median and minimum CPU time (this thread) of `reps` runs; the row goes to ROWS."""
+    cpus = []
     result = None
     for _ in range(reps):
-        w0, c0 = time.perf_counter(), time.thread_time()
+        result = None
+        c0 = time.thread_time()
         result = fn()
         cpus.append(time.thread_time() - c0)
-        walls.append(time.perf_counter() - w0)
-    wall, cpu = statistics.median(walls), statistics.median(cpus)
-    print(
-        f"{name:<34} wall {wall * 1e3:8.1f} ms   cpu {cpu * 1e3:8.1f} ms   "
-        f"{points / wall / 1e6:6.2f} M points/s (wall)   {points / cpu / 1e6:6.2f} M points/s (cpu)"
-    )
+    ROWS.append((name, statistics.median(cpus), min(cpus), points))
     return result
 
 
-def loads_gc_off(body: bytes) -> Any:
-    gc.disable()
+def section(title: str) -> None:
+    ROWS.append((title, -1.0, -1.0, 0))
+
+
+def print_table() -> None:
+    print(f"{'':<52} {'CPU ms':>9} {'(min)':>8} {'M points/s':>11}")
+    for name, med, mn, points in ROWS:
+        if med < 0:
+            print(f"{name}")
+            continue
+        print(f"  {name:<50} {med * 1e3:9.1f} {mn * 1e3:8.1f} {points / med / 1e6:11.2f}")
+
+
+def without_gc(fn: Callable[[], Any]) -> Callable[[], Any]:
+    def run() -> Any:
+        gc.disable()
+        try:
+            return fn()
+        finally:
+            gc.enable()
+
+    return run
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def rss_child(mode: str, path: str) -> None:
+    """Decode the answer in `path`, then encode it (`oneshot` / `stream`); print the peak
+    RSS above the RSS just before encoding, in bytes."""
+    with open(path, "rb") as f:
+        body = f.read()
+    result = decode_prometheus_json(body)
+    encode_prometheus_json(decode_prometheus_json(body[: body.find(b"]]}") + 3] + b"]}}"))
+    del body
+    gc.collect()
     try:
-        return orjson.loads(body)
-    finally:
-        gc.enable()
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the peak (VmHWM) to the current RSS
+    except OSError:
+        pass
+    base = _status("VmRSS")
+    sent = 0
+    if mode == "oneshot":
+        out = encode_prometheus_json(result)
+        sent = len(out)
+        del out
+    else:
+        for chunk in iter_prometheus_json(result):
+            sent += len(chunk)  # a server writes it to the socket and drops it
+    print(orjson.dumps({"peak_above_base": _status("VmHWM") - base, "base": base, "bytes": sent}).decode())
+
+
+def measure_rss(body: bytes) -> dict[str, dict[str, int]]:
+    out = {}
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        f.write(body)
+        f.flush()
+        for mode in ("oneshot", "stream"):
+            proc = subprocess.run(
+                [sys.executable, "-m", "loadtests.codec_bench", "--rss-child", mode, f.name],
+                capture_output=True, check=True, text=True,
+            )
+            out[mode] = orjson.loads(proc.stdout.strip().splitlines()[-1])
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--series", type=int, default=6000)
     ap.add_argument("--points", type=int, default=128)
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--rss-child", nargs=2, metavar=("MODE", "FILE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.rss_child:
+        rss_child(*args.rss_child)
+        return
 
     full = make_result(args.series, args.points)
     body = encode_prometheus_json(full)
     n = full.n_samples
-    print(f"answer: {full.n_series} series, {n} points, {len(body) / 1e6:.1f} MB")
+    reps = max(args.reps, 5)
+    print(f"answer: {full.n_series} series, {n} points, {len(body) / 1e6:.1f} MB; "
+          f"CPU time of one thread, median of {reps} runs")
     # Warm up the compiled kernels (first call compiles or loads the numba cache).
-    decode_prometheus_json(body[: body.find(b"]]}") + 3] + b"]}}")
+    warm_up()
 
-    reps = args.reps
+    section("baseline (orjson, a Python object per sample)")
     doc = bench("orjson.loads (gc on)", lambda: orjson.loads(body), n, reps)
-    bench("orjson.loads (gc off)", lambda: loads_gc_off(body), n, reps)
+    bench("orjson.loads (gc off)", without_gc(lambda: orjson.loads(body)), n, reps)
     bench("orjson.dumps", lambda: orjson.dumps(doc), n, reps)
     del doc
+    bench("orjson.loads + dumps (gc on)", lambda: orjson.dumps(orjson.loads(body)), n, reps)
+    bench("orjson.loads + dumps (gc off)", without_gc(lambda: orjson.dumps(orjson.loads(body))), n, reps)
+
+    section("stages")
     dec = bench("decode_prometheus_json", lambda: decode_prometheus_json(body), n, reps)
 
     def encode_fresh() -> bytes:
         dec._label_block = None  # measure label formatting too
+        dec._ckeys = None
         return encode_prometheus_json(dec)
 
-    out = bench("encode_prometheus_json", encode_fresh, n, reps)
+    out = bench("encode_prometheus_json (labels formatted)", encode_fresh, n, reps)
     assert out == body, "decode -> encode did not reproduce the answer"
+    dec = decode_prometheus_json(body)
+    out = bench("encode_prometheus_json (backend's label JSON)", lambda: encode_prometheus_json(dec), n, reps)
+    assert out == body
+    out = bench("iter_prometheus_json (streamed, joined)", lambda: b"".join(iter_prometheus_json(dec)), n, reps)
+    assert out == body
+    del out
 
-    tpieces = time_split(dec, 4)
-    bench("merge: concat 4 time pieces", lambda: concat(tpieces), n, reps)
-    spieces = [(None, p) for p in series_split(dec, 8)]
+    tpieces = time_split(full, 4)
+    tbodies = [encode_prometheus_json(p) for p in tpieces]
+    tdec = bench("decode 4 time pieces", lambda: [decode_prometheus_json(b) for b in tbodies], n, reps)
+    bench("concat 4 time pieces", lambda: concat(tdec), n, reps)
+    spieces = series_split(full, 8)
     recipe = MergeRecipe(kind="aggregate", op="sum", grouping=("namespace", "gpu"))
-    bench("merge: sum by (namespace,gpu) x8", lambda: aggregate(spieces, recipe), n, reps)
+    sbodies = [encode_prometheus_json(p) for p in spieces]
+    sdec = bench("decode 8 shard pieces", lambda: [decode_prometheus_json(b) for b in sbodies], n, reps)
+    agg = bench("sum by (namespace,gpu) of 8 shard pieces", lambda: aggregate([(None, p) for p in sdec], recipe), n, reps)
+    agg_points = agg.n_samples
+    bench(f"encode the sum ({agg_points} points; rate per input point)", lambda: encode_prometheus_json(agg), n, reps)
+    want_agg = encode_prometheus_json(aggregate([(None, p) for p in spieces], recipe))
     ipc = bench("cache: to_ipc_bytes (zstd)", dec.to_ipc_bytes, n, reps)
     bench("cache: from_ipc_bytes", lambda: QueryResult.from_ipc_bytes(ipc), n, reps)
-    print(f"  IPC size {len(ipc) / 1e6:.1f} MB (JSON {len(body) / 1e6:.1f} MB)")
     bench("client Arrow stream (encode)", lambda: encode_arrow_stream(dec), n, reps)
+    del tdec, sdec
 
-    bodies = [encode_prometheus_json(p) for p in tpieces]
+    section("end to end (gc on)")
 
-    def end_to_end() -> bytes:
-        merged = concat([decode_prometheus_json(b) for b in bodies])
-        return encode_prometheus_json(merged)
+    def one() -> bytes:
+        return encode_prometheus_json(decode_prometheus_json(body))
 
-    out = bench("end to end: decode 4 + concat + encode", end_to_end, n, reps)
-    assert out == body, "end to end did not reproduce the answer"
+    def time_pieces() -> bytes:
+        return encode_prometheus_json(concat([decode_prometheus_json(b) for b in tbodies]))
+
+    def shard_pieces() -> bytes:
+        pieces = [(None, decode_prometheus_json(b)) for b in sbodies]
+        return encode_prometheus_json(aggregate(pieces, recipe))
+
+    assert bench("(a) decode + encode, one answer", one, n, reps) == body
+    assert bench("(b) decode 4 time pieces + concat + encode", time_pieces, n, reps) == body
+    assert bench("(c) decode 8 shard pieces + sum + encode", shard_pieces, n, reps) == want_agg
+    tipc = [decode_prometheus_json(b).to_ipc_bytes() for b in tbodies]
+
+    def cached_pieces() -> bytes:
+        return encode_prometheus_json(concat([QueryResult.from_ipc_bytes(x) for x in tipc]))
+
+    assert bench("(d) 4 cached pieces (Arrow IPC) + concat + encode", cached_pieces, n, reps) == body
+    print_table()
+    print(f"  IPC size {len(ipc) / 1e6:.1f} MB (JSON {len(body) / 1e6:.1f} MB)")
+
+    rss = measure_rss(body)
+    print(f"peak RSS of encoding the {len(body) / 1e6:.1f} MB answer, above the decoded result "
+          f"(fresh process each):")
+    for mode, r in rss.items():
+        print(f"  {mode:<8} +{r['peak_above_base'] / 1e6:6.1f} MB  (base {r['base'] / 1e6:.0f} MB, "
+              f"{r['bytes'] / 1e6:.1f} MB written)")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,13 @@ from piece to piece and refresh to refresh), so the dicts in `labels` are shared
 results: never mutate them. When the backend's label JSON is byte for byte what Prometheus
 writes (the scanner checks: compact, names in byte order, jsoniter escaping), it is kept as
 the result's canonical keys and written back verbatim by the encoder.
+Where the time goes (profiled with py-spy --native and per-stage CPU time; numbers in
+loadtests/codec_bench.py): the scanner's sample loop has Prometheus's compact layout
+written out in the loop itself (an inlined wrapper around it that also held the general
+call ran twice as slow), reuses the first 6 digits of the previous 10-digit timestamp, and
+checks label objects with one table load per plain byte (other spellings go to a general
+scanner); its output arrays are per-thread scratch reused between answers (fresh pages
+cost as much as parsing), and the results are copied out at their exact size.
 
 The kernels are compiled by numba on first use and cached on disk next to this file
 (`cache=True`): a cold compile costs ~20-30 s of CPU, a cached load well under 1 s, and
@@ -49,7 +56,12 @@ Prometheus 2.42 writes (checked against a real 2.42):
   `\\u00XX` (lowercase hex), DEL and other non-ASCII raw.
 Integral values (|v| < 2**53) are written directly; the digits of the others come from
 orjson's shortest round-trip formatting of all of them in one call, and a compiled pass
-rewrites each number into Go's notation while it assembles the answer. One difference
+rewrites each number into Go's notation while it assembles the answer. Label JSON comes
+from the canonical keys when a result has them (decoded from Prometheus, or merged), so it
+is not formatted again. `iter_prometheus_json` writes ~16k samples (~0.4 MB) per chunk:
+streaming a 20 MB answer peaks at a few MB above the result, the one-shot encoder at about
+2.5x the answer (scratch + the bytes + orjson's tokens); the compiled kernels release the
+GIL. One difference
 cannot be avoided: Prometheus writes an invalid UTF-8 byte in a label as the escape
 `\ufffd`; decoded, that is the character U+FFFD, which Prometheus (and we) write raw.
 
@@ -224,7 +236,13 @@ class QueryResult:
     def label_block(self) -> tuple[bytes, I64, I64]:
         """All label sets as Prometheus writes them: (bytes, start, end) per series."""
         if self._label_block is None:
-            self._label_block = _label_block(self.labels)
+            if self._ckeys is not None:
+                keys = self._ckeys
+                lens = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
+                ends = np.cumsum(lens)
+                self._label_block = (b"".join(keys), ends - lens, ends)
+            else:
+                self._label_block = _label_block(self.labels)
         return self._label_block
 
     def canonical_keys(self) -> list[bytes]:
@@ -240,9 +258,7 @@ class QueryResult:
         reusing its pieces' keys), so that encoding does not format the labels again."""
         if len(keys) != self.n_series:
             raise ValueError("one key per series")
-        lens = np.fromiter((len(x) for x in keys), dtype=np.int64, count=len(keys))
-        ends = np.cumsum(lens)
-        self._label_block = (b"".join(keys), ends - lens, ends)
+        self._label_block = None  # joined from the keys when an encoder asks for it
         self._ckeys = keys
 
     def series_keys(self) -> list[tuple[tuple[str, str], ...]]:
@@ -266,7 +282,10 @@ class QueryResult:
         meta = {
             b"promaccel.version": b"1",
             b"promaccel.result_type": self.result_type.encode(),
-            b"promaccel.labels": orjson.dumps(self.labels),
+            # The label list as Prometheus writes label sets (the same JSON value as
+            # orjson.dumps(labels)), so that a cached piece is not formatted again.
+            b"promaccel.labels": b"[" + b",".join(self.canonical_keys()) + b"]",
+            b"promaccel.labels_canonical": b"1",
             b"promaccel.warnings": orjson.dumps(self.warnings),
             b"promaccel.infos": orjson.dumps(self.infos),
         }
@@ -287,7 +306,8 @@ class QueryResult:
             if meta.get(b"promaccel.version") != b"1":
                 raise MalformedAnswer("not a promaccel result table (version)")
             rtype = meta[b"promaccel.result_type"].decode()
-            labels = orjson.loads(meta[b"promaccel.labels"])
+            block = _canonical_label_list(meta)
+            labels = orjson.loads(meta[b"promaccel.labels"]) if block is None else block[0]
             warnings = orjson.loads(meta.get(b"promaccel.warnings", b"[]"))
             infos = orjson.loads(meta.get(b"promaccel.infos", b"[]"))
             sv = meta.get(b"promaccel.string_value")
@@ -301,7 +321,7 @@ class QueryResult:
             raise MalformedAnswer("bad promaccel result table: series column out of order")
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.bincount(series, minlength=n), out=offsets[1:])
-        return cls(
+        out = cls(
             rtype,
             labels,
             offsets,
@@ -311,6 +331,10 @@ class QueryResult:
             list(infos),
             string_value=sv.decode() if sv is not None else None,
         )
+        if block is not None:
+            out._ckeys = block[1]
+            out._label_block = block[2]
+        return out
 
     def to_ipc_bytes(self, compression: Literal["zstd", "lz4"] | None = "zstd") -> bytes:
         table = self.to_arrow_table()
@@ -327,6 +351,30 @@ class QueryResult:
         except pa.ArrowException as exc:
             raise MalformedAnswer(f"bad Arrow IPC stream: {exc}") from exc
         return cls.from_arrow_table(table)
+
+
+def _canonical_label_list(meta: dict[bytes, bytes]) -> Any:
+    """A cache table's label list written as Prometheus label JSON (to_arrow_table):
+    (labels looked up in the shared label-set table, keys, label block), else None."""
+    if meta.get(b"promaccel.labels_canonical") != b"1":
+        return None
+    raw = meta[b"promaccel.labels"]
+    buf = np.frombuffer(raw, dtype=np.uint8)
+    n_max = len(raw) // 3 + 1  # `{},` per label set at least (untouched pages stay unmapped)
+    starts = np.empty(n_max, dtype=np.int64)
+    ends = np.empty(n_max, dtype=np.int64)
+    n = _array_element_spans(buf, starts, ends) if len(raw) > 2 else 0
+    if n < 0:
+        return None
+    starts, ends = starts[:n].copy(), ends[:n].copy()
+    if n and not (np.all(buf[starts] == 123) and np.all(buf[ends - 1] == 125)):
+        return None  # not a list of objects
+    keys = [raw[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
+    try:
+        labels = _LABEL_CACHE.lookup(keys)
+    except _SlowPath:
+        return None
+    return labels, keys, (raw, starts, ends)
 
 
 def _column_numpy(table: pa.Table, name: str, dtype: Any) -> Any:
@@ -463,6 +511,12 @@ def format_timestamp(t_ms: int) -> str:
 
 def _lit(s: bytes) -> npt.NDArray[np.uint8]:
     return np.frombuffer(s, dtype=np.uint8).copy()
+
+
+# Bytes of a label string that need no attention from the label scanner.
+_LBL_PLAIN = np.ones(256, dtype=np.uint8)
+_LBL_PLAIN[:32] = 0
+_LBL_PLAIN[[34, 92, 60, 62, 38, 0xE2]] = 0
 
 
 _K_METRIC = _lit(b"metric")
@@ -787,6 +841,9 @@ def _label_string(b, i, n):  # type: ignore[no-untyped-def]
     i += 1
     while i < n:
         c = b[i]
+        if _LBL_PLAIN[c]:  # one table load per ordinary byte
+            i += 1
+            continue
         if c == 34:
             return i + 1, canon
         if c == 92:
@@ -828,11 +885,59 @@ def _label_string(b, i, n):  # type: ignore[no-untyped-def]
     return -1, False
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _skip_label_object(b, i, n):  # type: ignore[no-untyped-def]
     """The flat {"name":"value",...} object at i: (end or -1 if it is anything else,
     canonical), canonical meaning byte for byte what Prometheus writes for it (compact,
-    names in increasing byte order, jsoniter escaping), so that it can be reused as is."""
+    names in increasing byte order, jsoniter escaping), so that it can be reused as is.
+    Fast path: compact, strings of plain bytes only (one table load per byte); anything
+    else goes to the general scanner from the start of the object."""
+    start = i
+    if i >= n or b[i] != 123:
+        return -1, False
+    i += 1
+    if i < n and b[i] == 125:
+        return i + 1, True
+    pks = -1
+    pke = -1
+    while i < n and b[i] == 34:
+        ks = i + 1
+        j = ks
+        while j < n and _LBL_PLAIN[b[j]]:
+            j += 1
+        if j + 2 >= n or b[j] != 34 or b[j + 1] != 58 or b[j + 2] != 34:
+            break
+        ke = j
+        # Names strictly increasing by bytes (which also rules out duplicates).
+        if pks >= 0:
+            m = min(ke - ks, pke - pks)
+            cmp = 0
+            for x in range(m):
+                if b[ks + x] != b[pks + x]:
+                    cmp = 1 if b[ks + x] > b[pks + x] else -1
+                    break
+            if cmp < 0 or (cmp == 0 and ke - ks <= pke - pks):
+                break
+        pks = ks
+        pke = ke
+        j += 3
+        while j < n and _LBL_PLAIN[b[j]]:
+            j += 1
+        if j + 1 >= n or b[j] != 34:
+            break
+        c = b[j + 1]
+        if c == 44:
+            i = j + 2
+            continue
+        if c == 125:
+            return j + 2, True
+        break
+    return _skip_label_object_general(b, start, n)
+
+
+@njit(cache=True, nogil=True)
+def _skip_label_object_general(b, i, n):  # type: ignore[no-untyped-def]
+    """_skip_label_object for any spelling: whitespace, escapes, names out of order."""
     if i >= n or b[i] != 123:
         return -1, False
     canon = True
@@ -960,20 +1065,6 @@ def _parse_ts_general(b, i, n):  # type: ignore[no-untyped-def]
     return True, -t if neg else t, i
 
 
-@njit(cache=True, inline='always')
-def _parse_sample(b, i, n, t_out, v_out, v_bits, k, fb_idx, fb_s, fb_e, nfb):  # type: ignore[no-untyped-def]
-    """`[ts,"value"]` at i into slot k. Returns (ok, next index, nfb)."""
-    # Fast path: Prometheus's own compact layout.
-    if i + 1 < n and b[i] == 91:
-        ok, t, j = _parse_ts(b, i + 1, n)
-        if ok and j + 2 < n and b[j] == 44 and b[j + 1] == 34:
-            end = _parse_float(b, j + 2, n, v_out, v_bits, k)
-            if end >= 0 and end + 1 < n and b[end] == 34 and b[end + 1] == 93:
-                t_out[k] = t
-                return True, end + 2, nfb
-    return _parse_sample_general(b, i, n, t_out, v_out, v_bits, k, fb_idx, fb_s, fb_e, nfb)
-
-
 # Out-of-line copies for the rarely taken general path (inlining them twice would double
 # the compile time of the series parser).
 @njit(cache=True)
@@ -1023,7 +1114,7 @@ def _parse_sample_general(b, i, n, t_out, v_out, v_bits, k, fb_idx, fb_s, fb_e, 
     return True, i + 1, nfb
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _parse_series_list(b, i, n, is_matrix, met_s, met_e, counts, t_out, v_out, fb_idx, fb_s, fb_e, canon):  # type: ignore[no-untyped-def]
     """The `result` array of a matrix or vector answer.
     Returns (status, n_series, n_samples, n_fallback, unsorted, end); status 0 ok, 1 use
@@ -1034,6 +1125,8 @@ def _parse_series_list(b, i, n, is_matrix, met_s, met_e, counts, t_out, v_out, f
     k = 0
     nfb = 0
     unsorted = False
+    ph = -1  # where the last timestamp whose first 6 digits were parsed starts
+    phi = 0  # and their value
     i = _skip_ws(b, i, n)
     if i >= n or b[i] != 91:
         return 1, 0, 0, 0, False, i
@@ -1090,11 +1183,70 @@ def _parse_series_list(b, i, n, is_matrix, met_s, met_e, counts, t_out, v_out, f
                     while more:
                         if k >= t_out.shape[0]:
                             return 1, ns, k, nfb, unsorted, i
-                        ok, i, nfb = _parse_sample(
-                            b, i, n, t_out, v_out, v_bits, k, fb_idx, fb_s, fb_e, nfb
-                        )
-                        if not ok:
-                            return 1, ns, k, nfb, unsorted, i
+                        # Fast path written out here (Prometheus's compact layout): going
+                        # through an inlined wrapper that also holds the general call
+                        # made the whole loop about twice as slow.
+                        done = False
+                        if i + 16 < n and b[i] == 91:
+                            # A 10-digit timestamp: its first 6 digits usually repeat
+                            # those of the previous sample (independent byte compares
+                            # instead of a serial multiply chain).
+                            s0 = i + 1
+                            if (
+                                ph >= 0
+                                and b[s0] == b[ph]
+                                and b[s0 + 1] == b[ph + 1]
+                                and b[s0 + 2] == b[ph + 2]
+                                and b[s0 + 3] == b[ph + 3]
+                                and b[s0 + 4] == b[ph + 4]
+                                and b[s0 + 5] == b[ph + 5]
+                            ):
+                                hi = phi
+                                ok = True
+                            else:
+                                hi = 0
+                                ok = True
+                                for x in range(6):
+                                    d = np.int64(b[s0 + x]) - 48
+                                    ok = ok and 0 <= d <= 9
+                                    hi = hi * 10 + d
+                                if ok:
+                                    ph = s0
+                                    phi = hi
+                            d1 = np.int64(b[s0 + 6]) - 48
+                            d2 = np.int64(b[s0 + 7]) - 48
+                            d3 = np.int64(b[s0 + 8]) - 48
+                            d4 = np.int64(b[s0 + 9]) - 48
+                            c = b[s0 + 10]
+                            ok = (
+                                ok and 0 <= d1 <= 9 and 0 <= d2 <= 9 and 0 <= d3 <= 9 and 0 <= d4 <= 9
+                                and (c < 48 or c > 57) and c != 101 and c != 69
+                            )
+                            t = (hi * 10000 + d1 * 1000 + d2 * 100 + d3 * 10 + d4) * 1000
+                            j = s0 + 10
+                            if ok and c == 46:
+                                e1 = np.int64(b[s0 + 11]) - 48
+                                e2 = np.int64(b[s0 + 12]) - 48
+                                e3 = np.int64(b[s0 + 13]) - 48
+                                c = b[s0 + 14]
+                                ok = (
+                                    0 <= e1 <= 9 and 0 <= e2 <= 9 and 0 <= e3 <= 9
+                                    and (c < 48 or c > 57) and c != 101 and c != 69
+                                )
+                                t += e1 * 100 + e2 * 10 + e3
+                                j = s0 + 14
+                            if ok and b[j] == 44 and b[j + 1] == 34:
+                                end = _parse_float(b, j + 2, n, v_out, v_bits, k)
+                                if end >= 0 and end + 1 < n and b[end] == 34 and b[end + 1] == 93:
+                                    t_out[k] = t
+                                    i = end + 2
+                                    done = True
+                        if not done:
+                            ok, i, nfb = _parse_sample_general(
+                                b, i, n, t_out, v_out, v_bits, k, fb_idx, fb_s, fb_e, nfb
+                            )
+                            if not ok:
+                                return 1, ns, k, nfb, unsorted, i
                         if k > k0 and t_out[k] <= t_out[k - 1]:
                             unsorted = True
                         k += 1
@@ -1279,7 +1431,7 @@ def _put_small(out, o, x):  # type: ignore[no-untyped-def]
     return o
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _encode_series_block(out, o, lab_buf, lab_s, lab_e, offsets, s0, s1, t_ms, v, tok, is_matrix):  # type: ignore[no-untyped-def]
     """Series s0..s1-1 as Prometheus result elements joined by ','. Integral values
     (|v| < 2**53) are written here; tok is orjson's dump of the other values of
@@ -1347,21 +1499,22 @@ def _encode_series_block(out, o, lab_buf, lab_s, lab_e, offsets, s0, s1, t_ms, v
                 else:
                     o = _put_uint(out, o, ia)
             else:
+                # Copy orjson's token while looking for its end (one pass); its
+                # positional form is Go's, but for a trailing ".0"; rewrite the others.
                 q = p
+                o0 = o
                 has_e = False
-                while tok[q] != 44 and tok[q] != 93:
-                    if tok[q] == 101:
-                        has_e = True
+                c = tok[q]
+                while c != 44 and c != 93:
+                    out[o] = c
+                    o += 1
+                    has_e = has_e or c == 101
                     q += 1
+                    c = tok[q]
                 if x != x or a == np.inf or has_e:
-                    o = _put_value(out, o, x, tok, p, q, dig)
-                else:
-                    # orjson's positional form is Go's, but for a trailing ".0".
-                    for j in range(p, q):
-                        out[o] = tok[j]
-                        o += 1
-                    if q - p >= 2 and tok[q - 1] == 48 and tok[q - 2] == 46:
-                        o -= 2
+                    o = _put_value(out, o0, x, tok, p, q, dig)
+                elif q - p >= 2 and tok[q - 1] == 48 and tok[q - 2] == 46:
+                    o -= 2
                 p = q + 1
             out[o] = 34
             out[o + 1] = 93
@@ -1467,6 +1620,34 @@ class _LabelSets:
 _LABEL_CACHE = _LabelSets()
 
 
+_DECODE_SCRATCH = threading.local()
+
+
+def _decode_scratch(cap_series: int, cap_samples: int) -> tuple[Any, ...]:
+    """Output arrays of the series scanner (met_s, met_e, counts, t, v, fb_idx, fb_s, fb_e),
+    per thread, grown on demand; kept only up to a bounded size."""
+    have = getattr(_DECODE_SCRATCH, "arrays", None)
+    if have is not None and len(have[0]) >= cap_series and len(have[3]) >= cap_samples:
+        return have
+    cs, cv = max(cap_series, 1 << 12), max(cap_samples, 1 << 16)
+    arrays = (
+        np.empty(cs, dtype=np.int64),
+        np.empty(cs, dtype=np.int64),
+        np.empty(cs, dtype=np.int64),
+        np.empty(cv, dtype=np.int64),
+        np.empty(cv, dtype=np.float64),
+        np.empty(cv, dtype=np.int64),
+        np.empty(cv, dtype=np.int64),
+        np.empty(cv, dtype=np.int64),
+    )
+    if cap_samples <= _DECODE_SCRATCH_MAX:
+        _DECODE_SCRATCH.arrays = arrays
+    return arrays
+
+
+_DECODE_SCRATCH_MAX = 4 << 20  # samples: answers up to ~28 MB of JSON
+
+
 def _decode_fast(body: bytes) -> QueryResult:
     buf = np.frombuffer(body, dtype=np.uint8)
     n = len(buf)
@@ -1493,14 +1674,9 @@ def _decode_fast(body: bytes) -> QueryResult:
         # these allocations are never mapped in.
         cap_series = (n - res_start) // 12 + 2
         cap_samples = (n - res_start) // 7 + 2
-        met_s = np.empty(cap_series, dtype=np.int64)
-        met_e = np.empty(cap_series, dtype=np.int64)
-        counts = np.empty(cap_series, dtype=np.int64)
-        t_out = np.empty(cap_samples, dtype=np.int64)
-        v_out = np.empty(cap_samples, dtype=np.float64)
-        fb_idx = np.empty(cap_samples, dtype=np.int64)
-        fb_s = np.empty(cap_samples, dtype=np.int64)
-        fb_e = np.empty(cap_samples, dtype=np.int64)
+        # Per-thread scratch, kept between answers (fresh pages cost as much as parsing);
+        # the results are copied out at their exact size.
+        met_s, met_e, counts, t_out, v_out, fb_idx, fb_s, fb_e = _decode_scratch(cap_series, cap_samples)
         canon = np.ones(1, dtype=np.uint8)
         code, ns, nk, nfb, unsorted, res_end = _parse_series_list(
             buf, res_start, n, rtype == "matrix", met_s, met_e, counts, t_out, v_out, fb_idx, fb_s, fb_e, canon
@@ -1533,16 +1709,18 @@ def _decode_fast(body: bytes) -> QueryResult:
     if parsed is None:
         return _small_result(rtype, orjson.loads(body[res_start:res_end]), warnings, infos)
     ns, nk, nfb, met_s, met_e, counts, t_out, v_out, fb_idx, fb_s, fb_e, canonical = parsed
-    t = t_out[:nk]
-    v = v_out[:nk]
+    t = t_out[:nk].copy()
+    v = v_out[:nk].copy()
     for k, a, b in zip(fb_idx[:nfb].tolist(), fb_s[:nfb].tolist(), fb_e[:nfb].tolist()):
         v[k] = _py_float(body[a:b])
     # The scanner checked every metric is a flat object of strings: look the label sets
     # up by their JSON (series recur from piece to piece and refresh to refresh), parse
     # the others with one orjson call.
-    mv = memoryview(body)
-    starts, ends = met_s[:ns], met_e[:ns]
-    spans = [bytes(mv[a:b]) if a >= 0 else b"{}" for a, b in zip(starts.tolist(), ends.tolist())]
+    starts = met_s[:ns].tolist()
+    ends = met_e[:ns].tolist()
+    spans = [body[a:b] for a, b in zip(starts, ends)]
+    if -1 in starts:  # a series without "metric"
+        spans = [sp if a >= 0 else b"{}" for sp, a in zip(spans, starts)]
     labels = _LABEL_CACHE.lookup(spans)
     offsets = np.zeros(ns + 1, dtype=np.int64)
     np.cumsum(counts[:ns], out=offsets[1:])
@@ -1663,7 +1841,7 @@ def _decode_slow(body: bytes) -> QueryResult:
 # Encoding
 # --------------------------------------------------------------------------------------
 
-_STREAM_BATCH_SAMPLES = 262_144
+_STREAM_BATCH_SAMPLES = 16_384  # ~0.4 MB chunks: bounded memory, no CPU cost measured
 
 
 def encode_prometheus_json(result: QueryResult) -> bytes:

@@ -438,6 +438,32 @@ def test_malformed(body: bytes) -> None:
         decode_prometheus_json(body)
 
 
+def test_timestamps_sharing_digits_with_the_previous_sample() -> None:
+    # The scanner reuses the first 6 digits of the previous 10-digit timestamp: shorter,
+    # longer, fractional and negative neighbours must not confuse it.
+    toks = ["-1700000000.5", "-1", "0", "170000003", "1700000000", "1700000000.250", "1700000000.5",
+            "1700000001.001", "1700009999.999", "1700010000", "1799999999", "1800000000", "9999999999.999",
+            "17000000020", "17000000020.5"]
+    body = (b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{"a":"b"},"values":['
+            + b",".join(b'[%s,"%d"]' % (t.encode(), i) for i, t in enumerate(toks)) + b"]}]}}")
+    r = decode_prometheus_json(body)
+    want = [round(float(t) * 1000) for t in toks]
+    assert r.t_ms.tolist() == want and r.value.tolist() == [float(i) for i in range(len(toks))]
+    assert encode_prometheus_json(r) == ref_encode("matrix", r.to_pylist())
+    vec = (b'{"status":"success","data":{"resultType":"vector","result":['
+           + b",".join(b'{"metric":{"i":"%d"},"value":[%s,"1"]}' % (i, t.encode()) for i, t in enumerate(toks))
+           + b"]}}")
+    assert decode_prometheus_json(vec).t_ms.tolist() == want
+
+
+def test_stream_chunks_bound_memory() -> None:
+    series = [({"i": str(i)}, list(range(0, 40_000, 1000)), [0.5] * 40) for i in range(2000)]
+    r = QueryResult.from_series("matrix", series)
+    chunks = list(iter_prometheus_json(r))
+    assert b"".join(chunks) == encode_prometheus_json(r)
+    assert len(chunks) >= 4 and max(map(len, chunks)) < 2 * ac._STREAM_BATCH_SAMPLES * 40
+
+
 def test_slow_path_timestamps_and_order() -> None:
     # More than 3 decimals, exponents, unsorted samples: exact slow path, sorted output.
     body = (
@@ -479,6 +505,20 @@ def test_ipc_round_trip(compression: Any) -> None:
     assert back.labels == r.labels and back.warnings == ["w"] and back.result_type == "matrix"
     assert np.array_equal(back.offsets, r.offsets) and np.array_equal(back.t_ms, r.t_ms)
     assert same_floats(back.value, r.value)
+
+
+def test_cached_labels_are_not_formatted_again() -> None:
+    d = {"__name__": "up", "a": "<x> \"y\" \u2028", "Z": "é"}
+    r = QueryResult.from_series("matrix", [(d, [1000], [1.0]), ({}, [1000], [2.0])])
+    back = QueryResult.from_ipc_bytes(r.to_ipc_bytes())
+    assert back._label_block is not None and back.labels == r.labels
+    assert back.canonical_keys() == [ac.labels_json(d), b"{}"]
+    assert encode_prometheus_json(back) == encode_prometheus_json(r) == ref_encode("matrix", r.to_pylist())
+    # A table written without the canonical marker (an older cache entry) still decodes.
+    t = r.to_arrow_table()
+    meta = {k: v for k, v in t.schema.metadata.items() if k != b"promaccel.labels_canonical"}
+    old = QueryResult.from_arrow_table(t.replace_schema_metadata(meta))
+    assert old._label_block is None and encode_prometheus_json(old) == encode_prometheus_json(r)
 
 
 def test_arrow_table_schema() -> None:

@@ -414,3 +414,40 @@ def test_passthrough_and_scalars() -> None:
         concat([s, s])
     with pytest.raises(MergeConflict):
         merge([(None, s), (None, s)], MergeRecipe(kind="passthrough"))
+
+
+# Label text that stresses the bytewise sort key: bytes below '"' (space, '!', control
+# characters that JSON escapes), quotes, backslashes, NUL, prefixes of one another.
+_order_text = st.text(alphabet=st.sampled_from([" ", "!", '"', "#", "\\", "\x00", "\x01", "a", "b", "é", "<"]),
+                      max_size=4)
+_order_sets = st.dictionaries(st.sampled_from(["a", "ab", "b", "Z", "__name__", "a_"]), _order_text, max_size=3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_order_sets, max_size=12, unique_by=key), st.booleans())
+def test_label_order_matches_labels_compare(sets: list[dict[str, str]], plain_only: bool) -> None:
+    if plain_only:  # nothing JSON escapes: the compiled sort-key path on its own
+        sets = [{k: v.replace("\\", "/").replace('"', "'") for k, v in d.items()
+                 if not any(c in v for c in "\x00\x01<")} for d in sets]
+        sets = list({key(d): d for d in sets}.values())
+    r = QueryResult.from_series("matrix", [(d, [1], [1.0]) for d in sets])
+    order = merge_mod._order_by_labels(r.canonical_keys(), r.labels)
+    assert [key(r.labels[i]) for i in order] == sorted(key(d) for d in sets)
+
+
+def test_concat_pieces_sharing_their_key_list() -> None:
+    # Time pieces of one series list (same keys object, or equal keys): one key map.
+    sets = [{"h": f"n{i}", "m": "x y"} for i in range(5)]
+    a = to_qr("matrix", [(d, {1: 1.0}) for d in sets])
+    b = to_qr("matrix", [(d, {2: 2.0}) for d in sets])
+    b.set_canonical_keys(list(a.canonical_keys()))
+    c = to_qr("matrix", [(d, {3: 3.0}) for d in sets[1:]])
+    got = concat([a, b, c]).to_pylist()
+    assert got == [(d, [1, 2, 3] if i else [1, 2], [1.0, 2.0, 3.0] if i else [1.0, 2.0]) for i, d in enumerate(sets)]
+
+
+def test_concat_series_repeated_inside_a_piece() -> None:
+    a = QueryResult.from_series("matrix", [({"h": "b"}, [1], [1.0]), ({"h": "a"}, [1], [2.0]), ({"h": "b"}, [2], [3.0])])
+    b = to_qr("matrix", [({"h": "c"}, {1: 4.0})])
+    got = concat([a, b]).to_pylist()
+    assert got == [({"h": "a"}, [1], [2.0]), ({"h": "b"}, [1, 2], [1.0, 3.0]), ({"h": "c"}, [1], [4.0])]
