@@ -14,7 +14,7 @@ setup: system-deps $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,bench]'
 	touch $@
 
 system-deps:
@@ -35,7 +35,6 @@ demo: setup
 	$(BIN)/python -m loadtests.demo
 
 bench: setup
-	$(BIN)/pip install -q -e '.[test,bench]'
 	$(BIN)/python -m loadtests.bench $(BENCH_ARGS)
 
 clean:

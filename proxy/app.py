@@ -6,7 +6,9 @@ they never talk to a backend themselves except to relay the metadata endpoints.
 
 from __future__ import annotations
 
+import hmac
 import logging
+import os
 import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -26,8 +28,10 @@ from .errors import PromError
 from .execute import Executor
 from .forms import first_values, read_pairs
 from .metrics import METRICS
-from .params import parse_instant, parse_range
+from .params import parse_instant, parse_range, parse_time_ms
+from shardplanner.ast import Selector
 from shardplanner.plan import QueryRequest
+from shardplanner.promql import CannotParse, parse
 
 log = logging.getLogger("promaccel")
 access_log = logging.getLogger("promaccel.access")
@@ -90,6 +94,7 @@ _KNOWN = {
     "/api/v1/query", "/api/v1/query_range", "/api/v1/series", "/api/v1/labels", "/api/v1/metadata",
     "/api/v1/query_exemplars", "/api/v1/format_query", "/api/v1/rules", "/api/v1/alerts",
     "/api/v1/explain", "/-/healthy", "/-/ready", "/metrics", "/api/v1/status/buildinfo",
+    "/api/v1/admin/cache/invalidate", "/api/v1/admin/cache/generation", "/api/v1/admin/cache/stats",
 }
 
 
@@ -111,6 +116,7 @@ def create_app(config: Config) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await executor.start()
         try:
             yield
         finally:
@@ -159,8 +165,70 @@ def create_app(config: Config) -> FastAPI:
         else:
             ip = parse_instant(form, now_ms=int(time.time() * 1000))
             req = QueryRequest(query=ip.query, time_ms=ip.time_ms)
-        data = await executor.explain(req)
+        data = await executor.explain(req, request.headers, pairs)
         return Response(orjson.dumps({"status": "success", "data": data}), media_type=JSON)
+
+    # --- cache administration (token required) ---------------------------------------
+    admin_token = config.cache.admin_token or os.environ.get("PROMACCEL_ADMIN_TOKEN") or None
+
+    def check_admin(request: Request) -> None:
+        if not admin_token:
+            raise PromError("forbidden", "admin endpoints disabled: set cache.admin_token or "
+                            "PROMACCEL_ADMIN_TOKEN", status=403)
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise PromError("unauthorized", "admin endpoints need 'Authorization: Bearer <token>'", status=401)
+        if not hmac.compare_digest(token.strip().encode(), admin_token.encode()):
+            raise PromError("forbidden", "wrong admin token", status=403)
+
+    def admin_time(form: dict[str, str], name: str) -> int | None:
+        text = form.get(name, "")
+        if not text:
+            return None
+        try:
+            return parse_time_ms(text)
+        except ValueError as exc:
+            raise PromError("bad_data", f'invalid parameter "{name}": {exc}') from None
+
+    @route("/api/v1/admin/cache/invalidate", ("POST",))
+    async def cache_invalidate(request: Request) -> Response:
+        check_admin(request)
+        pairs = await read_pairs(request, max_body)
+        matches = [v for k, v in pairs if k == "match[]"]
+        if not matches:
+            raise PromError("bad_data", "no match[] parameter provided (match[]={__name__=~\".+\"} drops "
+                            "everything; so does POST /api/v1/admin/cache/generation)")
+        names: set[str] | None = set()
+        for m in matches:
+            try:
+                node = parse(m)
+            except CannotParse as exc:
+                raise PromError("bad_data", f'invalid parameter "match[]": {exc}') from None
+            if not isinstance(node, Selector):
+                raise PromError("bad_data", f'invalid parameter "match[]": {m!r} is not a series selector')
+            if node.metric_name is None:
+                names = None  # no plain metric name: every metric
+            elif names is not None:
+                names.add(node.metric_name)
+        form = first_values(pairs)
+        start_ms, end_ms = admin_time(form, "start"), admin_time(form, "end")
+        if start_ms is not None and end_ms is not None and end_ms < start_ms:
+            raise PromError("bad_data", "end timestamp must not be before start time")
+        dropped = await executor.invalidate(None if names is None else sorted(names), start_ms, end_ms)
+        return Response(orjson.dumps({"status": "success", "data": {
+            "dropped": dropped, "metrics": None if names is None else sorted(names),
+            "start_ms": start_ms, "end_ms": end_ms}}), media_type=JSON)
+
+    @route("/api/v1/admin/cache/generation", ("POST",))
+    async def cache_generation(request: Request) -> Response:
+        check_admin(request)
+        generation = await executor.bump_generation()
+        return Response(orjson.dumps({"status": "success", "data": {"generation": generation}}), media_type=JSON)
+
+    @route("/api/v1/admin/cache/stats", ("GET",))
+    async def cache_stats(request: Request) -> Response:
+        check_admin(request)
+        return Response(orjson.dumps({"status": "success", "data": executor.cache_stats()}), media_type=JSON)
 
     async def relay(request: Request, path: str) -> Response:
         pairs = await read_pairs(request, max_body)
@@ -242,6 +310,7 @@ def create_app(config: Config) -> FastAPI:
         log.exception("internal error on %s", request.url.path)
         return _error(PromError("internal", f"internal error in promaccel: {type(exc).__name__}"))
 
-    app.add_middleware(GZipMiddleware, minimum_size=1024)
+    # Level 1: level 9 (the default) cost ~35 ms per 340 KB answer against ~4 ms, for 12% fewer bytes.
+    app.add_middleware(GZipMiddleware, minimum_size=1024, compresslevel=1)
     app.add_middleware(AccessLog)
     return app

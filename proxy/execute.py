@@ -1,26 +1,62 @@
-"""Query execution: plan, fan out, merge, answer.
+"""Query execution: plan, look up cached pieces, fan out the rest, merge, answer.
 
-    request -> planner (pure) -> fetch groups (coalesced pieces, per-backend semaphore,
-    one deadline) -> decode (Arrow/numpy) -> merge -> encode Prometheus JSON
+    request -> planner (pure) -> cache lookup (one get_many for all pieces) -> fetch groups
+    of the missing pieces (coalesced, single-flight, per-backend semaphore, one deadline)
+    -> decode (Arrow/numpy) -> cut into cache units, store them in the background
+    -> merge (cached + fresh pieces, one deterministic order) -> encode Prometheus JSON
 
 - When the planner leaves a query whole, the client's parameters go to the backend
-  unchanged and its answer (status and bytes) is relayed untouched.
-- Fetch granularity is not plan granularity: contiguous time pieces of the same shard and
-  role are coalesced into about as many backend calls as the backend runs well in parallel
-  (`backends[].max_parallel`), because every call pays a fixed cost (series lookup). A
-  coalesced call covers exactly the union of its pieces' grid points, so the merge is
-  unchanged.
+  unchanged and its answer (status and bytes) is relayed untouched; a cached copy of it is
+  re-encoded (byte for byte what Prometheus writes).
+- Fetch granularity is not plan granularity: contiguous missing time pieces of the same
+  shard and role are coalesced into about as many backend calls as the backend runs well in
+  parallel (`backends[].max_parallel`), because every call pays a fixed cost (series
+  lookup), and never more than `limits.max_points` steps per call. A fetched answer is cut
+  back into its pieces by timestamp (`proxy/pieces.py`), exact on the step grid.
 - A piece that fails makes the whole answer fail (siblings cancelled): the backend's own
   error is relayed, or promaccel's timeout/unavailable error; never a partial answer.
+
+Caching (issue 5; the store is `proxy/cache.py`):
+- Unit of caching: a *cell* -- the grid points of the query's step grid (same step, same
+  `start mod step`) inside one epoch-aligned split interval -- or, where a piece is not
+  inside one cell (no split, a coarsened split, an instant piece), exactly the piece. Key:
+  `CacheKey.for_piece` of the cell (or piece): piece PromQL (shard matcher and pinned `@`
+  included), start/end/step, step offset, shard, lookback, route (backend name and URL, plus
+  any extra client parameter other than `timeout`) and the tenant scope (a slow salted hash
+  of the client's Authorization / X-Scope-OrgID headers; the raw header is never stored).
+- The edge pieces of a sliding window cover only part of a cell. A partial piece looks up
+  its cell (cropped to the piece on a hit) and its own exact range. When missing, a partial
+  piece of an *old* cell (all it reads is older than `cache.max_freshness`) of a query that
+  spans several cells is fetched for the whole cell (`cache.extend_partial`), so the next
+  refresh of the window finds it; a recent partial piece is fetched exactly.
+- What is stored: units whose answer carries no warning, whose call succeeded, with
+  `ttl_for(end of the data the unit reads, now)`: the long `cache.ttl` for old data,
+  `cache.recent_ttl` (default 0: not stored) inside the freshness window. "The data it
+  reads" comes from `proxy/footprint.py` (ranges, lookback, offsets -- negative too -- and
+  pinned `@`), so instant queries are cached too when everything they read is old.
+- Puts run in the background (bounded by `cache.max_pending_puts`, tasks referenced).
+  Until a put has landed (plus a short grace) its units are served from an in-process
+  landing zone, so a refresh arriving meanwhile does not fetch them again.
+- Request coalescing, three layers, so N clients refreshing one dashboard cost one client's
+  backend calls: a unit some other request is fetching right now is awaited from that call
+  (`_inflight`, keyed by the unit's cache key); identical backend calls (same path, form and
+  tenant) share one call (`SingleFlight`); and a call over old data that finished moments
+  ago answers an identical call for a few seconds (`_recent_calls`), which closes the gap
+  between a request's lookup and its own call.
+- Warnings, failures, timeouts: a unit whose answer carries a warning is never stored, nor
+  one from a call that failed (the store's put is never reached); the store itself never
+  raises, so a Redis outage costs hits, never answers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import hashlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from starlette.responses import Response
@@ -31,15 +67,22 @@ from shardplanner.planner import plan as make_plan
 
 from .arrowcodec import CodecError, QueryResult, Undecodable, decode_prometheus_json, encode_arrow_stream, encode_prometheus_json
 from .backend import Backend, BackendReply
+from .cache import CacheItem, CacheKey, PieceMeta, PieceStore, make_store, ttl_for, wall_ms
 from .config import Config
 from .errors import PromError
+from .footprint import Footprint, digest_query, footprint
 from .forms import Pairs
 from .merge import merge
 from .metrics import METRICS
 from .params import InstantParams, RangeParams
+from .pieces import slice_time, split_time
+from .revalidate import Revalidator
+from .singleflight import SingleFlight
 from .ties import topk_ambiguous
 
 log = logging.getLogger("promaccel.execute")
+# One DEBUG line per backend call (path, time range, units): which pieces were asked for.
+fetch_log = logging.getLogger("promaccel.fetch")
 
 JSON = "application/json"
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
@@ -47,6 +90,16 @@ ARROW_STREAM = "application/vnd.apache.arrow.stream"
 PLANNED_PARAMS = frozenset({"query", "start", "end", "step", "time"})
 # Parameters whose effect on the answer the merge cannot reproduce: forward those whole.
 UNMERGEABLE_PARAMS = frozenset({"stats"})
+# Passed-along parameters that never change an answer: not part of a cache key.
+UNKEYED_PARAMS = frozenset({"timeout"})
+# How long fetched units stay in the landing zone after their put finished.
+LANDING_GRACE_S = 2.0
+# How long a finished backend call over old data answers identical calls: closes the gap
+# between a request's cache lookup and its own call, when an identical call finished in
+# between (its put may not have landed yet).
+RECENT_CALL_S = 5.0
+# Client headers that scope what a caller may see (their hash is part of every key).
+SCOPE_HEADERS = ("authorization", "x-scope-orgid")
 
 
 def relay(reply: BackendReply, headers: dict[str, str] | None = None) -> Response:
@@ -64,9 +117,34 @@ def _seconds(ms: int) -> str:
     return f"{sign}{whole}.{frac:03d}" if frac else f"{sign}{whole}"
 
 
+@functools.lru_cache(maxsize=4096)
+def _scope_hash(material: bytes) -> str:
+    # Slow and salted: the hash lands in Redis (inside every key's canonical form), and a
+    # Basic-auth header must not be recoverable from it by brute force.
+    return hashlib.pbkdf2_hmac("sha256", material, b"promaccel-tenant-scope-v1", 20_000).hex()[:32]
+
+
+def tenant_scope(headers: Mapping[str, str]) -> str:
+    """The tenant/auth scope of a request: "" without scope headers, else a hash of them."""
+    parts = [f"{h}\0{headers.get(h)}" for h in SCOPE_HEADERS if headers.get(h)]
+    if not parts:
+        return ""
+    return "t1:" + _scope_hash("\0\0".join(parts).encode("utf-8", "surrogateescape"))
+
+
+def cell_of(start_ms: int, step_ms: int, interval_ms: int) -> tuple[int, int]:
+    """First and last point of `start_ms`'s step grid inside the epoch-aligned interval of
+    length `interval_ms` that holds `start_ms` (the grid extends before `start_ms`)."""
+    lo = (start_ms // interval_ms) * interval_ms
+    first = lo + (start_ms - lo) % step_ms
+    last = first + ((lo + interval_ms - 1 - first) // step_ms) * step_ms
+    return first, last
+
+
 @dataclass(frozen=True)
-class Fetch:
-    """One backend call covering one or more contiguous pieces of the same query."""
+class Unit:
+    """What one cache entry holds and one fetch covers at least: a cell or a whole piece.
+    `key` None: not cacheable. `ttl_ms` None or 0: not stored (recent data)."""
 
     query: str
     role: str | None
@@ -75,6 +153,56 @@ class Fetch:
     end_ms: int | None
     step_ms: int | None
     time_ms: int | None
+    key: CacheKey | None = None
+    ttl_ms: int | None = None
+    footprint: Footprint | None = None
+
+    @property
+    def is_range(self) -> bool:
+        return self.step_ms is not None
+
+    @property
+    def storable(self) -> bool:
+        return self.key is not None and bool(self.ttl_ms)
+
+
+@dataclass(eq=False)
+class Slot:
+    """One planned piece on its way through the cache: the unit fetched for it when it is
+    missing, the keys that can answer it (best first), and its answer once known."""
+
+    piece: Piece
+    unit: Unit
+    keys: tuple[CacheKey, ...] = ()
+    result: QueryResult | None = None
+    status: str = "uncacheable"  # hit | miss | uncacheable
+
+    @property
+    def order(self) -> tuple[int, str, int]:
+        p = self.piece
+        return (p.shard.index if p.shard else -1, p.role or "", p.start_ms or p.time_ms or 0)
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """One backend call covering one or more contiguous units of the same query."""
+
+    query: str
+    role: str | None
+    shard_index: int
+    start_ms: int | None
+    end_ms: int | None
+    step_ms: int | None
+    time_ms: int | None
+    units: tuple[Unit, ...] = field(default=(), compare=False)
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    tenant: str
+    route: tuple[str, ...]
+    now_ms: int
+    lookback_ms: int
 
 
 class AmbiguousTies(Exception):
@@ -89,33 +217,42 @@ class PieceFailed(Exception):
         self.reply = reply
 
 
-def coalesce(pieces: Sequence[Piece], target_calls: int) -> list[Fetch]:
-    """Group contiguous time pieces (same query, shard, role) into about `target_calls`
-    fetches in all; instant pieces are fetched one by one."""
-    groups: dict[tuple[str, str | None, int], list[Piece]] = {}
-    singles: list[Fetch] = []
-    for p in pieces:
-        shard_index = p.shard.index if p.shard else -1
-        if not p.is_range:
-            singles.append(Fetch(p.query, p.role, shard_index, None, None, None, p.time_ms))
+def _bare_unit(p: Piece) -> Unit:
+    return Unit(p.query, p.role, p.shard.index if p.shard else -1, p.start_ms, p.end_ms, p.step_ms, p.time_ms)
+
+
+def coalesce(pieces: Sequence[Piece], target_calls: int, max_points: int = 11_000) -> list[Fetch]:
+    """Fetches for `pieces` (no cache): see `coalesce_units`."""
+    return coalesce_units([_bare_unit(p) for p in pieces], target_calls, max_points)
+
+
+def coalesce_units(units: Sequence[Unit], target_calls: int, max_points: int = 11_000) -> list[Fetch]:
+    """Group contiguous range units (same query, shard, role and grid) into about
+    `target_calls` fetches in all, none longer than `max_points` steps; instant units are
+    fetched one by one."""
+    groups: dict[tuple[str, str | None, int, int], list[Unit]] = {}
+    fetches: list[Fetch] = []
+    for u in units:
+        if not u.is_range:
+            fetches.append(Fetch(u.query, u.role, u.shard_index, None, None, None, u.time_ms, (u,)))
             continue
-        groups.setdefault((p.query, p.role, shard_index), []).append(p)
-    fetches: list[Fetch] = list(singles)
+        assert u.step_ms is not None
+        groups.setdefault((u.query, u.role, u.shard_index, u.step_ms), []).append(u)
     if not groups:
         return fetches
     per_group = max(1, target_calls // len(groups))
-    for (query, role, shard_index), members in groups.items():
-        members.sort(key=lambda p: p.start_ms or 0)
+    for (query, role, shard_index, step), members in groups.items():
+        members.sort(key=lambda u: u.start_ms or 0)
         # Contiguous runs on the same grid only.
-        runs: list[list[Piece]] = []
-        for p in members:
+        runs: list[list[Unit]] = []
+        for u in members:
             if runs:
                 last = runs[-1][-1]
-                assert last.end_ms is not None and last.step_ms is not None
-                if p.step_ms == last.step_ms and p.start_ms == last.end_ms + last.step_ms:
-                    runs[-1].append(p)
+                assert last.end_ms is not None
+                if u.start_ms == last.end_ms + step:
+                    runs[-1].append(u)
                     continue
-            runs.append([p])
+            runs.append([u])
         # Spread the group's call budget over its runs, splitting runs evenly.
         budget = max(per_group, len(runs))
         total = sum(len(r) for r in runs)
@@ -123,10 +260,24 @@ def coalesce(pieces: Sequence[Piece], target_calls: int) -> list[Fetch]:
             n_calls = max(1, min(len(run), round(budget * len(run) / total)))
             size = -(-len(run) // n_calls)
             for i in range(0, len(run), size):
-                chunk = run[i:i + size]
-                fetches.append(Fetch(query, role, shard_index, chunk[0].start_ms, chunk[-1].end_ms,
-                                     chunk[0].step_ms, None))
+                for chunk in _within_points(run[i:i + size], step, max_points):
+                    fetches.append(Fetch(query, role, shard_index, chunk[0].start_ms, chunk[-1].end_ms,
+                                         step, None, tuple(chunk)))
     return fetches
+
+
+def _within_points(chunk: list[Unit], step: int, max_points: int) -> list[list[Unit]]:
+    """`chunk` cut so that no call asks for more than `max_points` steps (Prometheus
+    rejects (end - start) / step > 11,000); a single unit is never cut."""
+    out: list[list[Unit]] = [[]]
+    for u in chunk:
+        cur = out[-1]
+        assert u.start_ms is not None and u.end_ms is not None
+        if cur and cur[0].start_ms is not None and (u.end_ms - cur[0].start_ms) // step > max_points - 1:
+            out.append([u])
+        else:
+            cur.append(u)
+    return out
 
 
 class ShardValues:
@@ -175,19 +326,67 @@ class Executor:
         self.backends = backends
         self.primary = backends[0]
         self._ready_cache: dict[str, tuple[float, bool]] = {}
-        pc = config.planner
+        pc, cc = config.planner, config.cache
         shards = pc.shards if isinstance(pc.shards, int) else 8
+        split = pc.split_interval
+        if "split_interval" not in pc.model_fields_set and cc.enabled:
+            # The cache only helps a range query that is cut on epoch-aligned boundaries.
+            split = cc.split_interval
         self.settings = PlannerSettings(
-            split_interval_ms=pc.split_interval,
+            split_interval_ms=split,
             shards=shards,
             shard_labels=tuple(pc.shard_labels.items()),
             min_range_to_split_ms=pc.min_range_to_split,
             max_pieces=pc.max_pieces,
         )
         self.shard_values = ShardValues(self.primary, pc.shard_values_ttl)
+        self.flight: SingleFlight[tuple[Any, ...], Any] = SingleFlight("backend")
+        self._store: PieceStore | None = None
+        self.revalidator: Revalidator | None = None
+        # Units fetched whose put has not landed yet: digest -> (answer, fetched_at_ms).
+        self._landing: dict[str, tuple[QueryResult, int]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._invalidated_at_ms = 0
+        # Units being fetched right now: digest -> their answer, once the call returns.
+        self._inflight: dict[str, asyncio.Future[QueryResult]] = {}
+        # Finished backend calls over old data: flight key -> (answer, fetched_at_ms, expiry).
+        self._recent_calls: dict[tuple[Any, ...], tuple[Any, int, float]] = {}
+
+    @property
+    def cache_enabled(self) -> bool:
+        return self.config.cache.enabled
+
+    def store(self) -> PieceStore:
+        if self._store is None:
+            self._store = make_store(self.config.cache)
+        return self._store
+
+    async def start(self) -> None:
+        """Create the store and start background revalidation (inside the event loop)."""
+        cc = self.config.cache
+        if not cc.enabled:
+            return
+        self.store()
+        if cc.revalidate_interval > 0 and self.revalidator is None:
+            self.revalidator = Revalidator(
+                self.primary, self._invalidate_from_revalidation,
+                interval_ms=cc.revalidate_interval, max_age_ms=cc.revalidate_max_age,
+                max_entries=cc.revalidate_max_entries,
+            )
+            self.revalidator.start()
 
     async def aclose(self) -> None:
-        return None
+        if self.revalidator is not None:
+            await self.revalidator.aclose()
+        self.flight.cancel_all()
+        pending = [t for t in self._tasks if not t.done()]
+        if pending:
+            # Let puts in flight finish briefly: a shutdown should not waste fetched pieces.
+            await asyncio.wait(pending, timeout=2.0)
+            for t in pending:
+                t.cancel()
+        if self._store is not None:
+            await self._store.aclose()
 
     def _timeout_s(self, timeout_ms: int | None) -> float:
         limit = self.config.limits.query_timeout
@@ -213,6 +412,208 @@ class Executor:
         return piece.query == plan.request.query and piece.start_ms == plan.request.start_ms \
             and piece.end_ms == plan.request.end_ms and piece.time_ms == plan.request.time_ms
 
+    # --- cache units ----------------------------------------------------------------------
+
+    def _context(self, req: QueryRequest, pairs: Pairs, headers: Mapping[str, str]) -> _Ctx:
+        extras = sorted((k, v) for k, v in pairs if k not in PLANNED_PARAMS and k not in UNKEYED_PARAMS)
+        route = (f"{self.primary.name}={self.primary.cfg.url}", *(f"{k}={v}" for k, v in extras))
+        return _Ctx(tenant_scope(headers), route, wall_ms(), req.lookback_ms)
+
+    def _unit(self, p: Piece, start_ms: int | None, end_ms: int | None, ctx: _Ctx) -> Unit:
+        bare = Unit(p.query, p.role, p.shard.index if p.shard else -1, start_ms, end_ms, p.step_ms, p.time_ms)
+        if p.is_range:
+            assert start_ms is not None and end_ms is not None
+            lo, hi = start_ms, end_ms
+        else:
+            assert p.time_ms is not None
+            lo = hi = p.time_ms
+        fp = footprint(p.query, lo, hi, lookback_ms=ctx.lookback_ms)
+        if fp is None:
+            return bare
+        piece = replace(p, start_ms=start_ms, end_ms=end_ms) if p.is_range else p
+        key = CacheKey.for_piece(piece, lookback_ms=ctx.lookback_ms, route=ctx.route, tenant=ctx.tenant)
+        return replace(bare, key=key, ttl_ms=ttl_for(fp.end_ms, ctx.now_ms, self.config.cache), footprint=fp)
+
+    def _slots(self, plan: Plan, ctx: _Ctx | None) -> list[Slot]:
+        """One slot per planned piece, with its cache unit and lookup keys (none when the
+        cache is off or the piece is not cacheable)."""
+        if ctx is None:
+            return [Slot(p, _bare_unit(p)) for p in plan.pieces]
+        cc = self.config.cache
+        interval = self.settings.split_interval_ms
+        slots: list[Slot] = []
+        for p in plan.pieces:
+            exact = self._unit(p, p.start_ms, p.end_ms, ctx)
+            cell = None
+            if p.is_range and interval:
+                assert p.start_ms is not None and p.end_ms is not None and p.step_ms is not None
+                cell = cell_of(p.start_ms, p.step_ms, interval)
+                if p.end_ms > cell[1]:
+                    cell = None  # a coarsened piece: cached as itself
+            if cell is None or cell == (p.start_ms, p.end_ms):
+                slots.append(Slot(p, exact, (exact.key,) if exact.storable and exact.key else ()))
+                continue
+            whole = self._unit(p, cell[0], cell[1], ctx)
+            keys = tuple(u.key for u in (whole, exact) if u.storable and u.key)
+            old = whole.footprint is not None and whole.footprint.end_ms <= ctx.now_ms - cc.max_freshness
+            # Never extend past what one backend call may ask for (Prometheus: 11,000 steps).
+            small = (cell[1] - cell[0]) // (p.step_ms or 1) <= self.config.limits.max_points - 1
+            extend = whole.storable and old and small and cc.extend_partial and plan.time_split
+            slots.append(Slot(p, whole if extend else exact, keys))
+        return slots
+
+    async def _lookup(self, slots: Sequence[Slot]) -> None:
+        """Fill the slots that the landing zone or the store can answer (one get_many)."""
+        wanted: dict[str, CacheKey] = {}
+        for s in slots:
+            if s.keys:
+                s.status = "miss"
+                for k in s.keys:
+                    wanted.setdefault(k.digest, k)
+        if not wanted:
+            return
+        found: dict[str, QueryResult] = {}
+        for digest in wanted:
+            landed = self._landed(digest)
+            if landed is not None:
+                found[digest] = landed
+        rest = [k for d, k in wanted.items() if d not in found]
+        if rest:
+            payloads = await self.store().get_many(rest)
+            for k, payload in zip(rest, payloads):
+                if payload is None:
+                    continue
+                try:
+                    found[k.digest] = QueryResult.from_ipc_bytes(payload)
+                except Exception as exc:  # noqa: BLE001 -- an undecodable entry is a miss
+                    METRICS.cache_errors.labels("decode").inc()
+                    log.warning("cached piece %s does not decode (%s): treated as a miss", k.digest[:16], exc)
+        for s in slots:
+            for k in s.keys:
+                r = found.get(k.digest)
+                if r is None:
+                    continue
+                p = s.piece
+                if p.is_range:
+                    if r.result_type != "matrix":
+                        continue
+                    assert p.start_ms is not None and p.end_ms is not None
+                    if (k.start_ms, k.end_ms) != (p.start_ms, p.end_ms):
+                        r = slice_time(r, p.start_ms, p.end_ms)
+                s.result, s.status = r, "hit"
+                break
+
+    def _landed(self, digest: str | None) -> QueryResult | None:
+        """A unit fetched by this process whose put has not landed yet (or just did)."""
+        landed = self._landing.get(digest) if digest is not None else None
+        if landed is None or landed[1] < self._invalidated_at_ms:
+            return None
+        return landed[0]
+
+    def _count(self, slots: Sequence[Slot]) -> str:
+        """X-Cache value for an answer; counts the query in promaccel_cache_lookups_total."""
+        keyed = sum(1 for s in slots if s.keys)
+        hits = sum(1 for s in slots if s.status == "hit")
+        status = "HIT" if slots and hits == len(slots) else "PARTIAL" if hits else "MISS"
+        if keyed:
+            METRICS.cache.labels(status.lower()).inc()
+        return status
+
+    # --- storing --------------------------------------------------------------------------
+
+    def _spawn(self, coro: Any) -> bool:
+        """Run `coro` in the background (referenced, bounded); False if too many are pending."""
+        if len(self._tasks) >= self.config.cache.max_pending_puts:
+            coro.close()
+            return False
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return True
+
+    def _keep(self, units: Sequence[Unit], results: Sequence[QueryResult], fetched_at_ms: int,
+              baselines: Mapping[tuple[str, int], bytes]) -> None:
+        """Land fetched units and store them in the background."""
+        if fetched_at_ms < self._invalidated_at_ms:
+            return  # fetched before an invalidation through this process
+        entries: list[tuple[Unit, QueryResult, bytes | None]] = []
+        for u, r in zip(units, results):
+            if not u.storable or u.key is None or u.footprint is None or r.warnings:
+                continue
+            baseline = None
+            if self.revalidator is not None:
+                dq = digest_query(u.footprint)
+                if dq is not None:
+                    baseline = baselines.get((dq, u.footprint.end_ms))
+                    if baseline is None:
+                        continue  # cannot be revalidated: not cached
+            entries.append((u, r, baseline))
+        if not entries:
+            return
+        kind = self.store().kind
+        if not self._spawn(self._put(entries, fetched_at_ms)):
+            METRICS.cache_puts.labels(kind, "dropped").inc(len(entries))
+            return
+        for u, r, _ in entries:
+            assert u.key is not None
+            self._landing[u.key.digest] = (r, fetched_at_ms)
+
+    async def _put(self, entries: list[tuple[Unit, QueryResult, bytes | None]], fetched_at_ms: int) -> None:
+        try:
+            items = await asyncio.to_thread(_encode_items, entries, fetched_at_ms)
+            await self.store().put_many(items)
+            if self.revalidator is not None:
+                for u, _, baseline in entries:
+                    fp = u.footprint
+                    assert fp is not None
+                    dq = digest_query(fp)
+                    if baseline is not None and dq is not None:
+                        self.revalidator.record(dq, fp.end_ms, baseline, fp.metrics, fp.start_ms, fp.end_ms)
+        except Exception:  # noqa: BLE001 -- the cache never fails a query
+            METRICS.cache_errors.labels("put").inc()
+            log.exception("storing fetched pieces failed")
+        finally:
+            landed = [(u.key.digest, r) for u, r, _ in entries if u.key is not None]
+            asyncio.get_running_loop().call_later(LANDING_GRACE_S, self._unland, landed)
+
+    def _unland(self, landed: list[tuple[str, QueryResult]]) -> None:
+        for digest, r in landed:
+            entry = self._landing.get(digest)
+            if entry is not None and entry[0] is r:
+                del self._landing[digest]
+
+    def _recent_call(self, key: tuple[Any, ...]) -> Any:
+        entry = self._recent_calls.get(key)
+        if entry is None:
+            return None
+        if entry[2] < time.monotonic() or entry[1] < self._invalidated_at_ms:
+            del self._recent_calls[key]
+            return None
+        return entry[0]
+
+    def _remember_call(self, key: tuple[Any, ...], answer: Any, fetched_at_ms: int) -> None:
+        now = time.monotonic()
+        if len(self._recent_calls) >= 64:
+            for k in [k for k, e in self._recent_calls.items() if e[2] < now]:
+                del self._recent_calls[k]
+            if len(self._recent_calls) >= 64:
+                return
+        self._recent_calls[key] = (answer, fetched_at_ms, now + RECENT_CALL_S)
+
+    async def _baselines(self, units: Sequence[Unit], timeout_s: float) -> dict[tuple[str, int], bytes]:
+        """Revalidation digests of the storable units, taken before their fetch."""
+        if self.revalidator is None:
+            return {}
+        wanted = []
+        for u in units:
+            if u.storable and u.footprint is not None:
+                dq = digest_query(u.footprint)
+                if dq is not None:
+                    wanted.append((dq, u.footprint.end_ms))
+        if not wanted:
+            return {}
+        return await self.revalidator.baselines(wanted, timeout_s)
+
     # --- endpoints ------------------------------------------------------------------------
 
     async def instant(self, p: InstantParams, pairs: Pairs, headers: Mapping[str, str]) -> Response:
@@ -231,21 +632,20 @@ class Executor:
         METRICS.pieces.observe(len(plan.pieces))
         mode = "sharded" if plan.sharded else ("split" if plan.time_split else "whole")
         METRICS.planned.labels(mode, plan.notes[0][:60] if plan.notes and not plan.sharded else "").inc()
+        unmergeable = any(k in UNMERGEABLE_PARAMS for k, _ in pairs)
+        ctx = self._context(req, pairs, headers) if self.cache_enabled and not unmergeable else None
         if self._forward_whole(plan, pairs) and not want_arrow:
-            reply = await self.primary.request(
-                "POST", path, form=pairs, timeout_s=timeout_s, limited=True, endpoint=path
-            )
-            return relay(reply, {"X-Promaccel-Pieces": "1"})
+            return await self._whole(plan, pairs, path, timeout_s, ctx)
         extra = [(k, v) for k, v in pairs if k not in PLANNED_PARAMS]
         try:
             try:
-                result = await self._execute(plan, extra, timeout_s)
+                result, status = await self._execute(plan, extra, timeout_s, ctx)
             except AmbiguousTies:
                 # Ties at the k-th place: Prometheus's pick depends on its heap over all
                 # series, so run the query unsharded (time pieces are still exact).
                 METRICS.planned.labels("unsharded_rerun", "topk tie at the k-th place").inc()
                 plan = make_plan(plan.request, replace(self.settings, shards=1), {})
-                result = await self._execute(plan, extra, timeout_s)
+                result, status = await self._execute(plan, extra, timeout_s, ctx)
         except PieceFailed as failed:
             return relay(failed.reply, {"X-Promaccel-Pieces": str(len(plan.pieces))})
         except Undecodable:
@@ -254,17 +654,85 @@ class Executor:
                 "POST", path, form=pairs, timeout_s=timeout_s, limited=True, endpoint=path
             )
             return relay(reply, {"X-Promaccel-Pieces": "1"})
-        out_headers = {"X-Promaccel-Pieces": str(len(plan.pieces))}
+        out_headers = {"X-Promaccel-Pieces": str(len(plan.pieces)), "X-Cache": status}
         if want_arrow:
             return Response(encode_arrow_stream(result), media_type=ARROW_STREAM, headers=out_headers)
         return Response(encode_prometheus_json(result), media_type=JSON, headers=out_headers)
 
-    async def _execute(self, plan: Plan, extra: Pairs, timeout_s: float) -> QueryResult:
-        fetches = coalesce(plan.pieces, self.primary.cfg.max_parallel)
+    async def _whole(self, plan: Plan, pairs: Pairs, path: str, timeout_s: float, ctx: _Ctx | None) -> Response:
+        """A query the planner left whole: its cached answer, or the backend's bytes."""
+        slots = self._slots(plan, ctx) if ctx is not None and not any(
+            k in UNMERGEABLE_PARAMS for k, _ in pairs) else []
+        if slots and slots[0].keys:
+            await self._lookup(slots)
+            if slots[0].result is not None:
+                status = self._count(slots)
+                return Response(encode_prometheus_json(slots[0].result), media_type=JSON,
+                                headers={"X-Promaccel-Pieces": "1", "X-Cache": status})
+        unit = slots[0].unit if slots and slots[0].unit.storable else None
+        tenant = ctx.tenant if ctx is not None else ""
+        key = ("whole", path, tuple(pairs), tenant)
+        reply: BackendReply | None = self._recent_call(key) if unit is not None else None
+        if reply is not None:
+            METRICS.coalesced.labels("recent").inc()
+        else:
+            reply = await self.flight.do(key, lambda: self._forward(key, path, pairs, timeout_s, unit))
+        status = self._count(slots)
+        return relay(reply, {"X-Promaccel-Pieces": "1", "X-Cache": status})
+
+    async def _forward(self, key: tuple[Any, ...], path: str, pairs: Pairs, timeout_s: float,
+                       unit: Unit | None) -> BackendReply:
+        baselines = await self._baselines([unit], timeout_s) if unit is not None else {}
+        fetched_at = wall_ms()
+        fetch_log.debug("fetch %s whole", path)
+        reply = await self.primary.request(
+            "POST", path, form=pairs, timeout_s=timeout_s, limited=True, endpoint=path
+        )
+        if unit is not None and reply.ok:
+            self._remember_call(key, reply, fetched_at)
+            self._spawn(self._keep_whole(reply.body, unit, fetched_at, baselines))
+        return reply
+
+    async def _keep_whole(self, body: bytes, unit: Unit, fetched_at_ms: int,
+                          baselines: Mapping[tuple[str, int], bytes]) -> None:
+        # Decoding for the cache happens after the answer was relayed.
+        await asyncio.sleep(0)
+        try:
+            result = decode_prometheus_json(body)
+        except CodecError:
+            return
+        if unit.is_range and result.result_type != "matrix":
+            return
+        self._keep([unit], [result], fetched_at_ms, baselines)
+
+    async def _execute(self, plan: Plan, extra: Pairs, timeout_s: float,
+                       ctx: _Ctx | None) -> tuple[QueryResult, str]:
+        slots = self._slots(plan, ctx)
+        await self._lookup(slots)
+        # Pieces another request is fetching right now: wait for that call instead.
+        waits: list[tuple[Slot, asyncio.Future[QueryResult]]] = []
+        missing: list[Slot] = []
+        for s in slots:
+            if s.result is not None:
+                continue
+            digest = s.unit.key.digest if s.unit.key is not None else None
+            landed = self._landed(digest)
+            if landed is not None:
+                s.result, s.status = _fit(s, landed), "hit"
+            elif digest is not None and digest in self._inflight:
+                waits.append((s, self._inflight[digest]))
+            else:
+                missing.append(s)
+        if waits:
+            METRICS.coalesced.labels("piece").inc(len(waits))
+        slot_of = {s.unit: s for s in missing}
+        fetches = coalesce_units([s.unit for s in missing], self.primary.cfg.max_parallel,
+                                 self.config.limits.max_points)
         try:
             async with asyncio.timeout(timeout_s):
                 async with asyncio.TaskGroup() as tg:
-                    tasks = [tg.create_task(self._fetch(f, extra, timeout_s)) for f in fetches]
+                    tasks = [tg.create_task(self._fetch(f, extra, timeout_s, ctx)) for f in fetches]
+                    shared = [tg.create_task(_wait(fut)) for _, fut in waits]
         except* PieceFailed as group:
             raise _first(group.exceptions) from None
         except* PromError as group:
@@ -275,18 +743,34 @@ class Executor:
             raise PromError(
                 "timeout", f"query timed out after {timeout_s:g}s ({len(fetches)} backend calls)"
             ) from None
-        results = [(f.role, t.result()) for f, t in zip(fetches, tasks)]
+        # Segments to merge: each cached or shared piece, and each fetched answer cut to
+        # its pieces.
+        segments: list[tuple[tuple[int, str, int], int, str | None, QueryResult]] = [
+            (s.order, s.unit.shard_index, s.piece.role, s.result) for s in slots if s.result is not None
+        ]
+        for (s, _), t in zip(waits, shared):
+            segments.append((s.order, s.unit.shard_index, s.piece.role, _fit(s, t.result())))
+        for f, t in zip(fetches, tasks):
+            result = t.result()
+            covered = [slot_of[u] for u in f.units]
+            first = min(covered, key=lambda s: s.order)
+            if f.step_ms is not None:
+                lo = min(s.piece.start_ms or 0 for s in covered)
+                hi = max(s.piece.end_ms or 0 for s in covered)
+                if (f.start_ms, f.end_ms) != (lo, hi):
+                    result = slice_time(result, lo, hi)
+            segments.append((first.order, f.shard_index, f.role, result))
+        segments.sort(key=lambda seg: seg[0])
         if plan.sharded and plan.merge.op in ("topk", "bottomk") and topk_ambiguous(
-            [(f.shard_index, r) for f, (_, r) in zip(fetches, results)], plan.merge
+            [(shard, r) for _, shard, _, r in segments], plan.merge
         ):
             raise AmbiguousTies()
+        status = self._count(slots)
         # Deterministic merge order: shard index, then role, then time.
-        order = sorted(range(len(fetches)), key=lambda i: (
-            fetches[i].shard_index, fetches[i].role or "", fetches[i].start_ms or fetches[i].time_ms or 0))
-        time_ms = plan.request.time_ms
-        return merge([results[i] for i in order], plan.merge, time_ms=time_ms)
+        merged = merge([(role, r) for _, _, role, r in segments], plan.merge, time_ms=plan.request.time_ms)
+        return merged, status
 
-    async def _fetch(self, f: Fetch, extra: Pairs, timeout_s: float) -> QueryResult:
+    async def _fetch(self, f: Fetch, extra: Pairs, timeout_s: float, ctx: _Ctx | None) -> QueryResult:
         if f.step_ms is not None:
             assert f.start_ms is not None and f.end_ms is not None
             path = "/api/v1/query_range"
@@ -296,24 +780,165 @@ class Executor:
             assert f.time_ms is not None
             path = "/api/v1/query"
             form = [("query", f.query), ("time", _seconds(f.time_ms)), *extra]
+        tenant = ctx.tenant if ctx is not None else ""
+        key = ("piece", path, tuple(form), tenant)
+        recent = self._recent_call(key)
+        if recent is not None:
+            METRICS.coalesced.labels("recent").inc()
+            result, fetched_at, baselines = recent
+            # Its units may have left the landing zone without reaching the store (a
+            # corrupt entry was deleted since): store them again.
+            unlanded = [u for u in f.units if u.storable and u.key is not None
+                        and u.key.digest not in self._landing]
+            if unlanded:
+                self._store_fetch(f, unlanded, result, fetched_at, baselines)
+            return result  # type: ignore[no-any-return]
+        return await self.flight.do(  # type: ignore[no-any-return]
+            key, lambda: self._fetch_now(key, f, path, form, timeout_s)
+        )
+
+    async def _fetch_now(self, key: tuple[Any, ...], f: Fetch, path: str, form: Pairs,
+                         timeout_s: float) -> QueryResult:
+        # Announce the call's units, so that requests needing one of them wait for this call.
+        loop = asyncio.get_running_loop()
+        announced: dict[str, asyncio.Future[QueryResult]] = {}
+        for u in f.units:
+            if u.key is not None and u.key.digest not in self._inflight:
+                fut: asyncio.Future[QueryResult] = loop.create_future()
+                fut.add_done_callback(_retrieve)
+                announced[u.key.digest] = self._inflight[u.key.digest] = fut
+        try:
+            result = await self._call(key, f, path, form, timeout_s)
+        except BaseException as exc:
+            for fut in announced.values():
+                if fut.done():
+                    continue
+                if isinstance(exc, Exception):
+                    fut.set_exception(exc)
+                else:
+                    fut.cancel()
+            raise
+        finally:
+            for digest, fut in announced.items():
+                if self._inflight.get(digest) is fut:
+                    del self._inflight[digest]
+        return result
+
+    async def _call(self, key: tuple[Any, ...], f: Fetch, path: str, form: Pairs,
+                    timeout_s: float) -> QueryResult:
+        storable = [u for u in f.units if u.storable] if self.cache_enabled else []
+        baselines = await self._baselines(storable, timeout_s) if storable else {}
+        fetched_at = wall_ms()
+        if fetch_log.isEnabledFor(logging.DEBUG):
+            fetch_log.debug("fetch %s start_ms=%s end_ms=%s step_ms=%s time_ms=%s units=%d query=%s",
+                           path, f.start_ms, f.end_ms, f.step_ms, f.time_ms, len(f.units), f.query)
         reply = await self.primary.request(
             "POST", path, form=form, timeout_s=timeout_s, limited=True, endpoint=path
         )
         if not reply.ok:
             raise PieceFailed(reply)
         try:
-            return decode_prometheus_json(reply.body)
+            result = decode_prometheus_json(reply.body)
         except Undecodable:
             raise
         except CodecError as exc:
             raise PromError("internal", f"could not decode a backend answer: {exc}") from exc
+        keyed = [u for u in f.units if u.key is not None]
+        parts = self._cut(f, keyed, result)
+        for u, part in zip(keyed, parts or ()):
+            assert u.key is not None
+            fut = self._inflight.get(u.key.digest)
+            if fut is not None and not fut.done():
+                fut.set_result(part)
+        if parts is None:
+            raise PromError("internal", f"a range query answered with a {result.result_type}")
+        if storable and not result.warnings:
+            by_digest = {u.key.digest: part for u, part in zip(keyed, parts) if u.key is not None}
+            self._keep(storable, [by_digest[u.key.digest] for u in storable if u.key is not None],
+                       fetched_at, baselines)
+            if len(storable) == len(f.units):
+                self._remember_call(key, (result, fetched_at, baselines), fetched_at)
+        return result
+
+    @staticmethod
+    def _cut(f: Fetch, units: Sequence[Unit], result: QueryResult) -> list[QueryResult] | None:
+        """A fetched answer cut into `units` (units of `f`, in time order); None if it cannot
+        be cut (a range call that did not answer with a matrix)."""
+        if f.step_ms is None:
+            return [result for _ in units]
+        if result.result_type != "matrix":
+            return None
+        if len(units) == 1 and (units[0].start_ms, units[0].end_ms) == (f.start_ms, f.end_ms):
+            return [result]
+        return split_time(result, [(u.start_ms or 0, u.end_ms or 0) for u in units])
+
+    def _store_fetch(self, f: Fetch, units: Sequence[Unit], result: QueryResult, fetched_at: int,
+                     baselines: Mapping[tuple[str, int], bytes]) -> None:
+        """Keep `units` (storable units of `f`, in time order) cut from a fetched answer."""
+        parts = self._cut(f, units, result)
+        if parts is not None and not result.warnings:
+            self._keep(units, parts, fetched_at, baselines)
+
+    # --- admin ----------------------------------------------------------------------------
+
+    def _forget_fetched(self) -> None:
+        # Anything fetched before now must not be served or stored any more.
+        self._invalidated_at_ms = wall_ms()
+        self._landing.clear()
+        self._recent_calls.clear()
+
+    async def invalidate(self, metric_names: Sequence[str] | None, start_ms: int | None,
+                         end_ms: int | None) -> int:
+        if not self.cache_enabled:
+            raise PromError("unavailable", "the cache is disabled (cache.enabled: false)")
+        self._forget_fetched()
+        return await self.store().invalidate(metric_names, start_ms, end_ms)
+
+    async def _invalidate_from_revalidation(self, metric_names: Sequence[str] | None, start_ms: int,
+                                            end_ms: int) -> int:
+        return await self.invalidate(metric_names, start_ms, end_ms)
+
+    async def bump_generation(self) -> int:
+        if not self.cache_enabled:
+            raise PromError("unavailable", "the cache is disabled (cache.enabled: false)")
+        self._forget_fetched()
+        if self.revalidator is not None:
+            self.revalidator.forget_all()
+        return await self.store().bump_generation()
+
+    def cache_stats(self) -> dict[str, Any]:
+        if not self.cache_enabled:
+            return {"enabled": False}
+        out: dict[str, Any] = {"enabled": True, **self.store().stats(),
+                               "landing": len(self._landing), "pending_tasks": len(self._tasks),
+                               "split_interval_ms": self.settings.split_interval_ms}
+        if self.revalidator is not None:
+            out["revalidation"] = {"records": len(self.revalidator), **self.revalidator.stats}
+        return out
 
     # --- explain and readiness ------------------------------------------------------------
 
-    async def explain(self, req: QueryRequest) -> dict[str, Any]:
+    async def explain(self, req: QueryRequest, headers: Mapping[str, str] | None = None,
+                      pairs: Pairs = ()) -> dict[str, Any]:
         plan = await self._plan(req)
         data = explain_plan(plan)
-        data["fetches"] = len(coalesce(plan.pieces, self.primary.cfg.max_parallel))
+        ctx = self._context(req, pairs, headers or {}) if self.cache_enabled else None
+        slots = self._slots(plan, ctx)
+        if ctx is not None:
+            await self._lookup(slots)
+        missing = [s.unit for s in slots if s.result is None]
+        data["fetches"] = len(coalesce_units(missing, self.primary.cfg.max_parallel, self.config.limits.max_points))
+        for d, s in zip(data["pieces"], slots):
+            d["cache"] = s.status
+            if s.unit.key is not None and s.unit.is_range and (s.unit.start_ms, s.unit.end_ms) != (
+                    s.piece.start_ms, s.piece.end_ms):
+                d["cache_unit"] = [s.unit.start_ms, s.unit.end_ms]
+        data["cache"] = {
+            "enabled": self.cache_enabled,
+            "hits": sum(1 for s in slots if s.status == "hit"),
+            "misses": sum(1 for s in slots if s.status == "miss"),
+            "uncacheable": sum(1 for s in slots if s.status == "uncacheable"),
+        }
         return data
 
     async def backend_ready(self, backend: Backend) -> bool:
@@ -333,6 +958,37 @@ class Executor:
             ok = False
         self._ready_cache[backend.name] = (now, ok)
         return ok
+
+
+def _fit(slot: Slot, unit_result: QueryResult) -> QueryResult:
+    """A unit's answer cut to the slot's piece (a cell's answer for a partial piece)."""
+    p, u = slot.piece, slot.unit
+    if p.is_range and (u.start_ms, u.end_ms) != (p.start_ms, p.end_ms):
+        assert p.start_ms is not None and p.end_ms is not None
+        return slice_time(unit_result, p.start_ms, p.end_ms)
+    return unit_result
+
+
+async def _wait(fut: asyncio.Future[QueryResult]) -> QueryResult:
+    # shield: a request giving up (deadline, client gone) must not cancel the shared call.
+    return await asyncio.shield(fut)
+
+
+def _retrieve(fut: asyncio.Future[QueryResult]) -> None:
+    # Nobody may be waiting: mark a failure as seen so asyncio does not log it.
+    if not fut.cancelled():
+        fut.exception()
+
+
+def _encode_items(entries: Sequence[tuple[Unit, QueryResult, bytes | None]], fetched_at_ms: int) -> list[CacheItem]:
+    """Arrow IPC (zstd) payloads for the store; runs in a worker thread."""
+    items = []
+    for u, r, _ in entries:
+        fp = u.footprint
+        assert u.key is not None and fp is not None
+        meta = PieceMeta(fp.metrics, fp.start_ms, fp.end_ms, fetched_at_ms)
+        items.append(CacheItem(u.key, r.to_ipc_bytes(), u.ttl_ms, meta))
+    return items
 
 
 def _first(excs: Sequence[BaseException]) -> BaseException:

@@ -1,0 +1,91 @@
+"""Cutting a range answer back into time pieces, exact on the step grid.
+
+Fetch granularity is not cache granularity: the executor fetches several contiguous time
+pieces in one backend call (or a whole split interval when only part of it was asked for)
+and stores one entry per piece. A range query is evaluated independently at every grid
+point, so the answer for a sub-range `[a, b]` of a fetched range is exactly the fetched
+samples with `a <= t <= b` -- and a series without a sample there is not in it, as
+Prometheus omits such series. An empty piece is a valid answer (an empty matrix).
+
+    split_time(answer, [(a0, b0), (a1, b1), ...]) -> [answer cut to [a0, b0], ...]
+    slice_time(answer, a, b)                       -> answer cut to [a, b]
+
+Vectorised: one stable sort of the sample indices by piece, no Python loop per sample or
+per series. Series order, label sets (and their formatted keys), warnings and infos are kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from .arrowcodec import QueryResult
+
+__all__ = ["slice_time", "split_time"]
+
+I64 = npt.NDArray[np.int64]
+
+
+def slice_time(result: QueryResult, start_ms: int, end_ms: int) -> QueryResult:
+    """`result` (a matrix) restricted to samples with `start_ms <= t <= end_ms`."""
+    if result.result_type != "matrix":
+        raise ValueError(f"only a matrix can be cut by time, not a {result.result_type}")
+    t = result.t_ms
+    if len(t) == 0 or (int(t.min()) >= start_ms and int(t.max()) <= end_ms):
+        return result
+    return split_time(result, [(start_ms, end_ms)])[0]
+
+
+def split_time(result: QueryResult, bounds: Sequence[tuple[int, int]]) -> list[QueryResult]:
+    """`result` (a matrix) cut into one answer per `(start_ms, end_ms)` of `bounds`.
+
+    `bounds` must be sorted and disjoint; samples outside every bound are dropped."""
+    if result.result_type != "matrix":
+        raise ValueError(f"only a matrix can be cut by time, not a {result.result_type}")
+    n = len(bounds)
+    if n == 0:
+        return []
+    starts = np.fromiter((b[0] for b in bounds), dtype=np.int64, count=n)
+    ends = np.fromiter((b[1] for b in bounds), dtype=np.int64, count=n)
+    if np.any(ends < starts) or np.any(starts[1:] <= ends[:-1]):
+        raise ValueError("bounds must be sorted, disjoint and non-empty")
+    t = result.t_ms
+    piece = np.searchsorted(starts, t, side="right") - 1
+    inside = piece >= 0
+    inside[inside] &= t[inside] <= ends[piece[inside]]
+    idx = np.flatnonzero(inside)
+    piece_of = piece[idx]
+    # Stable: within a piece, samples stay in series order, then time order.
+    order = np.argsort(piece_of, kind="stable")
+    idx = idx[order]
+    piece_of = piece_of[order]
+    cuts = np.searchsorted(piece_of, np.arange(n + 1), side="left")
+    series_of = result.series[idx] if len(idx) else np.zeros(0, dtype=np.int32)
+    ckeys = result.canonical_keys() if result.n_series else []
+    out: list[QueryResult] = []
+    for j in range(n):
+        a, b = int(cuts[j]), int(cuts[j + 1])
+        out.append(_take(result, idx[a:b], series_of[a:b], ckeys))
+    return out
+
+
+def _take(result: QueryResult, idx: I64, series_of: npt.NDArray[np.int32], ckeys: list[bytes]) -> QueryResult:
+    counts = np.bincount(series_of, minlength=result.n_series).astype(np.int64)
+    keep = np.flatnonzero(counts)
+    offsets = np.zeros(len(keep) + 1, dtype=np.int64)
+    np.cumsum(counts[keep], out=offsets[1:])
+    kept = keep.tolist()
+    out = QueryResult(
+        result.result_type,
+        [result.labels[s] for s in kept],
+        offsets,
+        result.t_ms[idx],
+        result.value[idx],
+        list(result.warnings),
+        list(result.infos),
+    )
+    if kept:
+        out.set_canonical_keys([ckeys[s] for s in kept])
+    return out
