@@ -146,3 +146,18 @@ def test_ready_without_backend(tmp_path: Path) -> None:
         assert r.status_code == 503 and r.json()["errorType"] == "unavailable"
     finally:
         dead.stop()
+
+
+def test_large_answer_streams_and_matches(prom: Any, planned: Any) -> None:
+    from proxy.execute import STREAM_ABOVE_SAMPLES
+
+    params = {"query": '{__name__=~"DCGM_FI_DEV_(GPU_TEMP|POWER_USAGE|FB_USED|SM_CLOCK)"}',
+              "start": str(prom.start_s), "end": str(prom.end_s), "step": "15"}
+    direct = httpx.post(prom.url + "/api/v1/query_range", data=params, timeout=120)
+    proxied = httpx.post(planned.url + "/api/v1/query_range", data=params, timeout=120)
+    assert direct.status_code == proxied.status_code == 200
+    body = orjson.loads(proxied.content)
+    points = sum(len(s["values"]) for s in body["data"]["result"])
+    assert points > STREAM_ABOVE_SAMPLES, "the answer must be large enough to be streamed"
+    assert "content-length" not in proxied.headers  # encoded in chunks as sent
+    assert diff_answers(orjson.loads(direct.content), body) == []
