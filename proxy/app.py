@@ -28,7 +28,7 @@ from .errors import PromError
 from .execute import Executor
 from .forms import first_values, read_pairs
 from .metrics import METRICS
-from .params import parse_instant, parse_range, parse_time_ms
+from .params import parse_instant, parse_optional_time, parse_range
 from shardplanner.ast import Selector
 from shardplanner.plan import QueryRequest
 from shardplanner.promql import CannotParse, parse
@@ -181,15 +181,6 @@ def create_app(config: Config) -> FastAPI:
         if not hmac.compare_digest(token.strip().encode(), admin_token.encode()):
             raise PromError("forbidden", "wrong admin token", status=403)
 
-    def admin_time(form: dict[str, str], name: str) -> int | None:
-        text = form.get(name, "")
-        if not text:
-            return None
-        try:
-            return parse_time_ms(text)
-        except ValueError as exc:
-            raise PromError("bad_data", f'invalid parameter "{name}": {exc}') from None
-
     @route("/api/v1/admin/cache/invalidate", ("POST",))
     async def cache_invalidate(request: Request) -> Response:
         check_admin(request)
@@ -211,7 +202,7 @@ def create_app(config: Config) -> FastAPI:
             elif names is not None:
                 names.add(node.metric_name)
         form = first_values(pairs)
-        start_ms, end_ms = admin_time(form, "start"), admin_time(form, "end")
+        start_ms, end_ms = parse_optional_time(form, "start"), parse_optional_time(form, "end")
         if start_ms is not None and end_ms is not None and end_ms < start_ms:
             raise PromError("bad_data", "end timestamp must not be before start time")
         dropped = await executor.invalidate(None if names is None else sorted(names), start_ms, end_ms)
