@@ -28,7 +28,7 @@ from .errors import PromError
 from .execute import Executor
 from .forms import first_values, read_pairs
 from .metrics import METRICS
-from .params import parse_instant, parse_optional_time, parse_range
+from .params import format_duration_ms, parse_instant, parse_optional_time, parse_range
 from shardplanner.ast import Selector
 from shardplanner.plan import QueryRequest
 from shardplanner.promql import CannotParse, parse
@@ -153,6 +153,13 @@ def create_app(config: Config) -> FastAPI:
     async def query_range(request: Request) -> Response:
         pairs = await read_pairs(request, max_body)
         p = parse_range(first_values(pairs), config.limits.max_points)
+        limit = config.limits.max_query_range
+        if limit and p.end_ms - p.start_ms > limit:
+            raise PromError(
+                "execution",
+                f"the query range of {format_duration_ms(p.end_ms - p.start_ms)} exceeds the limit of "
+                f"{format_duration_ms(limit)} (limits.max_query_range): narrow the time range",
+            )
         return await executor.range(p, pairs, request.headers)
 
     @route("/api/v1/explain")

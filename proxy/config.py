@@ -168,6 +168,8 @@ class LimitsConfig(_Strict):
     max_points: int = Field(default=11_000, ge=1)
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
     query_timeout: DurationMs = 120_000
+    # Longest range a query_range may span (0: no limit); longer ones get a 422 saying so.
+    max_query_range: DurationMs = 0
 
 
 class ListenConfig(_Strict):

@@ -161,3 +161,22 @@ def test_large_answer_streams_and_matches(prom: Any, planned: Any) -> None:
     assert points > STREAM_ABOVE_SAMPLES, "the answer must be large enough to be streamed"
     assert "content-length" not in proxied.headers  # encoded in chunks as sent
     assert diff_answers(orjson.loads(direct.content), body) == []
+
+
+def test_max_query_range_guardrail(prom: Any, proxies: Any, tmp_path: Path) -> None:
+    from tests.servers import Promaccel
+
+    cfg = tmp_path / "limits.yaml"
+    cfg.write_text("limits: {max_query_range: 2h}\n")
+    server = Promaccel.start(prom.url, ("--config", str(cfg)), tmp_path)
+    try:
+        base = {"query": "sum(DCGM_FI_DEV_POWER_USAGE)", "end": str(prom.end_s), "step": "60"}
+        ok = httpx.post(server.url + "/api/v1/query_range", data={**base, "start": str(prom.end_s - 7200)}, timeout=60)
+        assert ok.status_code == 200
+        over = httpx.post(server.url + "/api/v1/query_range", data={**base, "start": str(prom.end_s - 7260)}, timeout=60)
+        assert over.status_code == 422
+        body = over.json()
+        assert body["errorType"] == "execution" and "limits.max_query_range" in body["error"]
+        assert "2h1m" in body["error"] and "narrow the time range" in body["error"]
+    finally:
+        server.stop()
