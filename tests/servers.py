@@ -22,6 +22,18 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def require(binary: str) -> str:
+    """The path of a binary the suite needs; a missing one fails the test (never a skip):
+    `make test` installs Debian's prometheus (prometheus, promtool) and redis-server."""
+    path = shutil.which(binary)
+    if path is None:
+        import pytest
+
+        pytest.fail(f"{binary} is missing: run `make test`, which installs Debian's "
+                    f"{'redis-server' if binary.startswith('redis') else 'prometheus'} package")
+    return path
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 
 from loadtests import bench, report
 from loadtests.dashboard import DEFAULT_DASHBOARD, load_dashboard, panel_requests
+from tests.servers import require
 
 ROOT = Path(__file__).resolve().parent.parent
 NOW = 1793491200 - bench.PHASE_S
@@ -370,7 +370,6 @@ def test_render_markdown_starts_with_the_command_and_machine() -> None:
 
 
 def test_write_report_files_and_latest_links(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib", reason="the bench extra: pip install -e '.[bench]'")
     out = tmp_path / "results" / "run1"
     latest = tmp_path / "results" / "latest.md"
     report.write_report(_fake_results(), out, latest)
@@ -398,11 +397,8 @@ def test_progress_line_without_a_terminal() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_bench_smoke_small(tmp_path: Path) -> None:
-    for module in ("matplotlib", "psutil"):
-        pytest.importorskip(module, reason="the bench extra: pip install -e '.[bench]'")
     for binary in ("prometheus", "promtool", "redis-server"):
-        if shutil.which(binary) is None:
-            pytest.skip(f"{binary} not installed (make setup)")
+        require(binary)
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "loadtests.bench", "--small", "--refreshes", "2", "--window", "1h",
            "--users", "3", "--users-refreshes", "2", "--cold-reps", "1", "--tiny-requests", "10",

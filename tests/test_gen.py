@@ -1,7 +1,7 @@
 """Tests for the fleet telemetry generator (loadtests.gen) and the TSDB loader (loadtests.load).
 
 Most tests are pure and parse a tiny fleet's OpenMetrics text; the promtool and Prometheus
-ones skip when Debian's prometheus package is not installed.
+ones need Debian's prometheus package (`make test` installs it) and fail without it.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import io
 import json
 import os
 import re
-import shutil
 import subprocess
 import urllib.parse
 import urllib.request
@@ -23,6 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.servers import require
 from loadtests import gen
 from loadtests.gen import (DEFAULT_END, MODEL_DOTS, MODEL_QUOTE, Fleet, FleetSpec,
                            escape_label_value, generate, slice_bounds)
@@ -328,12 +328,9 @@ def test_slice_bounds_are_epoch_aligned() -> None:
 
 # --------------------------------------------------------------------------- real promtool / prometheus
 
-needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
-needs_prometheus = pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus not installed")
 
-
-@needs_promtool
 def test_promtool_accepts_tiny_fleet(tmp_path) -> None:
+    require("promtool")
     path = tmp_path / "tiny.om"
     with open(path, "wb") as f:
         stats = generate(TINY, f)
@@ -349,10 +346,9 @@ def test_promtool_accepts_tiny_fleet(tmp_path) -> None:
     assert n == stats.samples
 
 
-@needs_promtool
-@needs_prometheus
 @pytest.mark.prom
 def test_build_is_idempotent_and_prometheus_serves_it(tmp_path) -> None:
+    require("promtool"), require("prometheus")
     from loadtests import load
 
     data = str(tmp_path / "tsdb")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import shutil
 import subprocess
 from dataclasses import replace
 from pathlib import Path
@@ -30,6 +29,7 @@ from shardplanner.planner import plan
 from shardplanner.promql import parse
 from shardplanner.serialize import quote_string, to_promql
 from tests.corpus import QUERIES as CORPUS
+from tests.servers import require
 
 HOSTS = [f"gpu-node-{i:04d}" for i in range(10)]
 INSTANCES = [f"{h}:9100" for h in HOSTS]
@@ -726,8 +726,8 @@ def _recombined(p: Plan) -> str:
     return f"{op}{clause} ({tagged(list(range(len(texts))))})"
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="needs promtool (Debian prometheus)")
 def test_sharded_plans_match_prometheus(tmp_path: Path) -> None:
+    require("promtool")
     series = _input_series()
     tests = []
     planned = 0

@@ -202,7 +202,7 @@ def test_roundtrip_table(query: str) -> None:
 
 
 def test_roundtrip_corpus() -> None:
-    corpus = pytest.importorskip("tests.corpus")
+    import tests.corpus as corpus
     failures = []
     for name, query in corpus.QUERIES.items():
         tree, text, back = _roundtrip(query)
@@ -711,7 +711,7 @@ def _canonical(data: dict[str, Any]) -> Any:
 @pytest.fixture(scope="module")
 def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Prom]:
     if not os.access(PROMETHEUS, os.X_OK):
-        pytest.skip(f"no Prometheus at {PROMETHEUS}")
+        pytest.fail(f"no Prometheus at {PROMETHEUS}: `make test` installs Debian's prometheus package")
     work = tmp_path_factory.mktemp("prom")
     port = _free_port()
     url = f"http://127.0.0.1:{port}"

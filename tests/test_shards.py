@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from hypothesis import strategies as st
 from shardplanner.plan import ShardSpec
 from shardplanner.serialize import quote_string
 from shardplanner.shards import MAX_MATCHER_BYTES, make_shards, regex_escape, series_in_shard
+from tests.servers import require
 
 HOSTS10 = [f"gpu-node-{i:04d}" for i in range(10)]
 HOSTS2000 = [f"gpu-node-{i:04d}" for i in range(2000)]
@@ -232,8 +232,8 @@ def run_promtool(groups: list[dict[str, object]], tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="needs promtool (Debian prometheus)")
 def test_prometheus_agrees_with_the_partition(tmp_path: Path) -> None:
+    require("promtool")
     hard = [v for v in HARD if v not in ("\x00", "\ufffd")]
     probes: list[str | None] = [None, "", "gpu-node-7777", "a.c", "zzzz", "A", "a\\", "\n\n"]
     hosts = [f"gpu-node-{i:04d}" for i in range(0, 2000, 97)]
