@@ -22,14 +22,12 @@ from pathlib import Path
 from typing import Sequence
 from urllib.parse import urlsplit
 
+from loadtests.load import free_port  # noqa: F401  (re-exported: bench and tests use it from here)
+
 ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK = "127.0.0.1"
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
 
 
 def assert_loopback(url: str) -> None:

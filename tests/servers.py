@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
+from loadtests.services import free_port, stop, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,37 +31,6 @@ def require(binary: str) -> str:
         pytest.fail(f"{binary} is missing: run `make test`, which installs Debian's "
                     f"{'redis-server' if binary.startswith('redis') else 'prometheus'} package")
     return path
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_http(url: str, proc: subprocess.Popen[bytes] | None, timeout: float = 60.0, log: Path | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            tail = log.read_text()[-3000:] if log and log.exists() else ""
-            raise RuntimeError(f"process for {url} exited with {proc.returncode}:\n{tail}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not become ready in {timeout}s")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
 
 
 @dataclass
