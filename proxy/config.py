@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import os
 import re
+import time
+from datetime import date, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from shardplanner.routing import ALL_METRICS, BackendHolding, resolve_window
 
 from .params import parse_prom_duration_ms
 
@@ -49,6 +53,34 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class HoldsConfig(_Strict):
+    """What a backend holds (issue 6): metrics whose names fully match one of `metrics`
+    (anchored regexes; "*" for every metric) over a time window: `last` (a duration back
+    from now) or `since`, optionally `until` (RFC 3339, a date, unix seconds, `now-6h`).
+    Resolved to absolute times by shardplanner.routing.resolve_window."""
+
+    metrics: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    since: str | int | float | datetime | date | None = None
+    until: str | int | float | datetime | date | None = None
+    last: str | None = None
+
+    @model_validator(mode="after")
+    def _window(self) -> "HoldsConfig":
+        for pattern in self.metrics:
+            if pattern == "*":
+                continue
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"metrics pattern {pattern!r} is not a valid regex: {exc}") from None
+        resolve_window(self.window_spec(), int(time.time() * 1000))  # ValueError: a clear message
+        return self
+
+    def window_spec(self) -> dict[str, Any]:
+        return {k: v for k, v in (("since", self.since), ("until", self.until), ("last", self.last))
+                if v is not None}
+
+
 class BackendConfig(_Strict):
     name: str = "default"
     kind: Literal["prometheus", "amp"] = "prometheus"
@@ -68,6 +100,21 @@ class BackendConfig(_Strict):
     service: str = Field(default="aps", min_length=1)
     profile: str | None = None
     throttle_retries: int = Field(default=5, ge=0, le=20, description="429/503 retries per call (AMP)")
+    # Hybrid fleets (issue 6): what this backend holds (one window, or a list unioned);
+    # absent: every metric, all the time. Where several backends hold the same data the
+    # `primary` one's values win, then higher `priority`, then the order of this list.
+    holds: HoldsConfig | list[HoldsConfig] | None = None
+    primary: bool = False
+    priority: int = 0
+
+    def holdings(self, now_ms: int) -> list[BackendHolding]:
+        specs = self.holds if isinstance(self.holds, list) else [self.holds]
+        out = []
+        for h in specs:
+            since_ms, until_ms = resolve_window(h.window_spec(), now_ms) if h else (None, None)
+            metrics = tuple(h.metrics) if h else (ALL_METRICS,)
+            out.append(BackendHolding(self.name, metrics, since_ms, until_ms, self.primary, self.priority))
+        return out
 
     @field_validator("url")
     @classmethod
@@ -185,15 +232,32 @@ class Config(_Strict):
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
+    @field_validator("backends")
+    @classmethod
+    def _backends(cls, v: list[BackendConfig]) -> list[BackendConfig]:
+        names = [b.name for b in v]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"backend names must be unique, {', '.join(map(repr, dupes))} repeats")
+        primaries = [b.name for b in v if b.primary]
+        if len(primaries) > 1:
+            raise ValueError(f"at most one backend may be primary, got {', '.join(primaries)}")
+        return v
+
 
 def _describe(err: ValidationError) -> str:
-    lines = []
+    lines: list[str] = []
     for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        # Union members show up in the location ("function-after[...]", "list[...]"): drop them.
+        key = ".".join(str(p) for p in e["loc"] if "[" not in str(p)) or "(top level)"
         if e["type"] == "extra_forbidden":
-            lines.append(f"unknown key {key!r}")
+            line = f"unknown key {key!r}"
+        elif e["type"] in ("model_type", "dict_type", "list_type") and len(err.errors()) > 1:
+            continue  # the other union member's complaint says more
         else:
-            lines.append(f"{key}: {e['msg']}")
+            line = f"{key}: {e['msg']}"
+        if line not in lines:
+            lines.append(line)
     return "invalid configuration: " + "; ".join(lines)
 
 

@@ -74,3 +74,68 @@ def test_cli_reports_config_error(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "unknown key 'planner.splitinterval'" in proc.stderr
+
+
+# --- hybrid holdings (issue 6) -----------------------------------------------------------
+
+NOW_MS = 1_793_491_200_000
+
+
+def _cfg(tmp_path: Path, text: str):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return load_config(str(path))
+
+
+def test_holds_resolve_to_holdings(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, """
+backends:
+  - name: local
+    url: http://127.0.0.1:9090
+    holds: {metrics: ["*"], last: 15d}
+    primary: true
+  - name: amp
+    kind: amp
+    url: https://aps-workspaces.us-east-1.amazonaws.com/workspaces/ws-1
+    holds:
+      - {metrics: ["DCGM_.*"], since: "2026-10-01T00:00:00Z"}
+      - {metrics: ["kube_.*"], since: 2026-10-15, until: now-1h}
+""")
+    local, amp = cfg.backends
+    (h,) = local.holdings(NOW_MS)
+    assert (h.name, h.metrics, h.since_ms, h.until_ms, h.primary) == (
+        "local", ("*",), NOW_MS - 15 * 86_400_000, None, True)
+    a, b = amp.holdings(NOW_MS)
+    assert a.metrics == ("DCGM_.*",) and a.since_ms == 1_790_812_800_000 and a.until_ms is None
+    assert b.metrics == ("kube_.*",) and b.until_ms == NOW_MS - 3_600_000 and not b.primary
+
+
+def test_no_holds_means_everything_always(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, "backends: [{url: 'http://127.0.0.1:9090'}]\n")
+    (h,) = cfg.backends[0].holdings(NOW_MS)
+    assert (h.metrics, h.since_ms, h.until_ms) == (("*",), None, None)
+
+
+@pytest.mark.parametrize(
+    ("holds", "fragment"),
+    [
+        ("{last: 15d, since: 2026-01-01}", "either last or since"),
+        ("{since: 'yesterday'}", "RFC 3339"),
+        ("{metrics: ['DCGM_(']}", "not a valid regex"),
+        ("{metrics: []}", "metrics"),
+        ("{since: 2026-11-02, until: 2026-11-01}", "is after until"),
+        ("{metric: ['x']}", "unknown key"),
+    ],
+)
+def test_bad_holds_named(tmp_path: Path, holds: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        _cfg(tmp_path, f"backends: [{{url: 'http://127.0.0.1:9090', holds: {holds}}}]\n")
+    assert fragment in str(err.value) and "holds" in str(err.value)
+
+
+def test_backend_names_unique_and_one_primary(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="'a' repeats"):
+        _cfg(tmp_path, "backends: [{name: a, url: 'http://127.0.0.1:1'}, {name: a, url: 'http://127.0.0.1:2'}]\n")
+    with pytest.raises(ConfigError, match="at most one backend may be primary"):
+        _cfg(tmp_path, "backends: [{name: a, url: 'http://127.0.0.1:1', primary: true},"
+                       " {name: b, url: 'http://127.0.0.1:2', primary: true}]\n")
