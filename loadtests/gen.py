@@ -79,7 +79,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 import numpy as np
 
@@ -299,12 +299,22 @@ def _format_lines(values: np.ndarray, decimals: int, tail: np.ndarray) -> tuple[
 
 
 class _Writer:
-    def __init__(self, fp: BinaryIO) -> None:
+    def __init__(self, fp: BinaryIO, keep: Callable[[str], bool] | None = None) -> None:
         self.fp = fp
         self.stats = Stats()
         self.tail_cache: tuple[int, np.ndarray] | None = None
+        # Optional filter on sample metric names: a family's header is written only once a
+        # kept series of it is (so a filtered document has no empty families).
+        self.keep = keep
+        self._pending: tuple[str, str, str] | None = None
 
     def header(self, name: str, mtype: str, help_: str) -> None:
+        if self.keep is not None:
+            self._pending = (name, mtype, help_)
+            return
+        self._header(name, mtype, help_)
+
+    def _header(self, name: str, mtype: str, help_: str) -> None:
         b = f"\n# HELP {name} {help_}\n# TYPE {name} {mtype}".encode()
         if self.stats.bytes == 0:
             b = b[1:]
@@ -324,6 +334,12 @@ class _Writer:
         """Write len(labelsets) series; series i owns samples bounds[i]:bounds[i+1]."""
         if len(values) == 0:
             return
+        if self.keep is not None:
+            if not self.keep(name):
+                return
+            if self._pending is not None:
+                self._header(*self._pending)
+                self._pending = None
         if tail is None:
             assert ts is not None
             tail = _ts_tail(ts)
@@ -761,11 +777,13 @@ class Fleet:
         return labels_text(pairs)
 
     # ---- output
-    def write(self, fp: BinaryIO, t_from: int | None = None, t_to: int | None = None) -> Stats:
-        """Write one OpenMetrics document with the samples whose time is in [t_from, t_to)."""
+    def write(self, fp: BinaryIO, t_from: int | None = None, t_to: int | None = None, *,
+              keep: Callable[[str], bool] | None = None) -> Stats:
+        """Write one OpenMetrics document with the samples whose time is in [t_from, t_to)
+        (and, with `keep`, only the series whose metric name it accepts)."""
         a = self.start if t_from is None else max(int(t_from), self.start)
         b = self.end if t_to is None else min(int(t_to), self.end)
-        w = _Writer(fp)
+        w = _Writer(fp, keep)
         if a < b:
             self._write_dcgm(w, a, b)
             self._write_node(w, a, b)

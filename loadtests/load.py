@@ -63,7 +63,7 @@ import urllib.error
 import urllib.request
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 from loadtests.gen import (BENCH_SPEC, CI_SPEC, GENERATOR_VERSION, Fleet, FleetSpec, Stats,
                            iso_utc, add_fleet_args, slice_bounds, spec_from_args)
@@ -97,13 +97,42 @@ def read_manifest(data_dir: str) -> dict | None:
         return None
 
 
-def _wanted(spec: FleetSpec) -> dict:
-    return {"generator_version": GENERATOR_VERSION, "spec": spec.to_dict()}
+def _wanted(spec: FleetSpec, select: "Selection | None" = None) -> dict:
+    out = {"generator_version": GENERATOR_VERSION, "spec": spec.to_dict()}
+    out["select"] = select.to_dict() if select is not None else None
+    return out
 
 
-def is_built(spec: FleetSpec, data_dir: str) -> bool:
+def is_built(spec: FleetSpec, data_dir: str, select: "Selection | None" = None) -> bool:
     m = read_manifest(data_dir)
-    return m is not None and all(m.get(k) == v for k, v in _wanted(spec).items())
+    return m is not None and all(m.get(k) == v for k, v in _wanted(spec, select).items())
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A part of a fleet's data (for backends that hold slices of one fleet, tests/hybrid.py):
+    the samples whose time lies in one of `windows` ([from, to) unix seconds; None: all the
+    window) and whose metric name fully matches `metrics` (a regex; None: every metric)."""
+
+    windows: tuple[tuple[int, int], ...] | None = None
+    metrics: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"windows": [list(w) for w in self.windows] if self.windows is not None else None,
+                "metrics": self.metrics}
+
+    def keep(self) -> "Callable[[str], bool] | None":
+        if self.metrics is None:
+            return None
+        pattern = re.compile(self.metrics)
+        return lambda name: pattern.fullmatch(name) is not None
+
+    def pieces(self, a: int, b: int) -> list[tuple[int, int]]:
+        """The parts of [a, b) this selection keeps, in time order."""
+        if self.windows is None:
+            return [(a, b)]
+        out = [(max(a, lo), min(b, hi)) for lo, hi in sorted(self.windows)]
+        return [(lo, hi) for lo, hi in out if lo < hi]
 
 
 def _assert_no_prometheus(data_dir: str) -> None:
@@ -169,13 +198,16 @@ def _tail(path: str, n: int = 20) -> str:
 
 
 def build_tsdb(spec: FleetSpec, data_dir: str, *, slice_seconds: int = SLICE_SECONDS,
-               jobs: int | None = None, force: bool = False, verbose: bool = False) -> dict:
+               jobs: int | None = None, force: bool = False, verbose: bool = False,
+               select: Selection | None = None) -> dict:
     """Make data_dir a TSDB holding `spec`'s data; skip if its manifest already matches.
 
+    `select`: only that part of the data (time windows, metric names); each slice is cut
+    into the windows' parts, one promtool run each.
     Returns the manifest. Raises LoadError if promtool fails or drops samples.
     """
     data_dir = os.path.abspath(data_dir)
-    if not force and is_built(spec, data_dir):
+    if not force and is_built(spec, data_dir, select):
         return read_manifest(data_dir)  # type: ignore[return-value]
     promtool = _which("promtool")
     jobs = jobs or max(1, min(2, os.cpu_count() or 1))
@@ -207,11 +239,14 @@ def build_tsdb(spec: FleetSpec, data_dir: str, *, slice_seconds: int = SLICE_SEC
 
     try:
         fleet = Fleet(spec)
-        for i, (a, b) in enumerate(slice_bounds(spec, slice_seconds)):
+        keep = select.keep() if select is not None else None
+        parts = [p for a, b in slice_bounds(spec, slice_seconds)
+                 for p in (select.pieces(a, b) if select is not None else [(a, b)])]
+        for i, (a, b) in enumerate(parts):
             path = os.path.join(scratch, f"slice-{i:03d}.om")
             tg = time.perf_counter()
             with open(path, "wb", buffering=1 << 20) as f:
-                st = fleet.write(f, a, b)
+                st = fleet.write(f, a, b, keep=keep)
             gen_s += time.perf_counter() - tg
             total.add(st)
             say(f"slice {i}: generated {st.samples} samples, {st.bytes / 2**20:.0f} MiB "
@@ -239,7 +274,7 @@ def build_tsdb(spec: FleetSpec, data_dir: str, *, slice_seconds: int = SLICE_SEC
         raise
     shutil.rmtree(scratch, ignore_errors=True)
     manifest = {
-        **_wanted(spec),
+        **_wanted(spec, select),
         "start": spec.start, "end": spec.end,
         "start_iso": iso_utc(spec.start), "end_iso": iso_utc(spec.end),
         "samples": total.samples, "series_summed_over_slices": total.series,

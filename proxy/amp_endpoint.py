@@ -106,6 +106,9 @@ class AmpSettings:
     error_status: int = 503
     latency_ms: float = 0.0
     seed: int = 0
+    # AMP answers instant queries that read 32 days or more with a 422 ("only supported for
+    # range type queries"); range queries may read up to 95 days. 0: no such rule.
+    instant_range_limit_ms: int = 32 * 86_400_000
 
 
 # --- SigV4 verification ------------------------------------------------------------------
@@ -421,6 +424,12 @@ class AmpEndpoint:
             self.stats.errors_injected += 1
             error_type, message = _ERROR_BODIES.get(s.error_status, ("InternalServerException", "Internal Server Error"))
             return self._count(_aws_error(s.error_status, error_type, message))
+        if api == "query" and s.instant_range_limit_ms and \
+                _longest_read_ms(raw_query, body) >= s.instant_range_limit_ms:
+            return self._count(Response(
+                b'{"status":"error","errorType":"execution","error":"queries with long day range (32d to '
+                b'95d) are currently only supported for range type queries"}',
+                status_code=422, media_type="application/json"))
         return self._count(await self._forward(request.method, "/api/v1/" + api, raw_query, body,
                                                request.headers.get("content-type")))
 
@@ -438,6 +447,23 @@ class AmpEndpoint:
         self.stats.forwarded += 1
         return Response(resp.content, status_code=resp.status_code,
                         headers={"Content-Type": resp.headers.get("content-type", "application/json")})
+
+
+def _longest_read_ms(raw_query: str, body: bytes) -> int:
+    """The longest range window or subquery span the `query` parameter reads (0 if none or
+    unparsable)."""
+    from urllib.parse import parse_qsl
+
+    from shardplanner.ast import MatrixSel, Subquery, walk
+    from shardplanner.promql import CannotParse, parse
+
+    pairs = parse_qsl(raw_query) + parse_qsl(body.decode("utf-8", "replace"))
+    query = next((v for k, v in pairs if k == "query"), "")
+    try:
+        expr = parse(query)
+    except CannotParse:
+        return 0
+    return max((n.range_ms for n in walk(expr) if isinstance(n, MatrixSel | Subquery)), default=0)
 
 
 def _param_names(raw_query: str, body: bytes) -> set[str]:
@@ -491,6 +517,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--error-ratio", type=float, default=0.0, help="share of requests answered 5xx")
     p.add_argument("--error-status", type=int, default=503, choices=sorted(_ERROR_BODIES))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--instant-range-limit", default="32d",
+                   help="instant queries reading this long or longer get AMP's 422 (0: off)")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     a = p.parse_args(argv)
     for name in ("throttle_ratio", "error_ratio"):
@@ -498,10 +526,13 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--{name.replace('_', '-')} must be between 0 and 1")
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    from shardplanner.routing import parse_duration_ms
+
     settings = AmpSettings(
         upstream=a.upstream, region=a.region, workspaces=tuple(a.workspace or ["ws-test"]),
         throttle_ratio=a.throttle_ratio, retry_after_s=None if a.retry_after < 0 else a.retry_after,
         latency_ms=a.latency_ms, error_ratio=a.error_ratio, error_status=a.error_status, seed=a.seed,
+        instant_range_limit_ms=0 if a.instant_range_limit in ("0", "") else parse_duration_ms(a.instant_range_limit),
     )
     import uvicorn
 

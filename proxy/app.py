@@ -27,6 +27,7 @@ from .config import Config
 from .errors import PromError
 from .execute import Executor
 from .forms import first_values, read_pairs
+from .metadata import fan_out, metric_names
 from .metrics import METRICS
 from .params import format_duration_ms, parse_instant, parse_optional_time, parse_range
 from shardplanner.ast import Selector
@@ -228,32 +229,43 @@ def create_app(config: Config) -> FastAPI:
         check_admin(request)
         return Response(orjson.dumps({"status": "success", "data": executor.cache_stats()}), media_type=JSON)
 
-    async def relay(request: Request, path: str) -> Response:
+    async def relay(request: Request, path: str, kind: str | None = None) -> Response:
         pairs = await read_pairs(request, max_body)
+        if kind is not None and executor.hybrid:
+            form = first_values(pairs)
+            start_ms, end_ms = parse_optional_time(form, "start"), parse_optional_time(form, "end")
+            names = [form["metric"]] if kind == "metadata" and form.get("metric") else metric_names(pairs)
+            return await fan_out(backends, request.method, path, pairs, kind, names,
+                                 start_ms, end_ms, int(time.time() * 1000), _endpoint_label(path))
         if request.method == "POST":
             reply = await primary.request("POST", path, form=pairs, endpoint=_endpoint_label(path))
         else:
             reply = await primary.request("GET", path, params=pairs, endpoint=_endpoint_label(path))
         return _reply(reply)
 
-    for path in ("/api/v1/series", "/api/v1/labels", "/api/v1/query_exemplars", "/api/v1/format_query"):
-        def make(p: str) -> Handler:
-            async def handler(request: Request) -> Response:
-                return await relay(request, p)
-            return handler
-        route(path)(make(path))
+    def relaying(p: str, kind: str | None) -> Handler:
+        async def handler(request: Request) -> Response:
+            return await relay(request, p, kind)
+        return handler
 
-    for path in ("/api/v1/metadata", "/api/v1/rules", "/api/v1/alerts", "/api/v1/targets",
-                 "/api/v1/targets/metadata", "/api/v1/alertmanagers"):
-        def make_get(p: str) -> Handler:
-            async def handler(request: Request) -> Response:
-                return await relay(request, p)
-            return handler
-        route(path, ("GET",))(make_get(path))
+    # Series, labels, label values and metadata fan out over a hybrid fleet (proxy/metadata.py).
+    for path, methods, kind in (
+        ("/api/v1/series", ("GET", "POST"), "series"),
+        ("/api/v1/labels", ("GET", "POST"), "labels"),
+        ("/api/v1/query_exemplars", ("GET", "POST"), None),
+        ("/api/v1/format_query", ("GET", "POST"), None),
+        ("/api/v1/metadata", ("GET",), "metadata"),
+        ("/api/v1/rules", ("GET",), None),
+        ("/api/v1/alerts", ("GET",), None),
+        ("/api/v1/targets", ("GET",), None),
+        ("/api/v1/targets/metadata", ("GET",), None),
+        ("/api/v1/alertmanagers", ("GET",), None),
+    ):
+        route(path, methods)(relaying(path, kind))
 
     @route("/api/v1/label/{name}/values", ("GET",))
     async def label_values(request: Request) -> Response:
-        return await relay(request, request.url.path)
+        return await relay(request, request.url.path, "values")
 
     @route("/api/v1/status/buildinfo", ("GET",))
     async def buildinfo(request: Request) -> Response:

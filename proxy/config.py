@@ -165,6 +165,11 @@ class CacheConfig(_Strict):
     # Deadline of a lookup (plus 1 ms per key). Measured in wall time, so it includes the
     # event loop's lag under load: 100 ms turned a warm 14-panel refresh into misses.
     redis_timeout: DurationMs = 500
+    # (Since the lookup deadline counts only the event loop's idle time, its lag no longer
+    # turns reads into misses; a read still never takes more than redis_max_wait.)
+    redis_max_wait: DurationMs = 5_000
+    # Connection pool size (per node for Redis Cluster); callers wait for a free connection.
+    redis_max_connections: int = Field(default=64, ge=1)
     redis_put_timeout: DurationMs = 2_000
     generation_refresh: DurationMs = 2_000
     breaker_backoff: DurationMs = 1_000
@@ -174,6 +179,10 @@ class CacheConfig(_Strict):
     revalidate_max_age: DurationMs = 3_600_000
     revalidate_max_entries: int = Field(default=10_000, ge=1)
     admin_token: str | None = None
+    # Zooming out: a piece missing at step S is served from a cached piece at one of these
+    # finer steps that divides S (subsampled; exact). Empty: off.
+    reuse_finer_steps: list[DurationMs] = Field(
+        default_factory=lambda: [15_000, 30_000, 60_000, 120_000, 300_000, 600_000])
 
     @field_validator("redis_url")
     @classmethod
@@ -200,8 +209,22 @@ class PlannerConfig(_Strict):
     )
     min_range_to_split: DurationMs = 0
     max_pieces: int = Field(default=2_000, ge=1)
+    # The most shards `shards: auto` gives a query.
     max_parallel: int = Field(default=8, ge=1)
     shard_values_ttl: DurationMs = 300_000
+    # shards: auto -> ceil(estimated samples of the largest piece / this), at most
+    # max_parallel, 1 (not sharded) below 2. 10 M: a fifth of Prometheus's default
+    # --query.max-samples (50 M), so no piece comes near it.
+    max_samples_per_piece: int = Field(default=10_000_000, ge=1)
+    # Samples estimate (shards: auto, limits.max_samples): series of one metric per node
+    # (value of the shard label; 8: one per GPU of an 8-GPU node) and the scrape interval.
+    series_per_node: int = Field(default=8, ge=1)
+    scrape_interval: DurationMs = Field(default=30_000, gt=0)
+    # Instant max/min/sum/count_over_time(x[7d]) cut into sub-windows at split_interval.
+    split_instant_windows: bool = True
+    # The backend's range windows: "closed" [t-r, t] (Prometheus 2.x), "left_open" (t-r, t]
+    # (Prometheus 3.x); sum/count sub-windows are made disjoint accordingly.
+    range_windows: Literal["closed", "left_open"] = "closed"
 
     @field_validator("shards")
     @classmethod
@@ -217,6 +240,9 @@ class LimitsConfig(_Strict):
     query_timeout: DurationMs = 120_000
     # Longest range a query_range may span (0: no limit); longer ones get a 422 saying so.
     max_query_range: DurationMs = 0
+    # Most samples a query may touch, estimated by the planner (nodes x planner.series_per_node
+    # x points); over it: 422 saying so. 0: no limit (the estimate is a heuristic: opt in).
+    max_samples: int = Field(default=0, ge=0)
 
 
 class ListenConfig(_Strict):

@@ -51,19 +51,26 @@ Caching (issue 5; the store is `proxy/cache.py`):
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import hashlib
 import logging
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from starlette.responses import Response, StreamingResponse
 
 from shardplanner.explain import explain as explain_plan
 from shardplanner.plan import Piece, Plan, PlannerSettings, QueryRequest
+from shardplanner.planner import _pin as pin_query
 from shardplanner.planner import plan as make_plan
+from shardplanner.promql import CannotParse, parse
+from shardplanner.routing import Route, TimePart
 
 from .arrowcodec import CodecError, QueryResult, Undecodable, decode_prometheus_json, encode_arrow_stream, encode_prometheus_json, iter_prometheus_json
 from .backend import Backend, BackendReply
@@ -72,10 +79,11 @@ from .config import Config
 from .errors import PromError
 from .footprint import Footprint, digest_query, footprint
 from .forms import Pairs
-from .merge import merge
+from .hybrid import Router, edge_ms, holdings_of, missing_warning
+from .merge import concat, merge
 from .metrics import METRICS
 from .params import InstantParams, RangeParams
-from .pieces import slice_time, split_time
+from .pieces import slice_time, split_time, subsample
 from .revalidate import Revalidator
 from .singleflight import SingleFlight
 from .ties import topk_ambiguous
@@ -167,6 +175,8 @@ class Unit:
     key: CacheKey | None = None
     ttl_ms: int | None = None
     footprint: Footprint | None = None
+    # Hybrid fleets: the unit's route id (`proxy/hybrid.py` route_id); "" = the primary.
+    route: str = ""
 
     @property
     def is_range(self) -> bool:
@@ -206,6 +216,7 @@ class Fetch:
     step_ms: int | None
     time_ms: int | None
     units: tuple[Unit, ...] = field(default=(), compare=False)
+    route: str = ""
 
 
 @dataclass(frozen=True)
@@ -241,18 +252,21 @@ def coalesce_units(units: Sequence[Unit], target_calls: int, max_points: int = 1
     """Group contiguous range units (same query, shard, role and grid) into about
     `target_calls` fetches in all, none longer than `max_points` steps; instant units are
     fetched one by one."""
-    groups: dict[tuple[str, str | None, int, int], list[Unit]] = {}
+    groups: dict[tuple[str, str | None, int, int, str], list[Unit]] = {}
     fetches: list[Fetch] = []
     for u in units:
         if not u.is_range:
-            fetches.append(Fetch(u.query, u.role, u.shard_index, None, None, None, u.time_ms, (u,)))
+            fetches.append(Fetch(u.query, u.role, u.shard_index, None, None, None, u.time_ms, (u,), u.route))
             continue
         assert u.step_ms is not None
-        groups.setdefault((u.query, u.role, u.shard_index, u.step_ms), []).append(u)
+        # A unit whose route changes along its range (split_time) is fetched by itself.
+        groups.setdefault((u.query, u.role, u.shard_index, u.step_ms,
+                           u.route if not u.route.startswith("split:") else f"{u.route}#{u.start_ms}"),
+                          []).append(u)
     if not groups:
         return fetches
     per_group = max(1, target_calls // len(groups))
-    for (query, role, shard_index, step), members in groups.items():
+    for (query, role, shard_index, step, _), members in groups.items():
         members.sort(key=lambda u: u.start_ms or 0)
         # Contiguous runs on the same grid only.
         runs: list[list[Unit]] = []
@@ -273,7 +287,7 @@ def coalesce_units(units: Sequence[Unit], target_calls: int, max_points: int = 1
             for i in range(0, len(run), size):
                 for chunk in _within_points(run[i:i + size], step, max_points):
                     fetches.append(Fetch(query, role, shard_index, chunk[0].start_ms, chunk[-1].end_ms,
-                                         step, None, tuple(chunk)))
+                                         step, None, tuple(chunk), chunk[0].route))
     return fetches
 
 
@@ -336,9 +350,14 @@ class Executor:
         self.config = config
         self.backends = backends
         self.primary = backends[0]
+        self.by_name = {b.name: b for b in backends}
+        # Route per piece (issue 6) when there is anything to choose: several backends, or
+        # one whose holdings are declared (a metric it does not hold gets a clear 422).
+        self.hybrid = len(backends) > 1 or any(b.cfg.holds is not None for b in backends)
         self._ready_cache: dict[str, tuple[float, bool]] = {}
         pc, cc = config.planner, config.cache
-        shards = pc.shards if isinstance(pc.shards, int) else 8
+        auto_shards = pc.shards == "auto"  # then max_parallel is the cap (planner formula)
+        shards = pc.max_parallel if auto_shards else int(pc.shards)
         split = pc.split_interval
         if "split_interval" not in pc.model_fields_set and cc.enabled:
             # The cache only helps a range query that is cut on epoch-aligned boundaries.
@@ -346,9 +365,15 @@ class Executor:
         self.settings = PlannerSettings(
             split_interval_ms=split,
             shards=shards,
+            auto_shards=auto_shards,
+            max_samples_per_piece=pc.max_samples_per_piece,
+            series_per_node=pc.series_per_node,
+            scrape_interval_ms=pc.scrape_interval,
             shard_labels=tuple(pc.shard_labels.items()),
             min_range_to_split_ms=pc.min_range_to_split,
             max_pieces=pc.max_pieces,
+            split_instant_windows=pc.split_instant_windows,
+            closed_range_windows=pc.range_windows == "closed",
         )
         self.shard_values = ShardValues(self.primary, pc.shard_values_ttl)
         self.flight: SingleFlight[tuple[Any, ...], Any] = SingleFlight("backend")
@@ -382,7 +407,7 @@ class Executor:
             self.revalidator = Revalidator(
                 self.primary, self._invalidate_from_revalidation,
                 interval_ms=cc.revalidate_interval, max_age_ms=cc.revalidate_max_age,
-                max_entries=cc.revalidate_max_entries,
+                max_entries=cc.revalidate_max_entries, backends=self.by_name,
             )
             self.revalidator.start()
 
@@ -407,11 +432,18 @@ class Executor:
     # --- planning -------------------------------------------------------------------------
 
     async def _plan(self, req: QueryRequest) -> Plan:
+        from shardplanner.planner import samples_limit_message
+
         values: Mapping[str, Sequence[str]] = {}
-        if self.settings.shards > 1:
+        max_samples = self.config.limits.max_samples
+        if self.settings.shards > 1 or max_samples:
             labels = sorted({label for _, label in self.settings.shard_labels})
             values = await self.shard_values.get(labels)
-        return make_plan(req, self.settings, values)
+        plan = make_plan(req, self.settings, values)
+        refusal = samples_limit_message(plan, max_samples)  # limits.max_samples (0: off)
+        if refusal is not None:
+            raise PromError("execution", refusal)
+        return plan
 
     def _forward_whole(self, plan: Plan, pairs: Pairs) -> bool:
         if any(k in UNMERGEABLE_PARAMS for k, _ in pairs):
@@ -430,8 +462,41 @@ class Executor:
         route = (f"{self.primary.name}={self.primary.cfg.url}", *(f"{k}={v}" for k, v in extras))
         return _Ctx(tenant_scope(headers), route, wall_ms(), req.lookback_ms)
 
-    def _unit(self, p: Piece, start_ms: int | None, end_ms: int | None, ctx: _Ctx) -> Unit:
-        bare = Unit(p.query, p.role, p.shard.index if p.shard else -1, start_ms, end_ms, p.step_ms, p.time_ms)
+    def _router(self, req: QueryRequest, plan: Plan) -> Router | None:
+        """Per-request routing state (hybrid fleets only)."""
+        if not self.hybrid:
+            return None
+        lo, hi = (req.start_ms, req.end_ms) if req.is_range else (req.time_ms, req.time_ms)
+        assert lo is not None and hi is not None
+        query: Any
+        try:
+            query = pin_query(parse(req.query), lo, hi)
+        except CannotParse:
+            query = req.query
+        router = Router(holdings_of(self.backends, wall_ms()), query, req.lookback_ms,
+                        {b.name: b.cfg.url for b in self.backends})
+        router.by_piece = plan.merge.combine_time
+        router.edge_ms = edge_ms(query if not isinstance(query, str) else None, req.lookback_ms)
+        return router
+
+    def _route_of(self, router: Router, p: Piece, start_ms: int | None, end_ms: int | None) -> str:
+        """Route id of piece `p` over `[start_ms, end_ms]` (a 422 if nobody holds it)."""
+        q = p.query if router.by_piece else None
+        if p.is_range:
+            assert start_ms is not None and end_ms is not None and p.step_ms is not None
+            r = router.range_route(start_ms, end_ms, p.step_ms, q)
+        else:
+            assert p.time_ms is not None
+            r = router.instant_route(p.time_ms, q)
+        rid = router.id(router.checked(r))
+        router.routes[rid] = r
+        return rid
+
+    def _unit(self, p: Piece, start_ms: int | None, end_ms: int | None, ctx: _Ctx,
+              router: Router | None = None) -> Unit:
+        rid = self._route_of(router, p, start_ms, end_ms) if router is not None else ""
+        bare = Unit(p.query, p.role, p.shard.index if p.shard else -1, start_ms, end_ms, p.step_ms, p.time_ms,
+                    route=rid)
         if p.is_range:
             assert start_ms is not None and end_ms is not None
             lo, hi = start_ms, end_ms
@@ -442,19 +507,23 @@ class Executor:
         if fp is None:
             return bare
         piece = replace(p, start_ms=start_ms, end_ms=end_ms) if p.is_range else p
-        key = CacheKey.for_piece(piece, lookback_ms=ctx.lookback_ms, route=ctx.route, tenant=ctx.tenant)
+        route = (rid, *ctx.route[1:]) if rid else ctx.route
+        key = CacheKey.for_piece(piece, lookback_ms=ctx.lookback_ms, route=route, tenant=ctx.tenant)
         return replace(bare, key=key, ttl_ms=ttl_for(fp.end_ms, ctx.now_ms, self.config.cache), footprint=fp)
 
-    def _slots(self, plan: Plan, ctx: _Ctx | None) -> list[Slot]:
+    def _slots(self, plan: Plan, ctx: _Ctx | None, router: Router | None = None) -> list[Slot]:
         """One slot per planned piece, with its cache unit and lookup keys (none when the
         cache is off or the piece is not cacheable)."""
         if ctx is None:
-            return [Slot(p, _bare_unit(p)) for p in plan.pieces]
+            if router is None:
+                return [Slot(p, _bare_unit(p)) for p in plan.pieces]
+            return [Slot(p, replace(_bare_unit(p), route=self._route_of(router, p, p.start_ms, p.end_ms)))
+                    for p in plan.pieces]
         cc = self.config.cache
         interval = self.settings.split_interval_ms
         slots: list[Slot] = []
         for p in plan.pieces:
-            exact = self._unit(p, p.start_ms, p.end_ms, ctx)
+            exact = self._unit(p, p.start_ms, p.end_ms, ctx, router)
             cell = None
             if p.is_range and interval:
                 assert p.start_ms is not None and p.end_ms is not None and p.step_ms is not None
@@ -464,7 +533,7 @@ class Executor:
             if cell is None or cell == (p.start_ms, p.end_ms):
                 slots.append(Slot(p, exact, (exact.key,) if exact.storable and exact.key else ()))
                 continue
-            whole = self._unit(p, cell[0], cell[1], ctx)
+            whole = self._unit(p, cell[0], cell[1], ctx, router)
             keys = tuple(u.key for u in (whole, exact) if u.storable and u.key)
             old = whole.footprint is not None and whole.footprint.end_ms <= ctx.now_ms - cc.max_freshness
             # Never extend past what one backend call may ask for (Prometheus: 11,000 steps).
@@ -491,14 +560,27 @@ class Executor:
         rest = [k for d, k in wanted.items() if d not in found]
         if rest:
             payloads = await self.store().get_many(rest)
+            # Lookups that joined one read (50 users on one dashboard) get the very same
+            # payload object: decode it once. Keyed by digest, checked by identity, kept a
+            # moment (the joined lookups resume together).
+            decoded: dict[str, tuple[bytes, QueryResult]] = self.__dict__.setdefault("_decoded", {})
+            loop = asyncio.get_running_loop()
             for k, payload in zip(rest, payloads):
                 if payload is None:
                     continue
+                memo = decoded.get(k.digest)
+                if memo is not None and memo[0] is payload:
+                    found[k.digest] = memo[1]
+                    continue
                 try:
-                    found[k.digest] = QueryResult.from_ipc_bytes(payload)
+                    r = QueryResult.from_ipc_bytes(payload)
                 except Exception as exc:  # noqa: BLE001 -- an undecodable entry is a miss
                     METRICS.cache_errors.labels("decode").inc()
                     log.warning("cached piece %s does not decode (%s): treated as a miss", k.digest[:16], exc)
+                    continue
+                found[k.digest] = r
+                entry = decoded[k.digest] = (payload, r)
+                loop.call_later(0.5, lambda d=k.digest, e=entry: decoded.get(d) is e and decoded.pop(d))
         for s in slots:
             for k in s.keys:
                 r = found.get(k.digest)
@@ -512,6 +594,68 @@ class Executor:
                     if (k.start_ms, k.end_ms) != (p.start_ms, p.end_ms):
                         r = slice_time(r, p.start_ms, p.end_ms)
                 s.result, s.status = r, "hit"
+                break
+
+    async def _lookup_finer(self, slots: Sequence[Slot], ctx: _Ctx, router: Router | None) -> None:
+        """Zooming out: a missing range piece at step S is answered by the cached cell of the
+        same query at a finer step s (s divides S; `cache.reuse_finer_steps`), subsampled.
+        Exact: a range query's value at t does not depend on its step (the planner pins
+        `@ start()`/`end()` into the query text, which is part of the key), and the finer
+        grid `start mod s` holds every point `start + k*S`. One extra batched lookup, only
+        for pieces that missed."""
+        interval = self.settings.split_interval_ms
+        if not interval:
+            return
+        wanted: dict[str, CacheKey] = {}
+        candidates: list[tuple[Slot, list[CacheKey]]] = []
+        for s in slots:
+            p = s.piece
+            if s.result is not None or not s.keys or not p.is_range:
+                continue
+            assert p.start_ms is not None and p.end_ms is not None and p.step_ms is not None
+            keys: list[CacheKey] = []
+            for fine in self.config.cache.reuse_finer_steps:
+                if fine >= p.step_ms or p.step_ms % fine:
+                    continue
+                c0, c1 = cell_of(p.start_ms, fine, interval)
+                if p.start_ms < c0 or p.end_ms > c1:
+                    continue
+                try:
+                    u = self._unit(replace(p, step_ms=fine), c0, c1, ctx, router)
+                except PromError:
+                    continue
+                if u.key is not None and u.storable:
+                    keys.append(u.key)
+                    wanted.setdefault(u.key.digest, u.key)
+            if keys:
+                candidates.append((s, keys))
+        if not wanted:
+            return
+        found: dict[str, QueryResult] = {}
+        rest = []
+        for digest, k in wanted.items():
+            landed = self._landed(digest)
+            if landed is not None:
+                found[digest] = landed
+            else:
+                rest.append(k)
+        if rest:
+            for k, payload in zip(rest, await self.store().get_many(rest)):
+                if payload is None:
+                    continue
+                try:
+                    found[k.digest] = QueryResult.from_ipc_bytes(payload)
+                except Exception:  # noqa: BLE001 -- an undecodable entry is a miss
+                    METRICS.cache_errors.labels("decode").inc()
+        for s, keys in candidates:
+            for k in keys:
+                r = found.get(k.digest)
+                if r is None or r.result_type != "matrix":
+                    continue
+                p = s.piece
+                assert p.start_ms is not None and p.end_ms is not None and p.step_ms is not None
+                s.result, s.status = subsample(r, p.start_ms, p.end_ms, p.step_ms), "hit"
+                METRICS.cache_finer_step.inc()
                 break
 
     def _landed(self, digest: str | None) -> QueryResult | None:
@@ -552,7 +696,7 @@ class Executor:
             if not u.storable or u.key is None or u.footprint is None or r.warnings:
                 continue
             baseline = None
-            if self.revalidator is not None:
+            if self.revalidator is not None and _digest_backend(u) is not None:
                 dq = digest_query(u.footprint)
                 if dq is not None:
                     baseline = baselines.get((dq, u.footprint.end_ms))
@@ -579,7 +723,8 @@ class Executor:
                     assert fp is not None
                     dq = digest_query(fp)
                     if baseline is not None and dq is not None:
-                        self.revalidator.record(dq, fp.end_ms, baseline, fp.metrics, fp.start_ms, fp.end_ms)
+                        self.revalidator.record(dq, fp.end_ms, baseline, fp.metrics, fp.start_ms, fp.end_ms,
+                                                _digest_backend(u) or "")
         except Exception:  # noqa: BLE001 -- the cache never fails a query
             METRICS.cache_errors.labels("put").inc()
             log.exception("storing fetched pieces failed")
@@ -603,6 +748,14 @@ class Executor:
         return entry[0]
 
     def _remember_call(self, key: tuple[Any, ...], answer: Any, fetched_at_ms: int) -> None:
+        # Big answers are not kept: holding a 50 MB answer for seconds after its query is
+        # done costs more memory (20 heavy queries at once) than the duplicate call it
+        # might save; dashboard panels' calls are far smaller (4 MiB: ~260k samples).
+        first = answer[0] if isinstance(answer, tuple) else answer
+        body = getattr(first, "body", None)
+        size = len(body) if body is not None else 16 * getattr(first, "n_samples", 0)
+        if size > 4 << 20:
+            return
         now = time.monotonic()
         if len(self._recent_calls) >= 64:
             for k in [k for k, e in self._recent_calls.items() if e[2] < now]:
@@ -616,14 +769,17 @@ class Executor:
         if self.revalidator is None:
             return {}
         wanted = []
+        backend = ""
         for u in units:
-            if u.storable and u.footprint is not None:
+            who = _digest_backend(u)
+            if u.storable and u.footprint is not None and who is not None:
                 dq = digest_query(u.footprint)
                 if dq is not None:
                     wanted.append((dq, u.footprint.end_ms))
+                    backend = who  # one fetch, one route
         if not wanted:
             return {}
-        return await self.revalidator.baselines(wanted, timeout_s)
+        return await self.revalidator.baselines(wanted, timeout_s, backend)
 
     # --- endpoints ------------------------------------------------------------------------
 
@@ -637,6 +793,15 @@ class Executor:
 
     async def _run(self, req: QueryRequest, pairs: Pairs, headers: Mapping[str, str], path: str,
                    timeout_ms: int | None) -> Response:
+        tally = [0]
+        SAMPLES_TALLY.set(tally)
+        response = await self._run_query(req, pairs, headers, path, timeout_ms)
+        if tally[0]:
+            response.headers["X-Promaccel-Samples-Processed"] = str(tally[0])
+        return response
+
+    async def _run_query(self, req: QueryRequest, pairs: Pairs, headers: Mapping[str, str], path: str,
+                         timeout_ms: int | None) -> Response:
         timeout_s = self._timeout_s(timeout_ms)
         want_arrow = ARROW_STREAM in headers.get("accept", "")
         plan = await self._plan(req)
@@ -645,23 +810,39 @@ class Executor:
         METRICS.planned.labels(mode, plan.notes[0][:60] if plan.notes and not plan.sharded else "").inc()
         unmergeable = any(k in UNMERGEABLE_PARAMS for k, _ in pairs)
         ctx = self._context(req, pairs, headers) if self.cache_enabled and not unmergeable else None
-        if self._forward_whole(plan, pairs) and not want_arrow:
-            return await self._whole(plan, pairs, path, timeout_s, ctx)
+        router = self._router(req, plan)
+        backend = self.primary
+        if router is not None:
+            whole = self._whole_route(router, req)
+            router.partial_ok = whole.kind != "single"
+            if whole.kind == "unroutable" or (_merges(whole) and (
+                    _absent_like(router.query) or _pinned_at(router.query) is not None)):
+                return await self._cross_store(req, pairs, headers, timeout_s, ctx, router, whole, want_arrow)
+            if whole.kind == "single":
+                backend = self.by_name[whole.backend]
+            elif unmergeable:
+                raise PromError("execution", f"{', '.join(sorted(k for k, _ in pairs if k in UNMERGEABLE_PARAMS))} "
+                                f"cannot be answered for a query that needs several backends ({whole.key()})")
+        if self._forward_whole(plan, pairs) and not want_arrow and (router is None or whole.kind == "single"):
+            return await self._whole(plan, pairs, path, timeout_s, ctx, backend, router)
         extra = [(k, v) for k, v in pairs if k not in PLANNED_PARAMS]
         try:
             try:
-                result, status = await self._execute(plan, extra, timeout_s, ctx)
+                result, status = await self._execute(plan, extra, timeout_s, ctx, router)
             except AmbiguousTies:
                 # Ties at the k-th place: Prometheus's pick depends on its heap over all
                 # series, so run the query unsharded (time pieces are still exact).
                 METRICS.planned.labels("unsharded_rerun", "topk tie at the k-th place").inc()
                 plan = make_plan(plan.request, replace(self.settings, shards=1), {})
-                result, status = await self._execute(plan, extra, timeout_s, ctx)
+                result, status = await self._execute(plan, extra, timeout_s, ctx, router)
         except PieceFailed as failed:
             return relay(failed.reply, {"X-Promaccel-Pieces": str(len(plan.pieces))})
         except Undecodable:
             # Native histograms and other shapes the merge does not model: forward whole.
-            reply = await self.primary.request(
+            if router is not None and whole.kind != "single":
+                raise PromError("execution", "this answer's shape (e.g. native histograms) cannot be merged "
+                                f"across backends ({whole.key()})") from None
+            reply = await backend.request(
                 "POST", path, form=pairs, timeout_s=timeout_s, limited=True, endpoint=path
             )
             return relay(reply, {"X-Promaccel-Pieces": "1"})
@@ -670,9 +851,115 @@ class Executor:
             return Response(encode_arrow_stream(result), media_type=ARROW_STREAM, headers=out_headers)
         return json_response(result, out_headers)
 
-    async def _whole(self, plan: Plan, pairs: Pairs, path: str, timeout_s: float, ctx: _Ctx | None) -> Response:
+    # --- cross-store queries ----------------------------------------------------------------
+
+    async def _cross_store(self, req: QueryRequest, pairs: Pairs, headers: Mapping[str, str], timeout_s: float,
+                           ctx: _Ctx | None, router: Router, whole: Route, want_arrow: bool) -> Response:
+        """A query no single backend can answer (a join of metrics that live in different
+        stores): the largest subtrees one backend can answer run as queries of their own
+        (planned, cached, sharded like any query), and promaccel evaluates the binary
+        operators and aggregations above them on the decoded answers. Anything else above
+        them is a 422 naming the metrics, the backends and the operator -- never a guess."""
+        if any(k in UNMERGEABLE_PARAMS for k, _ in pairs):
+            raise PromError("execution", whole.reason)
+        expr = router.query
+        if isinstance(expr, str):
+            raise PromError("execution", whole.reason)
+        extra = [(k, v) for k, v in pairs if k not in PLANNED_PARAMS]
+        counter = [0]
+        try:
+            async with asyncio.timeout(timeout_s):
+                result = await self._evaluate(expr, req, extra, timeout_s, ctx, router, whole, counter)
+        except TimeoutError:
+            raise PromError("timeout", f"query timed out after {timeout_s:g}s") from None
+        except PieceFailed as failed:
+            return relay(failed.reply, {"X-Promaccel-Pieces": str(counter[0])})
+        if not isinstance(result, QueryResult):
+            raise PromError("execution", whole.reason)
+        METRICS.planned.labels("cross_store", "").inc()
+        out_headers = {"X-Promaccel-Pieces": str(counter[0]), "X-Cache": "MISS"}
+        if want_arrow:
+            return Response(encode_arrow_stream(result), media_type=ARROW_STREAM, headers=out_headers)
+        return json_response(result, out_headers)
+
+    async def _evaluate(self, node: Any, req: QueryRequest, extra: Pairs, timeout_s: float, ctx: _Ctx | None,
+                        router: Router, whole: Route, counter: list[int]) -> QueryResult | float:
+        from shardplanner.ast import Agg, Binary, Call, Number, Paren
+        from shardplanner.serialize import to_promql
+
+        from .binop import BinopError, evaluate_binary
+
+        while isinstance(node, Paren):
+            node = node.expr
+        if isinstance(node, Number):
+            return node.value
+        if req.is_range:
+            assert req.start_ms is not None and req.end_ms is not None and req.step_ms is not None
+            r = router.range_route(req.start_ms, req.end_ms, req.step_ms, node)
+        else:
+            assert req.time_ms is not None
+            r = router.instant_route(req.time_ms, node)
+        pinned = _pinned_at(node) if _merges(r) else None
+        if pinned is not None:
+            # `sum(x @ T)` is the same at every step: `sum(x)` at T. Asked that way, the
+            # overlap merge sees the backends' gaps around T (with `@` every step of its
+            # probe would read the same instant).
+            from shardplanner.ast import Selector, transform
+
+            free = transform(node, lambda n: replace(n, at=None) if isinstance(n, Selector) else n)
+            at_t = QueryRequest(query=to_promql(free), time_ms=pinned, lookback_ms=req.lookback_ms)
+            value = await self._evaluate(free, at_t, extra, timeout_s, ctx, router, whole, counter)
+            if isinstance(value, QueryResult):
+                return _restamp(value, req)
+        if r.kind != "unroutable" and not (_merges(r) and _absent_like(node)):
+            # A scalar-typed side (scalar(x), time()) comes back as a one-series matrix for a
+            # range query; evaluate_binary knows it is a scalar from the expression.
+            sub = replace(req, query=to_promql(node))
+            plan = await self._plan(sub)
+            counter[0] += len(plan.pieces)
+            try:
+                result, _ = await self._execute(plan, extra, timeout_s, ctx, self._router(sub, plan))
+            except AmbiguousTies:
+                plan = make_plan(sub, replace(self.settings, shards=1), {})
+                result, _ = await self._execute(plan, extra, timeout_s, ctx, self._router(sub, plan))
+            return result
+        if isinstance(node, Binary):
+            lhs, rhs = await asyncio.gather(
+                self._evaluate(node.lhs, req, extra, timeout_s, ctx, router, whole, counter),
+                self._evaluate(node.rhs, req, extra, timeout_s, ctx, router, whole, counter),
+            )
+            try:
+                return evaluate_binary(node, lhs, rhs)
+            except BinopError as exc:
+                raise PromError("execution", exc.message) from None
+        if isinstance(node, Call) and node.func in _ABSENT_LIKE and len(node.args) == 1:
+            # absent()/scalar() over backends that are merged: the merge cannot see that an
+            # "absent" from a backend in an outage is wrong, so the argument is merged first
+            # and the function applied here, on the merged series.
+            arg = node.args[0]
+            inner_expr = Call("count_over_time", (arg,)) if node.func == "absent_over_time" else arg
+            inner = await self._evaluate(inner_expr, req, extra, timeout_s, ctx, router, whole, counter)
+            if isinstance(inner, QueryResult):
+                return _absent_or_scalar(node, inner, req)
+        if isinstance(node, Agg) and node.op in _LOCAL_AGGS and (node.param is None or isinstance(node.param, Number)):
+            inner = await self._evaluate(node.expr, req, extra, timeout_s, ctx, router, whole, counter)
+            if isinstance(inner, QueryResult):
+                return _aggregate_locally(node, inner, req.time_ms)
+        raise PromError("execution", whole.reason)
+
+    @staticmethod
+    def _whole_route(router: Router, req: QueryRequest) -> Route:
+        if req.is_range:
+            assert req.start_ms is not None and req.end_ms is not None and req.step_ms is not None
+            return router.range_route(req.start_ms, req.end_ms, req.step_ms)
+        assert req.time_ms is not None
+        return router.instant_route(req.time_ms)
+
+    async def _whole(self, plan: Plan, pairs: Pairs, path: str, timeout_s: float, ctx: _Ctx | None,
+                     backend: Backend | None = None, router: Router | None = None) -> Response:
         """A query the planner left whole: its cached answer, or the backend's bytes."""
-        slots = self._slots(plan, ctx) if ctx is not None and not any(
+        backend = backend or self.primary
+        slots = self._slots(plan, ctx, router) if ctx is not None and not any(
             k in UNMERGEABLE_PARAMS for k, _ in pairs) else []
         if slots and slots[0].keys:
             await self._lookup(slots)
@@ -681,23 +968,29 @@ class Executor:
                 return json_response(slots[0].result, {"X-Promaccel-Pieces": "1", "X-Cache": status})
         unit = slots[0].unit if slots and slots[0].unit.storable else None
         tenant = ctx.tenant if ctx is not None else ""
-        key = ("whole", path, tuple(pairs), tenant)
+        key = ("whole", path, tuple(pairs), tenant, backend.name)
         reply: BackendReply | None = self._recent_call(key) if unit is not None else None
         if reply is not None:
             METRICS.coalesced.labels("recent").inc()
         else:
-            reply = await self.flight.do(key, lambda: self._forward(key, path, pairs, timeout_s, unit))
+            reply = await self.flight.do(key, lambda: self._forward(key, path, pairs, timeout_s, unit, backend))
         status = self._count(slots)
         return relay(reply, {"X-Promaccel-Pieces": "1", "X-Cache": status})
 
     async def _forward(self, key: tuple[Any, ...], path: str, pairs: Pairs, timeout_s: float,
-                       unit: Unit | None) -> BackendReply:
+                       unit: Unit | None, backend: Backend) -> BackendReply:
         baselines = await self._baselines([unit], timeout_s) if unit is not None else {}
         fetched_at = wall_ms()
-        fetch_log.debug("fetch %s whole", path)
-        reply = await self.primary.request(
+        fetch_log.debug("fetch %s whole from %s", path, backend.name)
+        reply = await backend.request(
             "POST", path, form=pairs, timeout_s=timeout_s, limited=True, endpoint=path
         )
+        if _needs_range_form(backend, path, reply) and any(k == "time" for k, _ in pairs):
+            try:
+                result = await self._ask_range_form(backend, pairs, timeout_s)
+            except PieceFailed as failed:
+                return failed.reply
+            reply = BackendReply(200, encode_prometheus_json(result), JSON)
         if unit is not None and reply.ok:
             self._remember_call(key, reply, fetched_at)
             self._spawn(self._keep_whole(reply.body, unit, fetched_at, baselines))
@@ -716,9 +1009,11 @@ class Executor:
         self._keep([unit], [result], fetched_at_ms, baselines)
 
     async def _execute(self, plan: Plan, extra: Pairs, timeout_s: float,
-                       ctx: _Ctx | None) -> tuple[QueryResult, str]:
-        slots = self._slots(plan, ctx)
+                       ctx: _Ctx | None, router: Router | None = None) -> tuple[QueryResult, str]:
+        slots = self._slots(plan, ctx, router)
         await self._lookup(slots)
+        if ctx is not None and self.config.cache.reuse_finer_steps:
+            await self._lookup_finer(slots, ctx, router)
         # Pieces another request is fetching right now: wait for that call instead.
         waits: list[tuple[Slot, asyncio.Future[QueryResult]]] = []
         missing: list[Slot] = []
@@ -741,7 +1036,7 @@ class Executor:
         try:
             async with asyncio.timeout(timeout_s):
                 async with asyncio.TaskGroup() as tg:
-                    tasks = [tg.create_task(self._fetch(f, extra, timeout_s, ctx)) for f in fetches]
+                    tasks = [tg.create_task(self._fetch(f, extra, timeout_s, ctx, router)) for f in fetches]
                     shared = [tg.create_task(_wait(fut)) for _, fut in waits]
         except* PieceFailed as group:
             raise _first(group.exceptions) from None
@@ -780,7 +1075,8 @@ class Executor:
         merged = merge([(role, r) for _, _, role, r in segments], plan.merge, time_ms=plan.request.time_ms)
         return merged, status
 
-    async def _fetch(self, f: Fetch, extra: Pairs, timeout_s: float, ctx: _Ctx | None) -> QueryResult:
+    async def _fetch(self, f: Fetch, extra: Pairs, timeout_s: float, ctx: _Ctx | None,
+                     router: Router | None = None) -> QueryResult:
         if f.step_ms is not None:
             assert f.start_ms is not None and f.end_ms is not None
             path = "/api/v1/query_range"
@@ -791,7 +1087,7 @@ class Executor:
             path = "/api/v1/query"
             form = [("query", f.query), ("time", _seconds(f.time_ms)), *extra]
         tenant = ctx.tenant if ctx is not None else ""
-        key = ("piece", path, tuple(form), tenant)
+        key = ("piece", path, tuple(form), tenant, f.route)
         recent = self._recent_call(key)
         if recent is not None:
             METRICS.coalesced.labels("recent").inc()
@@ -804,11 +1100,11 @@ class Executor:
                 self._store_fetch(f, unlanded, result, fetched_at, baselines)
             return result  # type: ignore[no-any-return]
         return await self.flight.do(  # type: ignore[no-any-return]
-            key, lambda: self._fetch_now(key, f, path, form, timeout_s)
+            key, lambda: self._fetch_now(key, f, path, form, timeout_s, router)
         )
 
     async def _fetch_now(self, key: tuple[Any, ...], f: Fetch, path: str, form: Pairs,
-                         timeout_s: float) -> QueryResult:
+                         timeout_s: float, router: Router | None = None) -> QueryResult:
         # Announce the call's units, so that requests needing one of them wait for this call.
         loop = asyncio.get_running_loop()
         announced: dict[str, asyncio.Future[QueryResult]] = {}
@@ -818,7 +1114,7 @@ class Executor:
                 fut.add_done_callback(_retrieve)
                 announced[u.key.digest] = self._inflight[u.key.digest] = fut
         try:
-            result = await self._call(key, f, path, form, timeout_s)
+            result = await self._call(key, f, path, form, timeout_s, router)
         except BaseException as exc:
             for fut in announced.values():
                 if fut.done():
@@ -835,24 +1131,14 @@ class Executor:
         return result
 
     async def _call(self, key: tuple[Any, ...], f: Fetch, path: str, form: Pairs,
-                    timeout_s: float) -> QueryResult:
+                    timeout_s: float, router: Router | None = None) -> QueryResult:
         storable = [u for u in f.units if u.storable] if self.cache_enabled else []
         baselines = await self._baselines(storable, timeout_s) if storable else {}
         fetched_at = wall_ms()
         if fetch_log.isEnabledFor(logging.DEBUG):
             fetch_log.debug("fetch %s start_ms=%s end_ms=%s step_ms=%s time_ms=%s units=%d query=%s",
                            path, f.start_ms, f.end_ms, f.step_ms, f.time_ms, len(f.units), f.query)
-        reply = await self.primary.request(
-            "POST", path, form=form, timeout_s=timeout_s, limited=True, endpoint=path
-        )
-        if not reply.ok:
-            raise PieceFailed(reply)
-        try:
-            result = decode_prometheus_json(reply.body)
-        except Undecodable:
-            raise
-        except CodecError as exc:
-            raise PromError("internal", f"could not decode a backend answer: {exc}") from exc
+        result = await self._answer(f, path, form, timeout_s, router)
         keyed = [u for u in f.units if u.key is not None]
         parts = self._cut(f, keyed, result)
         for u, part in zip(keyed, parts or ()):
@@ -869,6 +1155,156 @@ class Executor:
             if len(storable) == len(f.units):
                 self._remember_call(key, (result, fetched_at, baselines), fetched_at)
         return result
+
+    async def _ask(self, backend: Backend, path: str, form: Pairs, timeout_s: float) -> QueryResult:
+        """One backend call, decoded; a backend error answer raises PieceFailed. AMP bills by
+        samples processed: its calls carry `stats=all`, and the count is kept per backend in
+        /metrics and per answer in the X-Promaccel-Samples-Processed header."""
+        amp = backend.cfg.kind == "amp" and not any(k == "stats" for k, _ in form)
+        if amp:
+            form = [*form, ("stats", "all")]
+        reply = await backend.request("POST", path, form=form, timeout_s=timeout_s, limited=True, endpoint=path)
+        if _needs_range_form(backend, path, reply):
+            return await self._ask_range_form(backend, form, timeout_s)
+        if not reply.ok:
+            raise PieceFailed(reply)
+        if amp:
+            m = _SAMPLES.search(reply.body, max(0, len(reply.body) - 4096))
+            if m is not None:
+                n = int(m.group(1))
+                METRICS.samples_processed.labels(backend.name).inc(n)
+                tally = SAMPLES_TALLY.get()
+                if tally is not None:
+                    tally[0] += n
+        try:
+            return decode_prometheus_json(reply.body)
+        except Undecodable:
+            raise
+        except CodecError as exc:
+            raise PromError("internal", f"could not decode a backend answer: {exc}") from exc
+
+    async def _ask_range_form(self, backend: Backend, form: Pairs, timeout_s: float) -> QueryResult:
+        """AMP refuses instant queries that read 32 days or more ("only supported for range
+        type queries"): ask the same query as a range query over the single step `time`,
+        whose answer at that step is the instant query's."""
+        t = next(v for k, v in form if k == "time")
+        query = next(v for k, v in form if k == "query")
+        ranged = [(k, v) for k, v in form if k != "time"] + [("start", t), ("end", t), ("step", "60")]
+        METRICS.planned.labels("amp_range_form", "").inc()
+        result = await self._ask(backend, "/api/v1/query_range", ranged, timeout_s)
+        return _instant_of(result, query, int(round(float(t) * 1000)))
+
+    async def _answer(self, f: Fetch, path: str, form: Pairs, timeout_s: float,
+                      router: Router | None) -> QueryResult:
+        """A fetch's answer from the backend(s) of its route: one call, or one per time part
+        and backend, overlap parts merged (`proxy/overlap.py`) and time parts concatenated."""
+        if router is None or not f.route:
+            return await self._ask(self.primary, path, form, timeout_s)
+        route = router.routes[f.route]
+        if route.kind == "single":
+            try:
+                return await self._ask(self.by_name[route.backend], path, form, timeout_s)
+            except (PieceFailed, PromError) as exc:
+                why = _unavailable(exc)
+                if why is None or not router.partial_ok:
+                    raise
+                # Other backends answer the rest of the request: say plainly what is missing
+                # (an answer with a warning is never cached).
+                METRICS.backend_missing.labels(route.backend).inc()
+                lo = f.start_ms if f.start_ms is not None else f.time_ms
+                hi = f.end_ms if f.end_ms is not None else f.time_ms
+                return QueryResult.empty("matrix" if f.step_ms is not None else "vector", warnings=[
+                    f"promaccel: backend {route.backend!r} did not answer ({why}); the data from "
+                    f"{_seconds(lo or 0)} to {_seconds(hi or 0)} is missing"])
+        if route.kind != "split_time":
+            lo = f.start_ms if f.start_ms is not None else f.time_ms
+            hi = f.end_ms if f.end_ms is not None else f.time_ms
+            assert lo is not None and hi is not None
+            return await self._ask_part(TimePart(lo, hi, route.backends), path, form, timeout_s, router, f.step_ms)
+        outcomes = await asyncio.gather(
+            *(self._ask_part(p, path, form, timeout_s, router, f.step_ms) for p in route.parts),
+            return_exceptions=True,
+        )
+        answered, failed = _survivors(zip(route.parts, outcomes))
+        results = [r for _, r in answered]
+        missing: list[str] = []
+        for part, why, _ in failed:
+            # The only holders of this part are down: the rest of the answer still comes,
+            # with a warning saying plainly what is missing (and it is never cached).
+            for name in part.backends:
+                METRICS.backend_missing.labels(name).inc()
+            missing.append(f"promaccel: backend {'+'.join(map(repr, part.backends))} did not answer ({why}); "
+                           f"the data from {_seconds(part.start_ms)} to {_seconds(part.end_ms)} is missing")
+        if not results:
+            raise failed[0][2]
+        merged = results[0] if len(results) == 1 else concat(results)
+        if missing:
+            merged.warnings = [*merged.warnings, *missing]
+        return merged
+
+    async def _ask_part(self, part: TimePart, path: str, form: Pairs, timeout_s: float,
+                        router: Router, step_ms: int | None) -> QueryResult:
+        lo, hi = part.start_ms, part.end_ms
+        ranged = path.endswith("/query_range") and step_ms is not None
+        if ranged and len(part.backends) > 1:
+            # The overlap merge sees a backend's gaps by their missing steps: look one edge
+            # beyond the part on each side (same grid), so a gap that starts just outside
+            # it is seen too; the answer is cropped back to the part.
+            assert step_ms is not None
+            pad = -(-router.edge_ms // step_ms) * step_ms
+            if (hi - lo + 2 * pad) // step_ms <= self.config.limits.max_points - 1:
+                lo, hi = lo - pad, hi + pad
+        if ranged:
+            form = [(k, _seconds(lo) if k == "start" else _seconds(hi) if k == "end" else v) for k, v in form]
+        if len(part.backends) == 1:
+            return await self._ask(self.by_name[part.backend], path, form, timeout_s)
+        instant_at: int | None = None
+        original = (path, form)
+        if not ranged and _probe_instant(form):
+            # An instant has no neighbouring steps, so a backend's outage next to it cannot
+            # be seen: ask for the range [t - edge, t + edge] instead (its value at t is the
+            # instant query's) and keep t.
+            instant_at = part.start_ms
+            pad = -(-router.edge_ms // OVERLAP_PROBE_STEP_MS) * OVERLAP_PROBE_STEP_MS
+            path = "/api/v1/query_range"
+            form = [(k, v) for k, v in form if k != "time"] + [
+                ("start", _seconds(instant_at - pad)), ("end", _seconds(instant_at + pad)),
+                ("step", _seconds(OVERLAP_PROBE_STEP_MS))]
+        outcomes = await asyncio.gather(
+            *(self._ask(self.by_name[name], path, form, timeout_s) for name in part.backends),
+            return_exceptions=True,
+        )
+        if instant_at is not None and any(isinstance(o, PieceFailed) and _unavailable(o) is None
+                                          for o in outcomes):
+            # The range failed where the instant may not (e.g. duplicate series at an
+            # earlier step of a join): ask the instant itself.
+            instant_at = None
+            path, form = original
+            outcomes = await asyncio.gather(
+                *(self._ask(self.by_name[name], path, form, timeout_s) for name in part.backends),
+                return_exceptions=True,
+            )
+        answered, failed = _survivors(zip(part.backends, outcomes))
+        answers = [r for _, r in answered]
+        warnings: list[str] = []
+        for name, why, _ in failed:
+            warnings.append(missing_warning(name, why))
+            METRICS.backend_missing.labels(name).inc()
+        if not answers:
+            raise failed[0][2]
+        from .overlap import merge_overlap
+
+        merged = merge_overlap(answers, edge_ms=router.edge_ms)
+        if instant_at is not None:
+            at = slice_time(merged, instant_at, instant_at)
+            merged = QueryResult("vector", at.labels, at.offsets, at.t_ms, at.value, at.warnings, at.infos)
+        elif (lo, hi) != (part.start_ms, part.end_ms):
+            merged = slice_time(merged, part.start_ms, part.end_ms)
+        if merged.result_type == "vector":
+            merged = _in_answer_order(merged, answers)
+        if warnings:
+            merged.warnings = [*merged.warnings, *warnings]
+        return merged
 
     @staticmethod
     def _cut(f: Fetch, units: Sequence[Unit], result: QueryResult) -> list[QueryResult] | None:
@@ -933,13 +1369,23 @@ class Executor:
         plan = await self._plan(req)
         data = explain_plan(plan)
         ctx = self._context(req, pairs, headers or {}) if self.cache_enabled else None
-        slots = self._slots(plan, ctx)
+        router = self._router(req, plan)
+        if router is not None:
+            whole = self._whole_route(router, req)
+            data["route"] = {"kind": whole.kind, "backends": list(whole.backends),
+                             "parts": [[p.start_ms, p.end_ms, list(p.backends)] for p in whole.parts],
+                             "reason": whole.reason or None, "notes": list(whole.notes)}
+            if whole.kind == "unroutable":
+                return data
+        slots = self._slots(plan, ctx, router)
         if ctx is not None:
             await self._lookup(slots)
         missing = [s.unit for s in slots if s.result is None]
         data["fetches"] = len(coalesce_units(missing, self.primary.cfg.max_parallel, self.config.limits.max_points))
         for d, s in zip(data["pieces"], slots):
             d["cache"] = s.status
+            if s.unit.route:
+                d["route"] = router.routes[s.unit.route].key() if router is not None else s.unit.route
             if s.unit.key is not None and s.unit.is_range and (s.unit.start_ms, s.unit.end_ms) != (
                     s.piece.start_ms, s.piece.end_ms):
                 d["cache_unit"] = [s.unit.start_ms, s.unit.end_ms]
@@ -999,6 +1445,239 @@ def _encode_items(entries: Sequence[tuple[Unit, QueryResult, bytes | None]], fet
         meta = PieceMeta(fp.metrics, fp.start_ms, fp.end_ms, fetched_at_ms)
         items.append(CacheItem(u.key, r.to_ipc_bytes(), u.ttl_ms, meta))
     return items
+
+
+_LOCAL_AGGS = frozenset({"sum", "min", "max", "count", "group", "avg", "topk", "bottomk"})
+_ABSENT_LIKE = frozenset({"absent", "absent_over_time", "scalar"})
+_DECOMPOSE = _ABSENT_LIKE | {"vector"}
+
+
+# Step of the range an overlap instant is asked as (`Executor._ask_part`).
+OVERLAP_PROBE_STEP_MS = 60_000
+
+
+def _probe_instant(form: Pairs) -> bool:
+    """Can this instant overlap piece be asked as a range (its answer is an instant vector,
+    and its order is not meaningful: not sort()/sort_desc())?"""
+    from shardplanner.ast import Call, MatrixSel, String, Subquery, unparen
+
+    from .binop import is_scalar_expr
+
+    query = next((v for k, v in form if k == "query"), "")
+    try:
+        node = unparen(parse(query))
+    except CannotParse:
+        return False
+    if isinstance(node, MatrixSel | Subquery | String) or is_scalar_expr(node):
+        return False
+    return not (isinstance(node, Call) and node.func in ("sort", "sort_desc"))
+
+
+_CLOCK_FUNCS = frozenset({"time", "minute", "hour", "day_of_month", "day_of_week", "day_of_year",
+                          "days_in_month", "month", "year"})
+
+
+def _pinned_at(expr: Any) -> int | None:
+    """T when every selector of `expr` is pinned `@ T` (one T, no subquery, no function of the
+    evaluation time): then its value at any step is its value at T."""
+    from shardplanner.ast import Call, Selector, Subquery, walk
+
+    if isinstance(expr, str):
+        return None
+    ats: set[Any] = set()
+    for n in walk(expr):
+        if isinstance(n, Subquery) or (isinstance(n, Call) and n.func in _CLOCK_FUNCS and not n.args):
+            return None
+        if isinstance(n, Selector):
+            ats.add(n.at)
+    if len(ats) != 1:
+        return None
+    (at,) = ats
+    return at if isinstance(at, int) and not isinstance(at, bool) else None
+
+
+def _restamp(value: QueryResult, req: QueryRequest) -> QueryResult:
+    """An instant answer (evaluated at a pinned time) as the answer at every step of `req`."""
+    grid = _grid(req)
+    n = value.n_series
+    if value.result_type == "scalar":
+        v = float(value.value[0]) if len(value.value) else float("nan")
+        if not req.is_range:
+            return QueryResult.scalar(int(grid[0]), v)
+        return QueryResult("matrix", [{}], np.array([0, len(grid)], dtype=np.int64), grid, np.full(len(grid), v))
+    values = value.value[value.offsets[:-1]] if n else np.zeros(0)
+    rtype = "matrix" if req.is_range else "vector"
+    offsets = np.arange(n + 1, dtype=np.int64) * len(grid)
+    out = QueryResult(rtype, list(value.labels), offsets, np.tile(grid, n), np.repeat(values, len(grid)),
+                      list(value.warnings), list(value.infos))
+    if rtype == "matrix" and n > 1:
+        from .merge import concat as _concat
+
+        out = _concat([out])  # Prometheus sorts range answers by labels
+    return out
+
+
+def _merges(route: Route) -> bool:
+    """Does `route` merge several backends' answers for some step (an overlap)?"""
+    return route.kind == "overlap" or any(len(p.backends) > 1 for p in route.parts)
+
+
+def _absent_like(expr: Any) -> bool:
+    """Does `expr` use a function whose answer is not per series (absent, scalar, vector)?
+    Over merged backends those are evaluated by promaccel above the merge."""
+    from shardplanner.ast import Call, walk
+
+    if isinstance(expr, str):
+        return False
+    return any(isinstance(n, Call) and n.func in _DECOMPOSE for n in walk(expr))
+
+
+def _grid(req: QueryRequest) -> npt.NDArray[np.int64]:
+    if req.is_range:
+        assert req.start_ms is not None and req.end_ms is not None and req.step_ms is not None
+        return np.arange(req.start_ms, req.end_ms + 1, req.step_ms, dtype=np.int64)
+    assert req.time_ms is not None
+    return np.array([req.time_ms], dtype=np.int64)
+
+
+def _absent_or_scalar(node: Any, inner: QueryResult, req: QueryRequest) -> QueryResult:
+    """absent(v) / absent_over_time(m) (with `inner` = count_over_time(m)) / scalar(v) of a
+    merged answer, as Prometheus computes them."""
+    from shardplanner.ast import MatrixSel, Selector
+
+    grid = _grid(req)
+    if node.func == "scalar":
+        counts = np.zeros(len(grid), dtype=np.int64)
+        values = np.full(len(grid), np.nan)
+        pos = np.searchsorted(grid, inner.t_ms)
+        np.add.at(counts, pos, 1)
+        values[pos] = inner.value  # kept only where exactly one series has a sample
+        values[counts != 1] = np.nan
+        if not req.is_range:
+            return QueryResult.scalar(int(grid[0]), float(values[0]))
+        return QueryResult("matrix", [{}], np.array([0, len(grid)], dtype=np.int64), grid, values)
+    # absent: 1 at the steps where the argument has no series; labels from its selector's
+    # equality matchers (a label given twice is left out), as Prometheus does.
+    sel = node.args[0]
+    if isinstance(sel, MatrixSel):
+        sel = sel.selector
+    labels: dict[str, str] = {}
+    if isinstance(sel, Selector) and not sel.or_matchers:
+        seen: dict[str, int] = {}
+        for m in sel.matchers:
+            seen[m.name] = seen.get(m.name, 0) + 1
+        for m in sel.matchers:
+            if m.op == "=" and m.name != "__name__" and seen[m.name] == 1 and m.value:
+                labels[m.name] = m.value
+    t = grid[~np.isin(grid, inner.t_ms)]
+    rtype = "matrix" if req.is_range else "vector"
+    if len(t) == 0:
+        return QueryResult.empty(rtype)
+    return QueryResult(rtype, [labels], np.array([0, len(t)], dtype=np.int64), t, np.ones(len(t)))
+
+
+def _aggregate_locally(node: Any, inner: QueryResult, time_ms: int | None) -> QueryResult:
+    """`op by/without (...) (inner)` on a decoded answer, with the re-aggregation kernels of
+    the merge: each series is its own partial (count: ones summed; avg: sum / count)."""
+    from shardplanner.plan import MergeRecipe
+
+    if node.without:
+        # `without` drops the metric name too (the kernels group by the remaining labels).
+        labels = [{k: v for k, v in d.items() if k != "__name__"} for d in inner.labels]
+        inner = QueryResult(inner.result_type, labels, inner.offsets, inner.t_ms, inner.value,
+                            inner.warnings, inner.infos)
+    ones = QueryResult(inner.result_type, inner.labels, inner.offsets, inner.t_ms,
+                       np.ones_like(inner.value), inner.warnings, inner.infos)
+    param = float(node.param.value) if node.param is not None else None
+    recipe = MergeRecipe("aggregate", op=node.op, grouping=node.grouping or (), without=node.without, param=param)
+    if node.op == "count":
+        return merge([(None, ones)], replace(recipe, op="sum"), time_ms=time_ms)
+    if node.op == "avg":
+        return merge([("sum", inner), ("count", ones)], recipe, time_ms=time_ms)
+    return merge([(None, inner)], recipe, time_ms=time_ms)
+
+
+_SAMPLES = re.compile(rb'"totalQueryableSamples":\s*(\d+)')
+# Samples processed by AMP for the current request (a one-element list per request).
+SAMPLES_TALLY: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("samples_tally", default=None)
+
+
+_RANGE_ONLY = b"only supported for range type queries"
+
+
+def _needs_range_form(backend: Backend, path: str, reply: BackendReply) -> bool:
+    return (backend.cfg.kind == "amp" and path.endswith("/api/v1/query") and reply.status == 422
+            and _RANGE_ONLY in reply.body)
+
+
+def _instant_of(result: QueryResult, query: str, t_ms: int) -> QueryResult:
+    """A one-step range answer as the instant answer at `t_ms` (scalar-typed queries give a
+    scalar)."""
+    from .binop import is_scalar_expr
+
+    try:
+        scalar = is_scalar_expr(parse(query))
+    except CannotParse:
+        scalar = False
+    if scalar:
+        v = float(result.value[0]) if len(result.value) else float("nan")
+        return QueryResult.scalar(t_ms, v, warnings=list(result.warnings), infos=list(result.infos))
+    return QueryResult("vector", result.labels, result.offsets, np.full(len(result.t_ms), t_ms, dtype=np.int64),
+                       result.value, result.warnings, result.infos)
+
+
+def _digest_backend(u: Unit) -> str | None:
+    """The backend whose digests revalidate unit `u`: "" for the default backend, the name of
+    a single-backend route; None for an overlap or a route split in time (several backends'
+    data: cached without revalidation; invalidation and generations still apply)."""
+    if not u.route:
+        return ""
+    if u.route.startswith(("overlap:", "split:")):
+        return None
+    return u.route.split("=", 1)[0]
+
+
+def _in_answer_order(merged: QueryResult, answers: Sequence[QueryResult]) -> QueryResult:
+    """An instant vector in the order the backends gave it (preferred backend's order first):
+    Prometheus's order is meaningful for sort(), sort_desc() and topk()."""
+    pos: dict[bytes, int] = {}
+    for a in answers:
+        for k in a.canonical_keys():
+            pos.setdefault(k, len(pos))
+    keys = merged.canonical_keys()
+    order = sorted(range(len(keys)), key=lambda i: pos.get(keys[i], len(pos) + i))
+    if order == list(range(len(keys))) or merged.n_samples != len(keys):
+        return merged
+    idx = np.asarray(order, dtype=np.int64)
+    return QueryResult("vector", [merged.labels[i] for i in order], merged.offsets.copy(),
+                       merged.t_ms[idx], merged.value[idx], merged.warnings, merged.infos)
+
+
+def _survivors(outcomes: Any) -> tuple[list[tuple[Any, QueryResult]], list[tuple[Any, str, BaseException]]]:
+    """(key, answer or exception) pairs -> the answers, and the failures that only make a
+    backend's data missing (with why); any other failure (a bad query) is raised."""
+    answered: list[tuple[Any, QueryResult]] = []
+    failed: list[tuple[Any, str, BaseException]] = []
+    for key, out in outcomes:
+        if isinstance(out, QueryResult):
+            answered.append((key, out))
+            continue
+        why = _unavailable(out)
+        if why is None:
+            raise out  # a bad query, an undecodable answer: as from one backend
+        failed.append((key, why, out))
+    return answered, failed
+
+
+def _unavailable(exc: BaseException) -> str | None:
+    """Why a backend's failure only makes its data missing (unreachable, timed out, 5xx,
+    throttled past the retries); None for a failure every backend would give (bad query)."""
+    if isinstance(exc, PieceFailed):
+        status = exc.reply.status
+        return f"HTTP {status}" if status >= 500 or status == 429 else None
+    if isinstance(exc, PromError) and exc.kind in ("unavailable", "timeout"):
+        return exc.kind
+    return None
 
 
 def _first(excs: Sequence[BaseException]) -> BaseException:

@@ -7,6 +7,17 @@
                                            re-aggregate: sum of sums, sum of counts, min of
                                            mins, max of maxes, group -> 1, avg as sum/count,
                                            topk/bottomk over the union of per-shard winners
+                                           (recipe.combine_time: instant pieces evaluated at
+                                           different times over sub-windows of one range
+                                           selector, combined as if at `time_ms`)
+
+combine_time (instant `max_over_time(x[7d])`, `sum by (g) (sum_over_time(x[7d]))`, ...; see
+shardplanner.planner._instant_window): every piece is an instant vector at its own
+evaluation time; all samples are re-stamped with the request's `time_ms`, so the one slot
+holds every sub-window's value of a group and `op` combines them: max of maxes, min of mins,
+sum of sums, sum of counts (the planner sends op "sum" for count_over_time). The planner makes
+sum/count sub-windows disjoint, so no sample is counted twice; the merge only adds, in piece
+order (time, then shard), so the answer is deterministic.
 
 concat maps each piece's series to the union by canonical label JSON (one dict operation
 per series; a piece with the same key list as the previous one, as time pieces have, is
@@ -407,6 +418,8 @@ class _Flat:
         if recipe.combine_time:
             if time_ms is None:
                 raise MergeConflict("combine_time needs the request's time_ms")
+            if self.rtype != "vector":
+                raise MergeConflict(f"combine_time merges instant vectors, not {self.rtype}")
             t = np.full(len(t), time_ms, dtype=np.int64)
         self.slot, self.slot_t = _slots(t)
         self.group_rank = _ranks(self.group_keys)

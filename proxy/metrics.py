@@ -32,6 +32,25 @@ class _Metrics:
             ["backend", "error"],
             registry=r,
         )
+        self.cache_finer_step = Counter(
+            "promaccel_cache_finer_step_hits_total",
+            "Range pieces answered by subsampling a cached piece at a finer step",
+            registry=r,
+        )
+        # AMP bills by samples processed (`stats=all` on every planned AMP call).
+        self.samples_processed = Counter(
+            "promaccel_backend_samples_processed_total",
+            "Samples processed by backends, as they report them (AMP)",
+            ["backend"],
+            registry=r,
+        )
+        # Overlap answers given without one backend (a warning names it; never cached).
+        self.backend_missing = Counter(
+            "promaccel_backend_missing_total",
+            "Overlap pieces answered without a backend that failed",
+            ["backend"],
+            registry=r,
+        )
         self.backend_retries = Counter(
             "promaccel_backend_retries_total", "Backend calls retried", ["backend"], registry=r
         )

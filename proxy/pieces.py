@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from .arrowcodec import QueryResult
 
-__all__ = ["slice_time", "split_time"]
+__all__ = ["slice_time", "split_time", "subsample"]
 
 I64 = npt.NDArray[np.int64]
 
@@ -69,6 +69,19 @@ def split_time(result: QueryResult, bounds: Sequence[tuple[int, int]]) -> list[Q
         a, b = int(cuts[j]), int(cuts[j + 1])
         out.append(_take(result, idx[a:b], series_of[a:b], ckeys))
     return out
+
+
+def subsample(result: QueryResult, start_ms: int, end_ms: int, step_ms: int) -> QueryResult:
+    """`result` (a matrix on a finer grid that holds every point of this one) restricted to
+    the grid `start_ms + k * step_ms` within `[start_ms, end_ms]`: a range query is
+    evaluated independently at each grid point, so this is exactly the coarser query's
+    answer (series left without a sample are dropped, as Prometheus omits them)."""
+    if result.result_type != "matrix":
+        raise ValueError(f"only a matrix can be subsampled, not a {result.result_type}")
+    t = result.t_ms
+    idx = np.flatnonzero((t >= start_ms) & (t <= end_ms) & ((t - start_ms) % step_ms == 0))
+    series_of = result.series[idx] if len(idx) else np.zeros(0, dtype=np.int32)
+    return _take(result, idx, series_of, result.canonical_keys() if result.n_series else [])
 
 
 def _take(result: QueryResult, idx: I64, series_of: npt.NDArray[np.int32], ckeys: list[bytes]) -> QueryResult:

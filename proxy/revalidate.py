@@ -22,7 +22,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import orjson
@@ -54,6 +54,7 @@ class Record:
     start_ms: int
     end_ms: int
     recorded_at: float
+    backend: str = ""  # "" : the default backend
 
 
 def _seconds(ms: int) -> str:
@@ -88,8 +89,11 @@ class Revalidator:
         interval_ms: int,
         max_age_ms: int,
         max_entries: int,
+        backends: Mapping[str, Backend] | None = None,
     ) -> None:
+        # Hybrid fleets: a piece's digest is taken on the backend that answered it.
         self.backend = backend
+        self.backends = dict(backends or {})
         self._invalidate = invalidate
         self.interval_s = interval_ms / 1000
         self.max_age_s = max_age_ms / 1000
@@ -105,10 +109,11 @@ class Revalidator:
 
     # Digests -----------------------------------------------------------------------------
 
-    async def digest(self, query: str, time_ms: int, timeout_s: float = 30.0) -> bytes | None:
+    async def digest(self, query: str, time_ms: int, timeout_s: float = 30.0, backend: str = "") -> bytes | None:
+        target = self.backends.get(backend, self.backend) if backend else self.backend
         try:
             async with self._sem:
-                reply = await self.backend.request(
+                reply = await target.request(
                     "POST", "/api/v1/query", form=[("query", query), ("time", _seconds(time_ms))],
                     timeout_s=timeout_s, endpoint="digest",
                 )
@@ -117,14 +122,15 @@ class Revalidator:
             return None
         return normalise(reply.body) if reply.ok else None
 
-    async def baselines(self, wanted: Sequence[tuple[str, int]], timeout_s: float) -> dict[tuple[str, int], bytes]:
+    async def baselines(self, wanted: Sequence[tuple[str, int]], timeout_s: float,
+                        backend: str = "") -> dict[tuple[str, int], bytes]:
         """Digests of `wanted` (query, time) pairs, taken now; failed ones are left out."""
         unique = list(dict.fromkeys(wanted))
-        answers = await asyncio.gather(*(self.digest(q, t, timeout_s) for q, t in unique))
+        answers = await asyncio.gather(*(self.digest(q, t, timeout_s, backend) for q, t in unique))
         return {k: a for k, a in zip(unique, answers) if a is not None}
 
     def record(self, query: str, time_ms: int, baseline: bytes, metrics: tuple[str, ...],
-               start_ms: int, end_ms: int) -> None:
+               start_ms: int, end_ms: int, backend: str = "") -> None:
         key = (query, time_ms)
         old = self._records.pop(key, None)
         if old is not None and old.baseline != baseline:
@@ -135,7 +141,7 @@ class Revalidator:
             task = asyncio.get_running_loop().create_task(self._drop(old))
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
-        self._records[key] = Record(query, time_ms, baseline, metrics, start_ms, end_ms, time.monotonic())
+        self._records[key] = Record(query, time_ms, baseline, metrics, start_ms, end_ms, time.monotonic(), backend)
         while len(self._records) > self.max_entries:
             self._records.popitem(last=False)
 
@@ -174,7 +180,7 @@ class Revalidator:
         for key in [k for k, r in self._records.items() if now - r.recorded_at > self.max_age_s]:
             del self._records[key]
         records = list(self._records.values())
-        answers = await asyncio.gather(*(self.digest(r.query, r.time_ms) for r in records))
+        answers = await asyncio.gather(*(self.digest(r.query, r.time_ms, backend=r.backend) for r in records))
         changed = 0
         for rec, answer in zip(records, answers):
             if answer is None:

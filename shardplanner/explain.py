@@ -8,6 +8,7 @@ explain(plan) -> {
   "shards": [{"index": 0, "count": 4, "label": "Hostname", "matcher": "Hostname=~\"...\""}],
   "time_pieces": [[start_ms, end_ms], ...],            # or instant evaluation times
   "piece_count": 16,
+  "estimated_samples": 2949120, "estimated_series": 2048,   # or null (Plan.estimated_*)
   "pieces": [{"query": ..., "start_ms": ..., "shard": 0, "role": "sum"}, ...]
 }
 """
@@ -73,6 +74,8 @@ def explain(plan: Plan) -> dict[str, Any]:
         ],
         "time_pieces": times,
         "piece_count": len(plan.pieces),
+        "estimated_samples": plan.estimated_samples,
+        "estimated_series": plan.estimated_series,
         "pieces": [_piece(p) for p in plan.pieces],
     }
 
@@ -102,6 +105,10 @@ def explain_text(plan: Plan, max_pieces: int = 20) -> str:
     )
     for s in d["shards"]:
         lines.append(f"  shard {s['index']}/{s['count']}: {s['matcher']}")
+    if d["estimated_samples"] is not None:
+        lines.append(
+            f"estimate: {d['estimated_samples']:,} samples over {d['estimated_series']:,} series"
+        )
     for note in d["notes"]:
         lines.append(f"note: {note}")
     for p in d["pieces"][:max_pieces]:

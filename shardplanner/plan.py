@@ -41,7 +41,16 @@ class PlannerSettings:
     """Knobs from config / CLI (`planner.*`)."""
 
     split_interval_ms: int | None = None  # None: never split by time
-    shards: int = 1  # 1: never shard by node
+    # 1: never shard by node. With auto_shards: the most shards a query may get.
+    shards: int = 1
+    # Choose the shard count per query (`planner.shards: auto`, formula in `planner`): as
+    # many shards as keep every piece under max_samples_per_piece estimated samples.
+    auto_shards: bool = False
+    max_samples_per_piece: int = 10_000_000
+    # Samples-touched estimate (see `planner.estimate_samples`): series per node (value of
+    # the shard label) for one metric, and the scrape interval (samples per range window).
+    series_per_node: int = 8
+    scrape_interval_ms: int = 30_000
     # (metric-name regex, shard label); first match wins.
     shard_labels: tuple[tuple[str, str], ...] = (
         ("DCGM_.*", "Hostname"),
@@ -49,11 +58,15 @@ class PlannerSettings:
     )
     min_range_to_split_ms: int = 0
     max_pieces: int = 10_000
-    # Instant `max_over_time(x[7d])` / `min_over_time(...)` (optionally under max/min by ...):
+    # Instant `max_over_time(x[7d])`, `min_over_time`, `sum_over_time`, `count_over_time`
+    # (optionally under the aggregation that recombines them exactly, e.g. `sum by (g)`):
     # cut the range window at multiples of split_interval_ms into instant pieces evaluated at
-    # different times, recombined with MergeRecipe.combine_time. Off until the executor
-    # implements combine_time.
+    # different times, recombined with MergeRecipe.combine_time.
     split_instant_windows: bool = False
+    # The backend's range windows: True for Prometheus 2 (closed `[t-r, t]`: sub-windows for
+    # sum/count are made disjoint by starting 1 ms after their neighbour), False for
+    # Prometheus 3 / left-open `(t-r, t]` (adjacent sub-windows are disjoint as they are).
+    closed_range_windows: bool = True
 
 
 @dataclass(frozen=True)
@@ -102,7 +115,8 @@ class MergeRecipe:
     - combine_time (with aggregate, instant queries only): the pieces are instant queries
       evaluated at *different* times (`Piece.time_ms`), each over one sub-window of a range
       selector; treat all their samples as if at the request's `time_ms`, combine them with
-      `op` (max or min only) and stamp the answer with the request's `time_ms`.
+      `op` (max, min, or sum: sum of sums for sum_over_time, sum of counts for
+      count_over_time) and stamp the answer with the request's `time_ms`.
     """
 
     kind: MergeKind
@@ -122,3 +136,7 @@ class Plan:
     time_split: bool = False
     # Why the query was not sharded / not split (for metrics and /api/v1/explain).
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # Samples the whole query touches, estimated (`planner.estimate_samples`); None when the
+    # planner cannot estimate it (a metric without a shard label, no known label values).
+    estimated_samples: int | None = None
+    estimated_series: int | None = None

@@ -18,16 +18,25 @@ Stages, in order, each on the output of the one before:
               - avg over a shard-local input: two pieces per shard, role "sum" and "count":
                 `avg(x)` -> `sum(x{H=~"a|b"})` + `count(x{H=~"a|b"})`, merge = aggregate(avg).
               Anything else runs unsharded, with a note saying why.
+              Shard count: settings.shards, or with settings.auto_shards (`shards: auto`)
+                  shards = min(ceil(S / max_samples_per_piece), settings.shards)
+              where S is the estimated samples of the largest piece before sharding
+              (`estimate_samples`: known nodes x series_per_node x steps x samples per
+              step), and 1 -- not sharded -- when that is below 2 (`_auto_shard_count`).
 4. split      range query, settings.split_interval_ms set, range >= min_range_to_split_ms:
               epoch-aligned time pieces on the query's own step grid (`timesplit`); the
               query text is the same for every time piece. Every range query can be cut this
               way once `@ start()/end()` are pinned: each step is evaluated on its own.
-              Instant `max_over_time(x[7d])`-like queries can be cut into sub-windows
-              (settings.split_instant_windows, see `_instant_window`).
+              Instant `max_over_time(x[7d])`, `sum_over_time`, `count_over_time`,
+              `min_over_time` (and `max by`/`min by`/`sum by` over them) can be cut into
+              sub-windows recombined with max/min/sum (settings.split_instant_windows;
+              rules and the disjoint sub-windows of sum/count in `_instant_window`).
 5. budget     settings.max_pieces: the time split is served first (measured: time pieces
               speed up more than node shards); only if it alone exceeds the budget is its
               interval multiplied (multiples of an epoch-aligned interval stay aligned).
               Shards get what is left: fewer shards, or none. Never fails.
+6. estimate   `Plan.estimated_samples`: samples the whole query touches (`estimate_samples`),
+              for the executor's `limits.max_samples` guardrail (`samples_limit_message`).
 
 A piece's query is the client's original string unless something was rewritten (pinned,
 sharded, windowed); rewritten ASTs are printed with `shardplanner.serialize.to_promql`.
@@ -38,7 +47,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import cast
 
@@ -53,6 +62,7 @@ from shardplanner.ast import (
     Selector,
     String,
     Subquery,
+    children,
     inject_matcher,
     selectors,
     transform,
@@ -72,12 +82,21 @@ from shardplanner.serialize import to_promql
 from shardplanner.shards import make_shards
 from shardplanner.timesplit import count_pieces, count_windows, split_range, split_window
 
-__all__ = ["plan", "shard_label_for"]
+__all__ = ["estimate_samples", "plan", "samples_limit_message", "shard_label_for"]
 
 _ROLE_ORDER = ("sum", "count")
-# Instant window split: *_over_time function -> the aggregation that recombines it exactly
-# even when sub-windows share a boundary sample (idempotent).
-_WINDOW_FUNCS = {"max_over_time": "max", "min_over_time": "min"}
+# Instant window split: *_over_time function -> (the aggregation that recombines the
+# sub-windows' answers exactly, whether the sub-windows must be disjoint). max/min are
+# idempotent: a boundary sample seen by two sub-windows does not matter. sum/count are not:
+# on closed windows (Prometheus 2) their sub-windows are made disjoint.
+_WINDOW_FUNCS = {
+    "max_over_time": ("max", False),
+    "min_over_time": ("min", False),
+    "sum_over_time": ("sum", True),
+    "count_over_time": ("sum", True),  # sum of counts
+}
+# Evaluation interval assumed for a subquery without a step (`x[1h:]`), for estimates only.
+_DEFAULT_SUBQUERY_STEP_MS = 60_000
 
 
 def plan(
@@ -106,7 +125,12 @@ def plan(
     if shard is not None and shard.agg is not None and shard.agg.op == "avg":
         roles = _ROLE_ORDER
     n_time = len(times) if window is None else len(window.windows)
-    specs = _budgeted_shards(shard, n_time * len(roles), settings, shard_values, notes)
+    steps = _steps(req.start_ms, req.end_ms, req.step_ms) if req.is_range else 1
+    estimate = estimate_samples(pinned, steps, settings, shard_values)
+    wanted = settings.shards
+    if shard is not None and settings.auto_shards:
+        wanted = _auto_shard_count(req, pinned, window, times, settings, shard_values, notes)
+    specs = _budgeted_shards(shard, wanted, n_time * len(roles), settings, shard_values, notes)
     if not specs:
         shard, roles = None, (None,)
 
@@ -164,6 +188,8 @@ def plan(
         sharded=shard is not None,
         time_split=(len(times) > 1) or (window is not None and len(window.windows) > 1),
         notes=tuple(notes),
+        estimated_samples=None if estimate is None else estimate[0],
+        estimated_series=None if estimate is None else estimate[1],
     )
 
 
@@ -313,16 +339,17 @@ def _coarsened(
 
 def _budgeted_shards(
     shard: _Shard | None,
+    wanted: int,
     other_pieces: int,
     settings: PlannerSettings,
     shard_values: Mapping[str, Sequence[str]],
     notes: list[str],
 ) -> list[ShardSpec]:
-    if shard is None:
+    if shard is None or wanted < 2:
         return []
-    n = min(settings.shards, settings.max_pieces // max(other_pieces, 1))
-    if n < settings.shards:
-        notes.append(f"shards reduced from {settings.shards} to {max(n, 1)} by max_pieces")
+    n = min(wanted, settings.max_pieces // max(other_pieces, 1))
+    if n < wanted:
+        notes.append(f"shards reduced from {wanted} to {max(n, 1)} by max_pieces")
     if n < 2:
         notes.append("not sharded: max_pieces")
         return []
@@ -341,8 +368,8 @@ class _Window:
     """An instant query cut into sub-windows of its one range selector."""
 
     expr: Expr  # the pinned query
-    call: Call  # the max_over_time / min_over_time call inside it
-    op: str  # "max" / "min"
+    call: Call  # the *_over_time call inside it
+    op: str  # the recombining aggregation: "max" / "min" / "sum"
     grouping: tuple[str, ...]
     without: bool
     windows: tuple[tuple[int, int], ...]  # (eval_time_ms, sub_range_ms)
@@ -357,12 +384,36 @@ class _Window:
 def _instant_window(
     req: QueryRequest, expr: Expr, settings: PlannerSettings, notes: list[str]
 ) -> _Window | None:
-    """`max_over_time(x[7d])`, `max by (g) (max_over_time(x[7d]))` (and the min forms) at
-    time t -> the same query over sub-windows ending at epoch-aligned boundaries, evaluated
-    at those boundaries, recombined with max (min). Exact for Prometheus 2 (closed windows;
-    a boundary sample is seen by both neighbours, which max/min do not mind) and 3
-    (left-open windows, no overlap). Not for sum/count/avg/rate: the boundary semantics
-    differ between versions, and rate extrapolates."""
+    """An instant query over one long range selector, cut into sub-windows of it that end at
+    epoch-aligned multiples of the split interval, each evaluated as an instant query at its
+    own end, recombined per output series (MergeRecipe.combine_time):
+
+    =====================================  =========  =========================================
+    query (at time t)                      recombine  why exact
+    =====================================  =========  =========================================
+    max_over_time(x[r])                    max        max of maxes; a boundary sample seen by
+    max by/without (g) (max_over_time(..))            two sub-windows does not matter
+    min_over_time(x[r]), min by (g) (...)  min        min of mins, likewise
+    sum_over_time(x[r])                    sum        sum of sums over DISJOINT sub-windows
+    sum by/without (g) (sum_over_time(..))
+    count_over_time(x[r])                  sum        sum of counts over disjoint sub-windows
+    sum by/without (g) (count_over_time())
+    =====================================  =========  =========================================
+
+    Disjoint: Prometheus 2.42 windows are closed, `[t-r, t]`, so adjacent sub-windows would
+    share their boundary instant, and the generator's (and real) scrape grids put samples on
+    epoch-aligned boundaries. With settings.closed_range_windows every sub-window but the
+    oldest starts 1 ms after its older neighbour ends (`timesplit.split_window(disjoint=True)`);
+    timestamps are whole milliseconds, so each sample is in exactly one sub-window. Prometheus
+    3's left-open windows `(t-r, t]` are disjoint as cut (closed_range_windows=False).
+
+    Not split: the wrappers that are not the recombining aggregation (`count(count_over_time
+    (..))` counts series, which sub-windows would count more than once; `sum(max_over_time(..))`
+    and the like), avg_over_time and the other *_over_time functions, `rate`/`increase`/`delta`
+    (they extrapolate to the window's edges from the first and last sample: not a function of
+    sub-window results), a selector with `@`, ranges shorter than min_range_to_split_ms or not
+    longer than the split interval, and anything whose sub-window count exceeds max_pieces even
+    after coarsening."""
     interval = settings.split_interval_ms
     if not settings.split_instant_windows or interval is None or req.time_ms is None:
         return None
@@ -375,24 +426,198 @@ def _instant_window(
         grouping, without = (top.grouping or ()), top.without
     if not isinstance(call, Call) or call.func not in _WINDOW_FUNCS:
         return None
-    op = _WINDOW_FUNCS[call.func]
-    if isinstance(top, Agg) and top.op != op:
+    op, needs_disjoint = _WINDOW_FUNCS[call.func]
+    if isinstance(top, Agg) and (top.op != op or top.param is not None):
         return None
     (arg,) = call.args
     if not isinstance(arg, MatrixSel) or arg.selector.at is not None:
         return None
     if arg.range_ms < settings.min_range_to_split_ms or arg.range_ms <= interval:
         return None
+    disjoint = needs_disjoint and settings.closed_range_windows
+    if disjoint and interval < 2:
+        return None
     t, offset, rng = req.time_ms, arg.selector.offset_ms, arg.range_ms
     found = _coarsened(
-        lambda i: count_windows(t, offset, rng, i), interval, settings.max_pieces, notes
+        lambda i: count_windows(t, offset, rng, i, disjoint=disjoint),
+        interval,
+        settings.max_pieces,
+        notes,
     )
     if found is None:
         return None
-    windows = split_window(t, offset, rng, found)
+    windows = split_window(t, offset, rng, found, disjoint=disjoint)
     if len(windows) < 2:
         return None
     return _Window(expr, call, op, grouping, without, tuple(windows))
+
+
+# --- samples estimate and auto shard count -------------------------------------------------
+
+
+def _steps(start_ms: int | None, end_ms: int | None, step_ms: int | None) -> int:
+    assert start_ms is not None and end_ms is not None and step_ms is not None
+    return (end_ms - start_ms) // step_ms + 1
+
+
+def _weighted_selectors(
+    node: Expr, per_step: int, settings: PlannerSettings
+) -> Iterator[tuple[Selector, int]]:
+    """Every selector with the samples it reads per series per evaluation step: 1 for an
+    instant selector, range / scrape interval for `x[range]`, times range / step of every
+    enclosing subquery."""
+    match node:
+        case Selector():
+            yield node, per_step
+        case MatrixSel():
+            yield node.selector, per_step * max(1, node.range_ms // settings.scrape_interval_ms)
+        case Subquery():
+            inner = max(1, node.range_ms // (node.step_ms or _DEFAULT_SUBQUERY_STEP_MS))
+            yield from _weighted_selectors(node.expr, per_step * inner, settings)
+        case _:
+            for child in children(node):
+                yield from _weighted_selectors(child, per_step, settings)
+
+
+def _nodes_selected(
+    sel: Selector, settings: PlannerSettings, shard_values: Mapping[str, Sequence[str]]
+) -> int | None:
+    """Known values of the selector's shard label that its own matchers on that label let
+    through (all of them without such a matcher); None if unknown."""
+    label, _ = shard_label_for(sel, settings.shard_labels)
+    values = shard_values.get(label) if label is not None else None
+    if label is None or not values:
+        return None
+    groups = tuple(
+        tuple(m for m in g if m.name == label) for g in (sel.or_matchers or (sel.matchers,))
+    )
+    if not any(groups):
+        return sum(1 for v in values if v)
+    if isinstance(values, tuple):  # the executor's snapshot: the same tuple until refreshed
+        return _count_selected_cached(values, groups)
+    return _count_selected(values, groups)
+
+
+def _count_selected(values: Sequence[str], groups: tuple[tuple[Matcher, ...], ...]) -> int:
+    selected: set[str] = set()
+    for ms in groups:
+        selected.update(v for v in values if v and all(_matches(m, v) for m in ms))
+    return len(selected)
+
+
+# A dashboard repeats `{Hostname=~"$node"}` on every refresh: regexes over thousands of
+# label values once per (snapshot, matchers).
+_count_selected_cached = functools.lru_cache(maxsize=256)(_count_selected)
+
+
+def _matches(m: Matcher, value: str) -> bool:
+    if m.op in ("=", "!="):
+        return (value == m.value) == (m.op == "=")
+    try:
+        hit = _label_regex(m.value).fullmatch(value) is not None
+    except re.error:
+        return True  # cannot tell: count it
+    return hit == (m.op == "=~")
+
+
+@functools.lru_cache(maxsize=256)
+def _label_regex(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+def estimate_samples(
+    expr: Expr,
+    steps: int,
+    settings: PlannerSettings,
+    shard_values: Mapping[str, Sequence[str]],
+) -> tuple[int, int] | None:
+    """(samples, series) a query touches, estimated; None when it cannot be estimated.
+
+        samples = sum over selectors of  nodes x series_per_node x steps x per_step
+
+    - nodes: the known values of the selector's shard label (the shard-label snapshot the
+      planner gets anyway, so no extra backend call), narrowed by the selector's own matchers
+      on that label (`{Hostname=~"gpu-node-00.."}` counts only those nodes);
+    - series_per_node (`planner.series_per_node`, default 8: one series per GPU of an 8-GPU
+      node for a DCGM metric): a fixed estimate, because counting series needs a backend
+      call per query; series that churn (a pod's series replace each other on one GPU) overlap
+      only briefly, so GPUs, not series ever seen, is what bounds the samples;
+    - steps: evaluation steps of the query (1 for an instant query);
+    - per_step: 1 for an instant selector (one sample per series per step), range / scrape
+      interval (`planner.scrape_interval`) for `x[range]`, times range / step of each
+      enclosing subquery.
+
+    None when a selector has no plain metric name, no configured shard label, or no known
+    label values: the estimate has nothing to stand on, and the guardrail and `shards: auto`
+    then leave the query alone. A query with no selectors touches 0 samples."""
+    samples = series = 0
+    for sel, per_step in _weighted_selectors(expr, 1, settings):
+        nodes = _nodes_selected(sel, settings, shard_values)
+        if nodes is None:
+            return None
+        n_series = nodes * settings.series_per_node
+        series += n_series
+        samples += n_series * steps * per_step
+    return samples, series
+
+
+def _auto_shard_count(
+    req: QueryRequest,
+    expr: Expr,
+    window: _Window | None,
+    times: list[tuple[int, int]],
+    settings: PlannerSettings,
+    shard_values: Mapping[str, Sequence[str]],
+    notes: list[str],
+) -> int:
+    """`planner.shards: auto`:
+
+        shards = min(ceil(S / max_samples_per_piece), settings.shards)   (1 if that is < 2)
+
+    S is the estimated samples of the largest piece before sharding: the longest time piece
+    of a range query (its steps), the longest sub-window of a split instant window, or the
+    whole instant query. settings.shards is the cap (`planner.max_parallel` in the executor);
+    `_budgeted_shards` then applies max_pieces and `make_shards` the number of known nodes.
+    Measured on one small Prometheus, node shards of a query that fits are 0.9-1.5x, so a
+    query whose pieces are within the bound is not sharded at all."""
+    if window is not None:
+        est = estimate_samples(window.with_range(max(r for _, r in window.windows)), 1,
+                               settings, shard_values)
+    elif req.is_range:
+        longest = max(_steps(a, b, req.step_ms) for a, b in times)
+        est = estimate_samples(expr, longest, settings, shard_values)
+    else:
+        est = estimate_samples(expr, 1, settings, shard_values)
+    if est is None:
+        notes.append("not sharded: auto: no samples estimate (unknown shard-label values)")
+        return 1
+    per_piece = est[0]
+    n = min(-(-per_piece // max(settings.max_samples_per_piece, 1)), settings.shards)
+    if n < 2:
+        # No number in the first 60 characters: the executor's metric label is the note's head.
+        notes.append(
+            "not sharded: auto: every piece within max_samples_per_piece "
+            f"(about {per_piece} of {settings.max_samples_per_piece} samples)"
+        )
+        return 1
+    notes.append(f"auto: {n} shards for about {per_piece} samples per piece")
+    return n
+
+
+def samples_limit_message(plan: Plan, limit: int) -> str | None:
+    """The 422 message when `plan` is estimated to touch more than `limit` samples
+    (`limits.max_samples`, 0: no limit); None when within the limit or not estimated."""
+    est = plan.estimated_samples
+    if not limit or est is None or est <= limit:
+        return None
+    series = plan.estimated_series or 0
+    per_series = f" ({series:,} series x about {est // series:,} samples each)" if series else ""
+    return (
+        f"the query would touch about {est:,} samples{per_series}, over the limit of "
+        f"{limit:,} (limits.max_samples): narrow the query: a shorter time range or range "
+        "window, a larger step, or fewer series (a more selective matcher, e.g. on the node "
+        "label)"
+    )
 
 
 def _merge_recipe(shard: _Shard | None, window: _Window | None, n_pieces: int) -> MergeRecipe:

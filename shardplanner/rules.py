@@ -21,6 +21,18 @@ Kinds
                  appear from nothing inside a shard (``absent``, ``vector``), or the order
                  of the answer is the point (``sort``).
 
+Splitting one instant query's long range window in time (``planner._instant_window``,
+``planner.split_instant_windows``) has its own, shorter table: ``max_over_time`` (max of
+maxes), ``min_over_time`` (min of mins), ``sum_over_time`` (sum of sums), ``count_over_time``
+(sum of counts), bare or under the one aggregation that recombines them (``max by``,
+``min by``, ``sum by``/``without``). sum/count need disjoint sub-windows: on Prometheus 2.42's
+closed windows each one after the oldest starts 1 ms after its neighbour ends. Never split
+that way: ``rate``, ``increase``, ``delta`` (and ``irate``/``idelta``/``deriv``/...) -- they
+extrapolate from the first and last sample to the window's edges, which no combination of
+sub-window answers reproduces; ``avg_over_time``, ``quantile_over_time``, ``stddev_over_time``,
+``last_over_time``, ``changes``, ``resets`` and the rest; ``count(count_over_time(..))`` and
+other wrappers that are not the recombining aggregation.
+
 ``time_splittable=False`` marks what depends on the query's own start/end/step (the
 promql-parser extensions ``start()``, ``end()``, ``range()``, ``step()``): such a query is not
 cut in time either. Everything else evaluates each step independently.

@@ -99,33 +99,56 @@ def count_pieces(start_ms: int, end_ms: int, step_ms: int, interval_ms: int) -> 
 
 
 def split_window(
-    time_ms: int, offset_ms: int, range_ms: int, interval_ms: int
+    time_ms: int, offset_ms: int, range_ms: int, interval_ms: int, *, disjoint: bool = False
 ) -> list[tuple[int, int]]:
     """Cut the window of a range selector ``x[range] offset o`` evaluated at ``time_ms`` into
     adjacent sub-windows at epoch-aligned multiples of ``interval_ms`` (in sample time).
 
     Returns ``(eval_time_ms, sub_range_ms)`` pairs, oldest first: evaluating
-    ``x[sub_range] offset o`` at ``eval_time_ms`` selects one sub-window. Adjacent sub-windows
-    share their boundary instant: under Prometheus 2's closed windows ``[t-r, t]`` a sample
-    exactly on a boundary is seen twice, under Prometheus 3's left-open ``(t-r, t]`` once.
-    So this split is exact only for idempotent recombinations (max of maxes, min of mins),
-    whatever the backend's version; the outer edges are the query's own.
+    ``x[sub_range] offset o`` at ``eval_time_ms`` selects one sub-window. The outer edges are
+    the query's own.
+
+    ``disjoint=False``: adjacent sub-windows share their boundary instant. Under Prometheus
+    2's closed windows ``[t-r, t]`` a sample exactly on a boundary is seen twice, under
+    Prometheus 3's left-open ``(t-r, t]`` once; so this is exact only for idempotent
+    recombinations (max of maxes, min of mins), whatever the backend's version.
 
         split_window(10_000_000, 0, 7_200_000, 3_600_000)
         -> [(3_600_000, 800_000), (7_200_000, 3_600_000), (10_000_000, 2_800_000)]
+
+    ``disjoint=True`` (for Prometheus 2's closed windows, and sum/count): every sub-window
+    but the oldest is 1 ms shorter, so it starts 1 ms after its older neighbour's end
+    (timestamps are whole milliseconds): ``[w0, b1]``, ``[b1+1ms, b2]``, ..., ``[bn+1ms, w1]``
+    partition ``[w0, w1]``, each sample in exactly one. A newest sub-window that would hold
+    the single instant ``b+1ms`` (range 0, which PromQL rejects) is merged into its neighbour.
+
+        split_window(10_000_000, 0, 7_200_000, 3_600_000, disjoint=True)
+        -> [(3_600_000, 800_000), (7_200_000, 3_599_999), (10_000_000, 2_799_999)]
     """
     if range_ms <= 0 or interval_ms <= 0:
         raise ValueError("range_ms and interval_ms must be positive")
+    if disjoint and interval_ms < 2:
+        raise ValueError("disjoint sub-windows need interval_ms >= 2")
     w1 = time_ms - offset_ms
     w0 = w1 - range_ms
     first = (w0 // interval_ms + 1) * interval_ms  # first boundary strictly after w0
     points = [w0, *range(first, w1, interval_ms), w1]
-    return [(b + offset_ms, b - a) for a, b in itertools.pairwise(points)]
+    if disjoint and len(points) > 2 and w1 - points[-2] == 1:
+        del points[-2]
+    return [
+        (b + offset_ms, b - a - (1 if disjoint and i > 0 else 0))
+        for i, (a, b) in enumerate(itertools.pairwise(points))
+    ]
 
 
-def count_windows(time_ms: int, offset_ms: int, range_ms: int, interval_ms: int) -> int:
+def count_windows(
+    time_ms: int, offset_ms: int, range_ms: int, interval_ms: int, *, disjoint: bool = False
+) -> int:
     """``len(split_window(...))`` in O(1)."""
     w1 = time_ms - offset_ms
     w0 = w1 - range_ms
     first = (w0 // interval_ms + 1) * interval_ms
-    return 1 + max(0, -((first - w1) // interval_ms))  # boundaries in [first, w1)
+    n = 1 + max(0, -((first - w1) // interval_ms))  # boundaries in [first, w1)
+    if disjoint and n > 1 and (w1 - 1) % interval_ms == 0:
+        n -= 1  # the 1 ms newest sub-window is merged into its neighbour
+    return n

@@ -4,6 +4,7 @@ promaccel servers over real HTTP, each on a free loopback port, always stopped a
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,8 @@ import pytest
 
 from loadtests.gen import CI_SPEC, FleetSpec
 from tests.servers import ROOT, Promaccel, ProxyPool, RedisServer
+# Hybrid fleets (backends holding slices of the CI fleet): see tests/hybrid.py.
+from tests.hybrid import amp_down, hybrid, hybrid_slices, hybrid_throttled  # noqa: E402,F401
 
 DATA_ROOT = Path(os.environ.get("PROMACCEL_TEST_DATA", ROOT / ".cache" / "testdata"))
 
@@ -37,9 +40,14 @@ class PromServer:
 def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromServer]:
     from loadtests.load import build_tsdb, start_prometheus, stop_prometheus
 
-    data_dir = DATA_ROOT / "ci"
-    build_tsdb(CI_SPEC, str(data_dir))
-    log = tmp_path_factory.mktemp("prometheus") / "prometheus.log"
+    built = DATA_ROOT / "ci"
+    build_tsdb(CI_SPEC, str(built))
+    # Each session serves its own copy (3 MB): Prometheus locks its data directory, and two
+    # test sessions on one machine must not share one.
+    work = tmp_path_factory.mktemp("prometheus")
+    data_dir = work / "data"
+    shutil.copytree(built, data_dir, ignore=shutil.ignore_patterns("lock", "wal", "chunks_head", "queries.active"))
+    log = work / "prometheus.log"
     proc = start_prometheus(str(data_dir), log_path=str(log))
     try:
         yield PromServer(proc.url, CI_SPEC, data_dir)  # type: ignore[attr-defined]

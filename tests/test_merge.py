@@ -336,6 +336,36 @@ def test_combine_time() -> None:
         aggregate([(None, p1)], recipe)
 
 
+def test_combine_time_sums_and_counts() -> None:
+    # Sub-window answers of `sum by (ns) (sum_over_time(x[3h]))` at t, evaluated at t-2h,
+    # t-1h and t: one series per group and sub-window, summed in piece order at t.
+    t = 1_700_000_000_000
+    h = 3_600_000
+    pieces = [
+        to_qr("vector", [({"ns": "a"}, {t - 2 * h: 1.5}), ({"ns": "b"}, {t - 2 * h: 2.0})]),
+        to_qr("vector", [({"ns": "a"}, {t - h: 0.25})]),  # b has no samples in this one
+        to_qr("vector", [({"ns": "a"}, {t: 4.0}), ({"ns": "b"}, {t: math.inf}), ({"ns": "c"}, {t: math.nan})]),
+    ]
+    recipe = MergeRecipe(kind="aggregate", op="sum", grouping=("ns",), combine_time=True)
+    r = merge([(None, x) for x in pieces], recipe, time_ms=t)
+    got = r.to_pylist()
+    assert [(d, ts) for d, ts, _ in got] == [({"ns": "a"}, [t]), ({"ns": "b"}, [t]), ({"ns": "c"}, [t])]
+    assert got[0][2] == [5.75] and got[1][2] == [math.inf] and math.isnan(got[2][2][0])
+    assert encode_prometheus_json(r) == encode_prometheus_json(merge([(None, x) for x in pieces], recipe, time_ms=t))
+    # Bare count_over_time (op "sum", without ()): series by their full label set, sum of counts.
+    bare = MergeRecipe(kind="aggregate", op="sum", without=True, combine_time=True)
+    c1 = to_qr("vector", [({"Hostname": "a", "gpu": "0"}, {t - h: 120.0}), ({"Hostname": "a", "gpu": "1"}, {t - h: 3.0})])
+    c2 = to_qr("vector", [({"Hostname": "a", "gpu": "0"}, {t: 119.0})])
+    assert merge([(None, c1), (None, c2)], bare, time_ms=t).to_pylist() == [
+        ({"Hostname": "a", "gpu": "0"}, [t], [239.0]),
+        ({"Hostname": "a", "gpu": "1"}, [t], [3.0]),
+    ]
+    # Only instant vectors are combined across time.
+    m = to_qr("matrix", [({"ns": "a"}, {t: 1.0})])
+    with pytest.raises(MergeConflict):
+        merge([(None, m)], recipe, time_ms=t)
+
+
 def test_warnings_are_merged() -> None:
     a = to_qr("vector", [({"h": "a"}, {1: 1.0})])
     a.warnings = ["w1", "w2"]

@@ -25,7 +25,7 @@ from shardplanner.ast import (
 )
 from shardplanner.explain import explain, explain_text
 from shardplanner.plan import MergeRecipe, Plan, PlannerSettings, QueryRequest
-from shardplanner.planner import plan
+from shardplanner.planner import estimate_samples, plan, samples_limit_message
 from shardplanner.promql import parse
 from shardplanner.serialize import quote_string, to_promql
 from tests.corpus import QUERIES as CORPUS
@@ -483,9 +483,14 @@ def test_instant_max_over_time_window_split() -> None:
 @pytest.mark.parametrize(
     "query",
     [
-        "sum_over_time(DCGM_FI_DEV_GPU_TEMP[1d])",  # boundary samples would count twice on 2.x
-        "count_over_time(DCGM_FI_DEV_GPU_TEMP[1d])",
-        "rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[1d])",
+        "rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[1d])",  # extrapolates to the window edges
+        "increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[1d])",
+        "avg_over_time(DCGM_FI_DEV_GPU_TEMP[1d])",
+        "count(count_over_time(DCGM_FI_DEV_GPU_TEMP[1d]))",  # counts series, not samples
+        "max(sum_over_time(DCGM_FI_DEV_GPU_TEMP[1d]))",
+        "sum(max_over_time(DCGM_FI_DEV_GPU_TEMP[1d]))",
+        "sum_over_time(DCGM_FI_DEV_GPU_TEMP[1d] @ 1000)",
+        "count_over_time(DCGM_FI_DEV_GPU_TEMP[5h])",  # shorter than the interval
         "max_over_time(DCGM_FI_DEV_GPU_TEMP[1d] @ 1000)",
         "max_over_time(DCGM_FI_DEV_GPU_TEMP[1d] @ end())",
         "sum(max_over_time(DCGM_FI_DEV_GPU_TEMP[1d]))",
@@ -498,9 +503,154 @@ def test_no_window_split(query: str) -> None:
     assert not p.time_split and len(p.pieces) == 1
 
 
+def test_instant_sum_and_count_over_time_use_disjoint_windows() -> None:
+    # Prometheus 2 windows are closed: every sub-window but the oldest starts 1 ms after its
+    # neighbour's end, so a sample on an epoch-aligned boundary is summed/counted once.
+    t = 10 * 24 * HOUR
+    p = plan(QueryRequest("sum_over_time(DCGM_FI_DEV_GPU_TEMP[1d])", time_ms=t), WIN, VALUES)
+    assert p.time_split and p.merge == M("aggregate", "sum", (), without=True, combine_time=True)
+    assert [(x.time_ms, x.query) for x in p.pieces] == [
+        (9 * 24 * HOUR + 6 * HOUR, "sum_over_time(DCGM_FI_DEV_GPU_TEMP[6h])"),
+        (9 * 24 * HOUR + 12 * HOUR, "sum_over_time(DCGM_FI_DEV_GPU_TEMP[5h59m59s999ms])"),
+        (9 * 24 * HOUR + 18 * HOUR, "sum_over_time(DCGM_FI_DEV_GPU_TEMP[5h59m59s999ms])"),
+        (10 * 24 * HOUR, "sum_over_time(DCGM_FI_DEV_GPU_TEMP[5h59m59s999ms])"),
+    ]
+    # count_over_time -> sum of counts; under sum by: sum.
+    q = "sum by (namespace) (count_over_time(DCGM_FI_DEV_GPU_TEMP[1d] offset 30m))"
+    p = plan(QueryRequest(q, time_ms=t + 1), WIN, VALUES)
+    assert p.merge == M("aggregate", "sum", ("namespace",), combine_time=True)
+    # Sample time w1 = t + 1ms - 30m, w0 = w1 - 1d = 8d23h30m + 1ms: the oldest sub-window is
+    # [w0, 9d] (29m59.999s), the newest [9d18h + 1ms, w1] (5h30m), eval times shifted by 30m.
+    half = 30 * 60_000
+    assert [x.time_ms for x in p.pieces] == [
+        9 * 24 * HOUR + half, 9 * 24 * HOUR + 6 * HOUR + half, 9 * 24 * HOUR + 12 * HOUR + half,
+        9 * 24 * HOUR + 18 * HOUR + half, t + 1,
+    ]
+    sub = "sum by (namespace) (count_over_time(DCGM_FI_DEV_GPU_TEMP[{}] offset 30m))"
+    assert [x.query for x in p.pieces] == [
+        sub.format("29m59s999ms"), *[sub.format("5h59m59s999ms")] * 3, sub.format("5h30m"),
+    ]
+    # Left-open windows (Prometheus 3) need no adjustment.
+    p = plan(QueryRequest("count_over_time(DCGM_FI_DEV_GPU_TEMP[1d])", time_ms=t),
+             replace(WIN, closed_range_windows=False), VALUES)
+    assert {x.query for x in p.pieces} == {"count_over_time(DCGM_FI_DEV_GPU_TEMP[6h])"}
+    # max/min keep shared boundaries (idempotent) whatever the windows.
+    p = plan(QueryRequest("max_over_time(DCGM_FI_DEV_GPU_TEMP[1d])", time_ms=t), WIN, VALUES)
+    assert {x.query for x in p.pieces} == {"max_over_time(DCGM_FI_DEV_GPU_TEMP[6h])"}
+
+
+def test_instant_window_split_respects_min_range_and_budget() -> None:
+    q = "sum(sum_over_time(DCGM_FI_DEV_GPU_TEMP[1d]))"
+    s = replace(WIN, min_range_to_split_ms=2 * 24 * HOUR)
+    assert len(plan(QueryRequest(q, time_ms=T), s, VALUES).pieces) == 1
+    s = replace(WIN, split_interval_ms=HOUR, max_pieces=6)
+    p = plan(QueryRequest(q, time_ms=10 * 24 * HOUR), s, VALUES)
+    assert len(p.pieces) == 6 and p.merge.combine_time
+    assert "time split coarsened to 14400000 ms by max_pieces" in p.notes
+
+
+def test_instant_window_with_shards() -> None:
+    q = "sum by (namespace) (sum_over_time(DCGM_FI_DEV_GPU_TEMP[1d]))"
+    p = plan(QueryRequest(q, time_ms=10 * 24 * HOUR), replace(WIN, shards=2), VALUES)
+    assert p.sharded and p.merge == M("aggregate", "sum", ("namespace",), combine_time=True)
+    assert len(p.pieces) == 8 and len({x.shard for x in p.pieces}) == 2
+
+
 def test_window_split_is_off_by_default() -> None:
     s = PlannerSettings(split_interval_ms=6 * HOUR)
     assert len(plan(QueryRequest("max_over_time(x[1d])", time_ms=T), s, VALUES).pieces) == 1
+
+
+# --- samples estimate, shards: auto, limits.max_samples ----------------------------------------
+
+EST = PlannerSettings(series_per_node=8, scrape_interval_ms=30_000)
+
+
+@pytest.mark.parametrize(
+    ("query", "steps", "want"),
+    [
+        # nodes x series_per_node x steps x samples per step
+        ("sum(DCGM_FI_DEV_GPU_UTIL)", 61, (10 * 8 * 61, 80)),
+        ("DCGM_FI_DEV_GPU_UTIL", 1, (80, 80)),
+        ("max_over_time(DCGM_FI_DEV_GPU_UTIL[1h])", 1, (80 * 120, 80)),
+        ("rate(node_network_receive_bytes_total[5m])", 10, (10 * 8 * 10 * 10, 80)),
+        # matchers on the shard label narrow the nodes; or-groups are unioned
+        ('DCGM_FI_DEV_GPU_UTIL{Hostname="gpu-node-0001"}', 1, (8, 8)),
+        ('DCGM_FI_DEV_GPU_UTIL{Hostname=~"gpu-node-000[0-4]", Hostname!="gpu-node-0002"}', 1, (32, 32)),
+        ('DCGM_FI_DEV_GPU_UTIL{Hostname=~"nothing"}', 5, (0, 0)),
+        # two selectors add up; a subquery multiplies by range / step
+        ("DCGM_FI_DEV_GPU_UTIL / DCGM_FI_DEV_GPU_TEMP", 2, (2 * 80 * 2, 160)),
+        ("max_over_time(rate(DCGM_FI_DEV_GPU_UTIL[1m])[10m:1m])", 1, (80 * 10 * 2, 80)),
+        ("max_over_time(DCGM_FI_DEV_GPU_UTIL[10m:])", 1, (80 * 10, 80)),
+        # no selectors: nothing touched; unknown metric / label values: no estimate
+        ("vector(1)", 100, (0, 0)),
+        ("up", 1, None),
+        ("{__name__=~'DCGM.*'}", 1, None),
+    ],
+)
+def test_estimate_samples(query: str, steps: int, want: tuple[int, int] | None) -> None:
+    assert estimate_samples(parse(query), steps, EST, VALUES) == want
+
+
+def test_plan_carries_the_estimate_and_the_limit_message() -> None:
+    req = QueryRequest("sum(DCGM_FI_DEV_GPU_UTIL)", start_ms=0, end_ms=2 * HOUR, step_ms=60_000)
+    p = plan(req, PlannerSettings(split_interval_ms=HOUR), VALUES)
+    assert (p.estimated_samples, p.estimated_series) == (80 * 121, 80)
+    assert explain(p)["estimated_samples"] == 9680 and "estimate: 9,680 samples" in explain_text(p)
+    assert samples_limit_message(p, 0) is None and samples_limit_message(p, 9680) is None
+    msg = samples_limit_message(p, 9679)
+    assert msg is not None
+    assert "about 9,680 samples (80 series x about 121 samples each)" in msg
+    assert "over the limit of 9,679 (limits.max_samples)" in msg
+    assert "shorter time range" in msg and "larger step" in msg and "more selective matcher" in msg
+    unknown = plan(QueryRequest("up", time_ms=T), PlannerSettings(), VALUES)
+    assert unknown.estimated_samples is None and samples_limit_message(unknown, 1) is None
+
+
+AUTO = PlannerSettings(shards=8, auto_shards=True, split_interval_ms=HOUR, max_samples_per_piece=1000)
+
+
+def test_auto_shards_from_samples_per_piece() -> None:
+    # 3 h at 60 s, split at 1 h: the longest time piece has 60 steps -> 80 x 60 = 4800
+    # samples -> ceil(4800 / 1000) = 5 shards.
+    req = QueryRequest("sum by (namespace) (DCGM_FI_DEV_GPU_UTIL)", start_ms=0, end_ms=3 * HOUR, step_ms=60_000)
+    p = plan(req, AUTO, VALUES)
+    assert p.sharded and {x.shard.count for x in p.pieces if x.shard} == {5}
+    assert len(p.pieces) == 4 * 5 and "auto: 5 shards for about 4800 samples per piece" in p.notes
+    # The cap (planner.max_parallel in the executor), then the known nodes.
+    assert {x.shard.count for x in plan(req, replace(AUTO, shards=3), VALUES).pieces if x.shard} == {3}
+    p = plan(req, replace(AUTO, max_samples_per_piece=10), VALUES)
+    assert {x.shard.count for x in p.pieces if x.shard} == {8}
+    p = plan(req, replace(AUTO, max_samples_per_piece=10, shards=64), VALUES)
+    assert {x.shard.count for x in p.pieces if x.shard} == {10}  # 10 known nodes
+    # max_pieces still applies.
+    p = plan(req, replace(AUTO, max_pieces=12), VALUES)
+    assert {x.shard.count for x in p.pieces if x.shard} == {3}
+    assert "shards reduced from 5 to 3 by max_pieces" in p.notes
+
+
+def test_auto_shards_one_when_small_or_unknown() -> None:
+    req = QueryRequest("sum(DCGM_FI_DEV_GPU_UTIL)", start_ms=0, end_ms=HOUR, step_ms=600_000)
+    p = plan(req, AUTO, VALUES)  # the longest piece: 6 of the 7 steps, 80 x 6 = 480 samples
+    assert not p.sharded and len(p.pieces) == 2
+    assert "not sharded: auto: every piece within max_samples_per_piece (about 480 of 1000 samples)" in p.notes
+    # Unsplit: the whole query is the piece.
+    p = plan(req, replace(AUTO, split_interval_ms=None, max_samples_per_piece=500), VALUES)
+    assert p.sharded and len(p.pieces) == 2
+    p = plan(QueryRequest("sum(up)", time_ms=T), replace(AUTO, shard_labels=(("up", "instance"),)), {})
+    assert not p.sharded and "not sharded: auto: no samples estimate" in p.notes[0]
+
+
+def test_auto_shards_for_a_split_instant_window() -> None:
+    # max_over_time(x[1d]) at 1h sub-windows: the longest sub-window is 1h = 120 samples per
+    # series -> 80 x 120 = 9600 -> 10 shards, capped at 8.
+    s = replace(AUTO, split_instant_windows=True)
+    p = plan(QueryRequest("max_over_time(DCGM_FI_DEV_GPU_UTIL[1d])", time_ms=T), s, VALUES)
+    assert p.merge.combine_time and {x.shard.count for x in p.pieces if x.shard} == {8}
+    assert "auto: 8 shards for about 9600 samples per piece" in p.notes
+    p = plan(QueryRequest("max_over_time(DCGM_FI_DEV_GPU_UTIL[1d])", time_ms=T),
+             replace(s, max_samples_per_piece=100_000), VALUES)
+    assert not p.sharded and p.merge.combine_time and len(p.pieces) == 25
 
 
 # --- the whole corpus ------------------------------------------------------------------------
@@ -626,6 +776,12 @@ EQUIV_QUERIES = [
     "max_over_time(DCGM_FI_DEV_GPU_TEMP[90m])",
     "max by (namespace) (max_over_time(DCGM_FI_DEV_GPU_TEMP[100m]))",
     "min_over_time(DCGM_FI_DEV_GPU_TEMP[95m] offset 3m)",
+    # Disjoint sub-windows: the 1m samples lie exactly on the 30m boundaries.
+    "sum_over_time(DCGM_FI_DEV_GPU_TEMP[90m])",
+    "count_over_time(DCGM_FI_DEV_GPU_UTIL[100m])",
+    "sum by (namespace) (sum_over_time(DCGM_FI_DEV_GPU_UTIL[95m] offset 3m))",
+    "sum(count_over_time(DCGM_FI_DEV_XID_ERRORS[61m]))",
+    "sum without (gpu) (count_over_time(DCGM_FI_DEV_GPU_TEMP[120m]))",
 ]
 # Known to the planner: 0000..0009. In the data: also 0010, 0011 (new nodes), odd names, and
 # series without the label.

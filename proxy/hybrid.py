@@ -1,0 +1,126 @@
+"""Hybrid fleets (issue 6): which backend answers what, per request.
+
+`shardplanner/routing.py` decides, purely, which backend(s) hold what a piece reads at each
+evaluation timestamp. This module turns that into per-request state for the executor:
+
+- `Router`: built once per request from the configured holdings (resolved against the
+  clock rounded down to the minute, so routes, and so cache keys, stay stable between
+  refreshes). `range_route` / `instant_route` route the request's query over any stretch
+  of its step grid (a piece, a cache cell); results are memoised per request. The query
+  routed is the planner's pinned query, not a piece's text: shard matchers and avg's
+  sum/count roles do not change what a piece reads. Instant-window pieces
+  (`MergeRecipe.combine_time`) read different ranges and are routed by their own text.
+- `route_id`: the backend part of a cache key: names *and* URLs of the backends a route
+  uses, and its time parts, so a piece fetched from AMP never answers for the local
+  Prometheus, nor a merged overlap for one backend alone.
+- `edge_ms`: how far an unmarked gap in one backend spoils that backend's values next to
+  it (lookback + the longest range the query reads): `proxy/overlap.py` takes values from
+  the other backend within that distance of a gap.
+- `missing_warning`: the Prometheus warning put on an answer that lacks a backend (overlap
+  merge with one backend down). An answer with a warning is never cached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from shardplanner.ast import Expr, MatrixSel, Selector, Subquery, children
+from shardplanner.routing import DEFAULT_LOOKBACK_MS, BackendHolding, Route, route_piece
+
+from .errors import PromError
+
+if TYPE_CHECKING:
+    from .backend import Backend
+
+ROUTE_CLOCK_MS = 60_000
+
+
+def holdings_of(backends: Sequence[Backend], now_ms: int) -> list[BackendHolding]:
+    """Every backend's holdings, against `now_ms` rounded down to the minute."""
+    now = now_ms - now_ms % ROUTE_CLOCK_MS
+    out: list[BackendHolding] = []
+    for b in backends:
+        out.extend(b.cfg.holdings(now))
+    return out
+
+
+def route_id(route: Route, urls: Mapping[str, str]) -> str:
+    """Route key with each backend's URL: `single:local=http://...`, `overlap:...`."""
+    def who(names: Sequence[str]) -> str:
+        return "+".join(f"{n}={urls[n]}" for n in names)
+
+    if route.kind == "single":
+        return who(route.backends)  # the same string as a one-backend promaccel's keys
+    if route.kind == "overlap":
+        return "overlap:" + who(route.backends)
+    if route.kind == "split_time":
+        return "split:" + ",".join(f"{who(p.backends)}@{p.start_ms}-{p.end_ms}" for p in route.parts)
+    raise ValueError("an unroutable route has no id")
+
+
+def edge_ms(expr: Expr | None, lookback_ms: int) -> int:
+    """The longest time span one evaluation reads back: a selector's lookback or range, plus
+    the ranges of the subqueries around it (`max_over_time(rate(x[5m])[30m:1m])` reads
+    35 m). Unknown (an unparsed query): the lookback plus one hour."""
+    if expr is None:
+        return lookback_ms + 3_600_000
+
+    def span(node: Expr) -> int:
+        if isinstance(node, Selector):
+            return lookback_ms
+        if isinstance(node, MatrixSel):
+            return node.range_ms
+        if isinstance(node, Subquery):
+            return node.range_ms + span(node.expr)
+        return max((span(c) for c in children(node)), default=0)
+
+    return max(span(expr), lookback_ms)
+
+
+def missing_warning(backend: str, why: str) -> str:
+    return (f"promaccel: backend {backend!r} did not answer ({why}); this answer holds only "
+            "the data of the other backends for the times both hold")
+
+
+class Router:
+    """Routes for one request (see the module docstring)."""
+
+    def __init__(self, holdings: Sequence[BackendHolding], query: Expr | str, lookback_ms: int,
+                 urls: Mapping[str, str]) -> None:
+        self.holdings = tuple(holdings)
+        self.query = query
+        self.lookback_ms = lookback_ms or DEFAULT_LOOKBACK_MS
+        self.urls = dict(urls)
+        self._memo: dict[tuple[object, ...], Route] = {}
+        # Set by the executor: route instant-window pieces by their own text; the overlap
+        # merge's edge; route id -> Route of every unit of this request.
+        self.by_piece = False
+        self.edge_ms = self.lookback_ms
+        self.routes: dict[str, Route] = {}
+        # The request spans several backends: a backend that is down costs its part of the
+        # answer (with a warning), not the whole answer.
+        self.partial_ok = False
+
+    def range_route(self, start_ms: int, end_ms: int, step_ms: int, query: Expr | str | None = None) -> Route:
+        return self._route(query, start_ms, end_ms, step_ms)
+
+    def instant_route(self, time_ms: int, query: Expr | str | None = None) -> Route:
+        return self._route(query, time_ms, time_ms, None)
+
+    def _route(self, query: Expr | str | None, start_ms: int, end_ms: int, step_ms: int | None) -> Route:
+        q = self.query if query is None else query
+        key = (q if isinstance(q, str) else id(q), start_ms, end_ms, step_ms)
+        found = self._memo.get(key)
+        if found is None:
+            found = route_piece(q, start_ms, end_ms, self.holdings, self.lookback_ms, step_ms=step_ms)
+            self._memo[key] = found
+        return found
+
+    def checked(self, route: Route) -> Route:
+        if route.kind == "unroutable":
+            raise PromError("execution", route.reason)
+        return route
+
+    def id(self, route: Route) -> str:
+        return route_id(route, self.urls)

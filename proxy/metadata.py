@@ -1,0 +1,162 @@
+"""Metadata endpoints over a hybrid fleet (issue 6): series, labels, label values, metadata.
+
+Each call goes to every backend that may hold what it asks about: a backend is asked when one
+of its holdings names a metric of the `match[]` selectors (any metric, for a selector without
+a plain metric name, or when there is no `match[]`) and its time window meets the request's
+`[start, end]` (unbounded when not given). The answers are merged and deduplicated:
+
+    /api/v1/series              union of label sets, sorted as Prometheus sorts series
+    /api/v1/labels              sorted union of names
+    /api/v1/label/<n>/values    sorted union of values
+    /api/v1/metadata            per metric, the union of entries (first seen order); `limit`
+                                and `limit_per_metric` applied after the merge
+
+A backend that fails (unreachable, 5xx, throttled) is left out with a Prometheus warning
+naming it; when every backend fails, the first failure is relayed. A backend's 4xx (a bad
+`match[]`) is relayed as is: it is the client's error, not a missing backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+from shardplanner.ast import Selector
+from shardplanner.promql import CannotParse, parse
+from shardplanner.routing import BackendHolding
+
+from .backend import Backend, BackendReply
+from .errors import PromError
+from .forms import Pairs
+from .hybrid import holdings_of
+
+JSON = "application/json"
+
+
+def metric_names(pairs: Pairs) -> list[str | None] | None:
+    """The metric names of the `match[]` selectors (None for a selector without a plain
+    name); None when there is no match[] (anything may be asked about)."""
+    matches = [v for k, v in pairs if k == "match[]"]
+    if not matches:
+        return None
+    out: list[str | None] = []
+    for m in matches:
+        try:
+            node = parse(m)
+        except CannotParse:
+            out.append(None)  # the backends give the client its parse error
+            continue
+        out.append(node.metric_name if isinstance(node, Selector) else None)
+    return out
+
+
+def backends_for(backends: Sequence[Backend], holdings: Sequence[BackendHolding],
+                 names: list[str | None] | None, start_ms: int | None, end_ms: int | None) -> list[Backend]:
+    """The backends that may hold something the call asks about, in configured order."""
+    lo = start_ms if start_ms is not None else -(2**62)
+    hi = end_ms if end_ms is not None else 2**62
+    wanted: list[Backend] = []
+    for b in backends:
+        for h in holdings:
+            if h.name != b.name:
+                continue
+            if h.since_ms is not None and h.since_ms > hi or h.until_ms is not None and h.until_ms < lo:
+                continue
+            if names is None or any(n is None or h.holds_metric(n) for n in names):
+                wanted.append(b)
+                break
+    return wanted or list(backends[:1])
+
+
+def _series_key(d: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(d.items()))
+
+
+def merge_data(kind: str, datas: Sequence[Any], params: Mapping[str, str]) -> Any:
+    if kind == "series":
+        seen: dict[tuple[tuple[str, str], ...], Any] = {}
+        for data in datas:
+            for d in data or ():
+                seen.setdefault(_series_key(d), d)
+        return [seen[k] for k in sorted(seen)]
+    if kind in ("labels", "values"):
+        return sorted({v for data in datas for v in (data or ())})
+    if kind == "metadata":
+        out: dict[str, list[Any]] = {}
+        for data in datas:
+            for metric, entries in (data or {}).items():
+                have = out.setdefault(metric, [])
+                for e in entries:
+                    if e not in have:
+                        have.append(e)
+        per = _int(params.get("limit_per_metric"))
+        if per is not None and per > 0:
+            out = {m: e[:per] for m, e in out.items()}
+        limit = _int(params.get("limit"))
+        if limit is not None and limit >= 0 and len(out) > limit:
+            out = dict(list(out.items())[:limit])
+        return out
+    raise ValueError(kind)
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text not in (None, "") else None
+    except ValueError:
+        return None
+
+
+async def fan_out(backends: Sequence[Backend], method: str, path: str, pairs: Pairs, kind: str,
+                  names: list[str | None] | None, start_ms: int | None, end_ms: int | None,
+                  now_ms: int, endpoint: str) -> Response:
+    asked = backends_for(backends, holdings_of(backends, now_ms), names, start_ms, end_ms)
+
+    async def one(b: Backend) -> BackendReply:
+        if method == "POST":
+            return await b.request("POST", path, form=pairs, endpoint=endpoint)
+        return await b.request("GET", path, params=pairs, endpoint=endpoint)
+
+    outcomes = await asyncio.gather(*(one(b) for b in asked), return_exceptions=True)
+    datas: list[Any] = []
+    warnings: list[str] = []
+    failed: list[BackendReply | PromError] = []
+    for b, out in zip(asked, outcomes):
+        if isinstance(out, BaseException):
+            if not isinstance(out, PromError):
+                raise out
+            failed.append(out)
+            warnings.append(f"promaccel: backend {b.name!r} did not answer ({out.kind}); its data is missing")
+            continue
+        if not out.ok:
+            if 400 <= out.status < 500 and out.status != 429:
+                return _relay(out)
+            failed.append(out)
+            warnings.append(f"promaccel: backend {b.name!r} did not answer (HTTP {out.status}); its data is missing")
+            continue
+        try:
+            body = orjson.loads(out.body)
+        except orjson.JSONDecodeError:
+            failed.append(PromError("unavailable", f"backend {b.name!r} answered with invalid JSON"))
+            warnings.append(f"promaccel: backend {b.name!r} answered with invalid JSON; its data is missing")
+            continue
+        datas.append(body.get("data"))
+        warnings.extend(body.get("warnings") or ())
+    if not datas:
+        first = failed[0]
+        if isinstance(first, PromError):
+            raise first
+        return _relay(first)
+    params = {k: v for k, v in pairs}
+    answer: dict[str, Any] = {"status": "success", "data": merge_data(kind, datas, params)}
+    if warnings:
+        answer["warnings"] = warnings
+    return Response(orjson.dumps(answer), media_type=JSON)
+
+
+def _relay(reply: BackendReply) -> Response:
+    return Response(content=reply.body, status_code=reply.status, media_type=None,
+                    headers={"Content-Type": reply.content_type})
