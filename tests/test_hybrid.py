@@ -56,18 +56,18 @@ ORDERED = {"sort", "sort_desc"}
 TIMEOUT = 180
 
 # Range windows: the long one crosses T, T+30m and both outages; the short one (odd step)
-# zooms in on T .. T+70m (by_time's overlap and boundary; the end of local's outage).
+# zooms in on T-50m .. T+70m (by_time's hand-over and overlap).
 LONG = {"start": str(START + HOUR + 17), "end": str(END - 30 * MIN), "step": "60"}
 NEAR_T = {"start": str(T - 50 * MIN + 7), "end": str(T + 70 * MIN), "step": "45"}
 RANGES: dict[str, list[dict[str, str]]] = {
     "by_time": [LONG, NEAR_T],
     "by_metric": [LONG],
-    "overlap": [LONG, NEAR_T],
+    "overlap": [LONG],  # LONG crosses both outages
 }
 INSTANTS: dict[str, list[int]] = {
     # amp only; both (T+5m..T+30m); local only
     "by_time": [T - 20 * MIN + 11, T + 10 * MIN + 11, BY_TIME_AMP_UNTIL + 15 * MIN + 3],
-    "by_metric": [START + HOUR + 11, T + 11, END - 60],
+    "by_metric": [T + 11],  # routing by metric does not depend on time
     # amp only (before local's window); inside local's outage; inside amp's outage
     "overlap": [OVERLAP_SINCE - 30 * MIN + 11, (LOCAL_OUTAGE[0] + LOCAL_OUTAGE[1]) // 2 + 11,
                 (AMP_OUTAGE[0] + AMP_OUTAGE[1]) // 2 + 11],
