@@ -14,6 +14,8 @@ Redis and promaccel on free loopback ports, and runs the scenarios of issue 7:
   users      (d) --users users refreshing one dashboard at once: backend calls vs one user's
   heavy      (e) --heavy distinct heavy queries at once: promaccel's peak RSS and failures
   codec      (f) loadtests/codec_bench.py's output, when that file exists
+  workers    (g) the --users users' dashboard through 1 vs --workers worker processes sharing
+             Redis: round wall time, backend calls (counted by Prometheus), answers compared
 
 Virtual users behave like Grafana's server-side Prometheus data source: POST form bodies,
 steps and step-aligned windows from `loadtests.dashboard.panel_requests`, all panels of a
@@ -85,8 +87,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 CACHE_DIR = ROOT / ".cache" / "bench"
 
-SCENARIOS = ("cold", "dashboard", "tiny", "users", "heavy", "codec")
-_ALIASES = {"a": "cold", "b": "dashboard", "c": "tiny", "d": "users", "e": "heavy", "f": "codec"}
+SCENARIOS = ("cold", "dashboard", "tiny", "users", "heavy", "codec", "workers")
+_ALIASES = {"a": "cold", "b": "dashboard", "c": "tiny", "d": "users", "e": "heavy", "f": "codec", "g": "workers"}
 GRAFANA_CONCURRENCY = 6  # requests in flight per user (browser HTTP/1.1 limit per host)
 MAX_USERS = 200
 # "now" sits this far before the data's end: a real clock is never on a step boundary, and a
@@ -444,27 +446,31 @@ class Env:
     def data_span_s(self) -> float:
         return self.now_s + PHASE_S - self.data_start_s
 
-    def fresh_promaccel(self) -> Promaccel:
+    def fresh_promaccel(self, workers: int = 1) -> Promaccel:
         """A new promaccel with an empty cache (Redis flushed), counters and RSS from zero."""
         self.stop_promaccel()
         if self.redis is not None:
             self.redis.flush()
         self.code_digests.append(code_digest())
-        self.promaccel = Promaccel.start(self.prom_url, self.promaccel_args, self.workdir,
+        args = [*self.promaccel_args, *(["--workers", str(workers)] if workers > 1 else [])]
+        self.promaccel = Promaccel.start(self.prom_url, args, self.workdir,
                                          self.redis.url if self.redis else None)
-        self._warm_up(self.promaccel)
+        self._warm_up(self.promaccel, workers)
         return self.promaccel
 
-    def _warm_up(self, pa: Promaccel) -> None:
+    def _warm_up(self, pa: Promaccel, workers: int = 1) -> None:
         """First requests of a new process pay for lazy imports and the backend connection:
         that is start-up, not cache coldness. Two requests outside the data's window (so no
-        cache entry a scenario uses) take that cost before anything is measured."""
+        cache entry a scenario uses) take that cost before anything is measured; with several
+        workers, a few rounds of them, each on a new connection (the kernel hands each to a
+        worker), so that every worker most likely got some."""
         t = self.data_start_s - 7200
-        for req in (instant_request("warm-up", "vector(1)", t), range_request("warm-up", "vector(1)", t - 3600, t, 60)):
-            self.budget.take()
-            status, body = http_post_form(pa.url + req.path, req.body())
-            if status != 200:
-                raise RuntimeError(f"promaccel warm-up {req.path} answered {status}: {body[:300]!r}")
+        for _ in range(1 if workers <= 1 else 4 * workers):
+            for req in (instant_request("warm-up", "vector(1)", t), range_request("warm-up", "vector(1)", t - 3600, t, 60)):
+                self.budget.take()
+                status, body = http_post_form(pa.url + req.path, req.body())
+                if status != 200:
+                    raise RuntimeError(f"promaccel warm-up {req.path} answered {status}: {body[:300]!r}")
 
     def stop_promaccel(self) -> None:
         if self.promaccel is not None:
@@ -814,6 +820,72 @@ async def scenario_heavy(env: Env) -> dict[str, Any]:
     return s
 
 
+async def scenario_workers(env: Env) -> dict[str, Any]:
+    """(g) 1 vs --workers worker processes sharing one Redis, --users users on one dashboard.
+
+    Same refreshes as (d) (round 0 cold, then warm), each worker count on its own fresh
+    promaccel (Redis flushed), one count after the other (alternating them round by round
+    would share one warm cache). Backend calls are counted by Prometheus (each worker has
+    its own /metrics); CPU and RSS are summed over promaccel's process tree. Every answer is
+    compared with one user's direct answers to the same refresh."""
+    a = env.args
+    span = env.data_span_s
+    fitting = [w for w in a.window if parse_duration_s(w) <= span + 1e-6] or ["1h"]
+    window = min(fitting, key=parse_duration_s)
+    windows = sliding_windows(env.now_s, parse_duration_s(window), a.slide_s, a.users_refreshes)
+    counts = [1, a.workers] if a.workers > 1 else [1]
+    s: dict[str, Any] = {"name": "workers", "users": a.users, "window": window, "slide_s": a.slide_s,
+                         "workers": counts, "runs": [], "notes": []}
+    tally = Tally()
+    deadline = Deadline(a.duration_limit)
+    reference: list[list[Answer]] = []
+    async with Client(env.prom_url, env.budget, a.timeout) as direct:
+        for i, (start, end) in enumerate(windows):
+            reqs = panel_requests(env.dashboard, start, end, a.width)
+            reference.append((await user_refresh(direct, reqs)).answers)
+            for r, x in zip(reqs, reference[-1]):
+                tally.note(f"reference round {i} {panel_key(r)}", "direct", x)
+    for n in counts:
+        if deadline.expired():
+            s["notes"].append(f"duration limit reached before {n} workers")
+            break
+        pa = env.fresh_promaccel(workers=n)
+        rss = RssSampler(pa.pid).start()
+        run: dict[str, Any] = {"workers": n, "rounds": []}
+        try:
+            async with Client(pa.url, env.budget, a.timeout) as proxied:
+                for i, (start, end) in enumerate(windows):
+                    reqs = panel_requests(env.dashboard, start, end, a.width)
+                    if env.budget.sent + a.users * len(reqs) > env.budget.max_requests:
+                        s["notes"].append(f"request limit reached after {i} rounds with {n} workers")
+                        break
+                    proxied.done = 0
+                    before = env.snapshot()
+                    t0 = time.perf_counter()
+                    async with Ticker(env, lambda c=proxied, n=n, i=i, t=a.users * len(reqs):
+                                      f"(g) {n} worker(s), round {i + 1}/{len(windows)}: {c.done}/{t} requests"):
+                        user_runs = await asyncio.gather(*(user_refresh(proxied, reqs) for _ in range(a.users)))
+                    wall = time.perf_counter() - t0
+                    after = env.snapshot()
+                    reqs_, _ = prometheus_query_traffic(before.prom, after.prom)
+                    run["rounds"].append({
+                        "index": i, "wall_s": wall, "user_s": [u.wall_s for u in user_runs],
+                        "backend_requests": reqs_, "promaccel_cpu_s": after.pa_cpu_s - before.pa_cpu_s,
+                        "failures": sum(1 for u in user_runs for x in u.answers if x.failed),
+                    })
+                    for u, ur in enumerate(user_runs):
+                        for r, ref, y in zip(reqs, reference[i], ur.answers):
+                            tally.check(f"{n} workers user {u} round {i} {panel_key(r)}", ref, y, direct_noted=True)
+                    del user_runs
+        finally:
+            rss.stop()
+            run["peak_rss"] = rss.peak
+            env.stop_promaccel()
+        s["runs"].append(run)
+    s.update(tally.as_dict())
+    return s
+
+
 def scenario_codec(env: Env) -> dict[str, Any]:
     """(f) Decode + merge + encode throughput: loadtests/codec_bench.py, when it exists."""
     s: dict[str, Any] = {"name": "codec", "ran": False, "notes": []}
@@ -882,7 +954,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--hours", type=float, help="hours of data (default 24; 6 with --small)")
     g.add_argument("--data-dir", type=Path, help="TSDB directory (default .cache/bench/<size>)")
     g = p.add_argument_group("load")
-    g.add_argument("--scenario", action="append", help=f"{', '.join(SCENARIOS)} or a..f; repeatable or "
+    g.add_argument("--scenario", action="append", help=f"{', '.join(SCENARIOS)} or a..g; repeatable or "
                    "comma-separated (default: all)")
     g.add_argument("--window", action="append", help="dashboard time range for (b): 1h, 24h, 7d, ... (repeatable; "
                    "default 1h, 24h, 7d)")
@@ -904,6 +976,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("promaccel")
     g.add_argument("--promaccel-args", default="", help='extra `promaccel serve` flags, e.g. "--split-interval 1h"')
     g.add_argument("--no-redis", action="store_true", help="use promaccel's in-process cache instead of Redis")
+    g.add_argument("--workers", type=int, default=2,
+                   help="worker processes compared with 1 in (g) (default 2)")
     g.add_argument("--codec-args", default="", help="arguments for loadtests.codec_bench in (f)")
     g = p.add_argument_group("output")
     g.add_argument("--out", type=Path, help="run directory (default loadtests/results/<UTC time>/)")
@@ -922,6 +996,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         a.slide_s = parse_duration_s(a.slide)
     except (argparse.ArgumentTypeError, ValueError) as exc:
         p.error(str(exc))
+    if not 1 <= a.workers <= 16:
+        p.error("--workers must be within 1..16")
     if not 1 <= a.users <= MAX_USERS:
         p.error(f"--users must be within 1..{MAX_USERS}")
     for name in ("refreshes", "users_refreshes", "cold_reps", "tiny_requests", "heavy", "max_requests"):
@@ -1015,6 +1091,8 @@ async def _run_scenarios(env: Env, results: dict[str, Any]) -> None:
                 results["scenarios"].append(await scenario_heavy(env))
             elif name == "codec":
                 results["scenarios"].append(scenario_codec(env))
+            elif name == "workers":
+                results["scenarios"].append(await scenario_workers(env))
         except BudgetExhausted as exc:
             results["notes"].append(f"scenario {name}: {exc}; later scenarios skipped")
             env.stop_promaccel()

@@ -530,6 +530,47 @@ def _render_heavy(s: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def workers_summary(s: Mapping[str, Any]) -> dict[int, dict[str, float]]:
+    """Per worker count: median wall of the warm rounds (all but round 0), round 0's wall,
+    backend requests in round 0 and in the warm rounds, CPU and peak RSS."""
+    out: dict[int, dict[str, float]] = {}
+    for run in s.get("runs", []):
+        rounds = run.get("rounds", [])
+        warm = rounds[1:]
+        out[int(run["workers"])] = {
+            "cold_wall_s": rounds[0]["wall_s"] if rounds else math.nan,
+            "warm_wall_s": median(r["wall_s"] for r in warm) if warm else math.nan,
+            "warm_user_p50_s": median(x for r in warm for x in r["user_s"]) if warm else math.nan,
+            "cold_backend_requests": rounds[0]["backend_requests"] if rounds else math.nan,
+            "warm_backend_requests": sum(r["backend_requests"] for r in warm) if warm else math.nan,
+            "warm_cpu_s": median(r["promaccel_cpu_s"] for r in warm) if warm else math.nan,
+            "peak_rss": run.get("peak_rss", math.nan),
+            "failures": sum(r.get("failures", 0) for r in rounds),
+        }
+    return out
+
+
+def _render_workers(s: Mapping[str, Any]) -> list[str]:
+    out = [f"{s['users']} users refresh the dashboard (window {s['window']}, slide {s['slide_s']:g} s; round 0 cold, "
+           "then warm) through promaccel with 1 and with N uvicorn worker processes sharing one Redis, each on a "
+           "fresh promaccel with Redis flushed. Backend calls are counted by Prometheus; CPU and RSS are summed "
+           "over promaccel's process tree.", ""]
+    summ = workers_summary(s)
+    rows = [[str(n), fmt_ms(v["cold_wall_s"]), fmt_ms(v["warm_wall_s"]), fmt_ms(v["warm_user_p50_s"]),
+             fmt_num(v["cold_backend_requests"]), fmt_num(v["warm_backend_requests"]), fmt_num(v["warm_cpu_s"], 2),
+             fmt_bytes(v["peak_rss"]), str(v["failures"])] for n, v in sorted(summ.items())]
+    out += _table(["workers", "cold round ms", "warm round ms (median)", "warm user refresh p50 ms",
+                   "backend calls, cold round", "backend calls, warm rounds", "promaccel CPU s per warm round",
+                   "peak RSS", "failed"], rows)
+    if 1 in summ and len(summ) > 1:
+        n = max(summ)
+        one, many = summ[1], summ[n]
+        out += ["", f"Warm round, {n} workers vs 1: **{fmt_ratio(count_ratio(one['warm_wall_s'], many['warm_wall_s']))}** "
+                f"of the wall time; cold round backend calls {fmt_num(many['cold_backend_requests'])} vs "
+                f"{fmt_num(one['cold_backend_requests'])} (request coalescing is per worker)."]
+    return out
+
+
 def _render_codec(s: Mapping[str, Any]) -> list[str]:
     if not s.get("ran"):
         return [s.get("note", "not run")]
@@ -543,6 +584,7 @@ _RENDER = {
     "users": ("(d) Concurrent users on one dashboard", _render_users),
     "heavy": ("(e) Concurrent heavy queries: promaccel's peak RSS", _render_heavy),
     "codec": ("(f) Codec throughput", _render_codec),
+    "workers": ("(g) Worker processes sharing one Redis", _render_workers),
 }
 
 

@@ -1594,10 +1594,14 @@ def _str_list(body: bytes, span: tuple[int, int] | None, what: str) -> list[str]
 
 class _LabelSets:
     """Label JSON -> the dict decoded from it, shared between results (label dicts are
-    never mutated). Bounded: cleared when it grows past `limit` entries."""
+    never mutated). Bounded: cleared when it grows past `limit` entries or `max_bytes` of
+    label JSON (a dict and its strings take about 3x its JSON: 8 MiB of JSON is ~30 MiB
+    held for the life of the process; 500,000 entries alone allowed ~1 GiB)."""
 
-    def __init__(self, limit: int = 500_000) -> None:
+    def __init__(self, limit: int = 500_000, max_bytes: int = 8 << 20) -> None:
         self.limit = limit
+        self.max_bytes = max_bytes
+        self.bytes = 0
         self.map: dict[bytes, dict[str, str]] = {}
 
     def lookup(self, spans: list[bytes]) -> list[dict[str, str]]:
@@ -1609,11 +1613,14 @@ class _LabelSets:
                 parsed = orjson.loads(b"[" + b",".join([spans[i] for i in missing]) + b"]")
             except orjson.JSONDecodeError as exc:  # e.g. invalid UTF-8
                 raise _SlowPath from exc
-            if len(self.map) + len(missing) > self.limit:
+            adding = sum(len(spans[i]) for i in missing)
+            if len(self.map) + len(missing) > self.limit or self.bytes + adding > self.max_bytes:
                 self.map.clear()
+                self.bytes = 0
             for i, d in zip(missing, parsed):
                 out[i] = d
                 self.map[spans[i]] = d
+            self.bytes += adding
         return out
 
 
@@ -1623,12 +1630,13 @@ _LABEL_CACHE = _LabelSets()
 _DECODE_SCRATCH = threading.local()
 
 
-def _decode_scratch(cap_series: int, cap_samples: int) -> tuple[Any, ...]:
+def _decode_scratch(cap_series: int, cap_samples: int) -> tuple[tuple[Any, ...], bool]:
     """Output arrays of the series scanner (met_s, met_e, counts, t, v, fb_idx, fb_s, fb_e),
-    per thread, grown on demand; kept only up to a bounded size."""
+    and whether they are the thread's kept scratch (to be copied out of) rather than fresh
+    arrays for this answer alone (whose t and v are shrunk in place and handed over)."""
     have = getattr(_DECODE_SCRATCH, "arrays", None)
     if have is not None and len(have[0]) >= cap_series and len(have[3]) >= cap_samples:
-        return have
+        return have, True
     cs, cv = max(cap_series, 1 << 12), max(cap_samples, 1 << 16)
     arrays = (
         np.empty(cs, dtype=np.int64),
@@ -1642,10 +1650,16 @@ def _decode_scratch(cap_series: int, cap_samples: int) -> tuple[Any, ...]:
     )
     if cap_samples <= _DECODE_SCRATCH_MAX:
         _DECODE_SCRATCH.arrays = arrays
-    return arrays
+        return arrays, True
+    return arrays, False
 
 
-_DECODE_SCRATCH_MAX = 4 << 20  # samples: answers up to ~28 MB of JSON
+# Samples: answers up to ~1.8 MB of JSON decode into the thread's kept scratch (fresh pages
+# would cost as much as parsing such a small answer) and are copied out at their exact size.
+# Larger answers get arrays of their own, shrunk in place to their exact size (realloc, no
+# copy): no second copy of a big answer at the decode's peak, and no big scratch kept
+# resident for the life of the process (the kept scratch is at most 4 MB touched).
+_DECODE_SCRATCH_MAX = 1 << 18
 
 
 def _decode_fast(body: bytes) -> QueryResult:
@@ -1676,7 +1690,9 @@ def _decode_fast(body: bytes) -> QueryResult:
         cap_samples = (n - res_start) // 7 + 2
         # Per-thread scratch, kept between answers (fresh pages cost as much as parsing);
         # the results are copied out at their exact size.
-        met_s, met_e, counts, t_out, v_out, fb_idx, fb_s, fb_e = _decode_scratch(cap_series, cap_samples)
+        scratch, kept = _decode_scratch(cap_series, cap_samples)
+        met_s, met_e, counts, t_out, v_out, fb_idx, fb_s, fb_e = scratch
+        del scratch
         canon = np.ones(1, dtype=np.uint8)
         code, ns, nk, nfb, unsorted, res_end = _parse_series_list(
             buf, res_start, n, rtype == "matrix", met_s, met_e, counts, t_out, v_out, fb_idx, fb_s, fb_e, canon
@@ -1685,7 +1701,7 @@ def _decode_fast(body: bytes) -> QueryResult:
             raise Undecodable("native histograms are not decoded")
         if code != 0 or unsorted:
             raise _SlowPath
-        parsed = (ns, nk, nfb, met_s, met_e, counts, t_out, v_out, fb_idx, fb_s, fb_e, bool(canon[0]))
+        parsed = (ns, nk, nfb, met_s, met_e, counts, t_out, v_out, fb_idx, fb_s, fb_e, bool(canon[0]), kept)
     elif rtype in ("scalar", "string"):
         res_end = _skip_value(buf, res_start, n)
     else:
@@ -1708,9 +1724,16 @@ def _decode_fast(body: bytes) -> QueryResult:
     infos = _str_list(body, top.get(b"infos"), "infos")
     if parsed is None:
         return _small_result(rtype, orjson.loads(body[res_start:res_end]), warnings, infos)
-    ns, nk, nfb, met_s, met_e, counts, t_out, v_out, fb_idx, fb_s, fb_e, canonical = parsed
-    t = t_out[:nk].copy()
-    v = v_out[:nk].copy()
+    ns, nk, nfb, met_s, met_e, counts, t_out, v_out, fb_idx, fb_s, fb_e, canonical, kept = parsed
+    del parsed
+    if kept:
+        t = t_out[:nk].copy()
+        v = v_out[:nk].copy()
+    else:
+        # Arrays of this answer alone (nothing else refers to them): shrink in place.
+        t_out.resize(nk, refcheck=False)
+        v_out.resize(nk, refcheck=False)
+        t, v = t_out, v_out
     for k, a, b in zip(fb_idx[:nfb].tolist(), fb_s[:nfb].tolist(), fb_e[:nfb].tolist()):
         v[k] = _py_float(body[a:b])
     # The scanner checked every metric is a flat object of strings: look the label sets

@@ -4,7 +4,9 @@ The only module of promaccel that imports `redis`. The executor looks pieces up 
 `get_many` per query and writes them back with `put_many` as a background task; neither
 ever raises or stalls a query: a failing, slow or down Redis reads as misses and drops
 writes (`promaccel_cache_errors_total{op}`), a circuit breaker then skips Redis for a short
-back-off, and the store recovers by itself.
+back-off, and the store recovers by itself. Concurrent lookups of the same keys share one
+read (`promaccel_coalesced_calls_total{flight="cache_read"}`), from a bounded blocking
+connection pool, under deadlines that count the event loop's idle time, not its lag.
 
 Keys. `CacheKey` holds everything that changes a piece's answer; `canonical()` is its
 deterministic text (ASCII JSON of a fixed field list) and `redis_key(gen)` is
@@ -49,7 +51,9 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import struct
+import threading
 import time
 import zlib
 from abc import ABC, abstractmethod
@@ -369,9 +373,21 @@ class PieceStore(ABC):
         self, keys: Sequence[CacheKey], skeys: Sequence[str], values: Sequence[bytes | None]
     ) -> tuple[list[bytes | None], list[str]]:
         """Verify raw values: payloads (None for misses) and the storage keys to delete."""
+        out, bad = self._verify(keys, skeys, values)
+        self._count_payloads(out)
+        return out, bad
+
+    def _count_payloads(self, payloads: Sequence[bytes | None]) -> None:
+        hits = sum(1 for p in payloads if p is not None)
+        self._count_lookups(hits, len(payloads) - hits, sum(len(p) for p in payloads if p is not None))
+
+    def _verify(
+        self, keys: Sequence[CacheKey], skeys: Sequence[str], values: Sequence[bytes | None]
+    ) -> tuple[list[bytes | None], list[str]]:
+        """Payloads of sound frames (None for misses and corrupt values), and the storage
+        keys of the corrupt ones (to delete). Counts corrupt values, not lookups."""
         out: list[bytes | None] = []
         bad: list[str] = []
-        hits = read = 0
         for key, skey, value in zip(keys, skeys, values):
             if value is None:
                 out.append(None)
@@ -386,9 +402,6 @@ class PieceStore(ABC):
                 out.append(None)
                 continue
             out.append(payload)
-            hits += 1
-            read += len(payload)
-        self._count_lookups(hits, len(keys) - hits, read)
         return out, bad
 
     def _count_lookups(self, hits: int, misses: int, read: int = 0) -> None:
@@ -664,8 +677,65 @@ _T = TypeVar("_T")
 _FAILED: Any = object()
 
 
-def _connect(url: str, connect_timeout_s: float) -> tuple[Any, bool]:
-    """A redis.asyncio client for `url`, and whether it is a cluster client."""
+_SCHEDSTAT = threading.local()
+
+
+def _busy_s() -> float:
+    """Seconds this thread has been running or runnable: its CPU time plus its time waiting
+    for a CPU (Linux /proc/thread-self/schedstat), or its CPU time where that is missing."""
+    fd = getattr(_SCHEDSTAT, "fd", None)
+    if fd is None:
+        try:
+            fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        except OSError:
+            fd = -1
+        _SCHEDSTAT.fd = fd
+    if fd >= 0:
+        try:
+            run_ns, wait_ns, _ = os.pread(fd, 128, 0).split()
+            return (int(run_ns) + int(wait_ns)) / 1e9
+        except (OSError, ValueError):
+            pass
+    return time.thread_time()
+
+
+async def _idle_timeout(aw: Awaitable[_T], idle_s: float, max_wall_s: float) -> _T:
+    """Await `aw` until this thread has been *idle* (blocked waiting for I/O: wall time minus
+    its CPU time and its time waiting for a CPU) for `idle_s`, or `max_wall_s` of wall time
+    passed; then cancel it, TimeoutError.
+
+    Under load the event loop runs other requests' work (encoding answers, merging) between
+    a Redis reply's arrival and its reading, and on a busy machine it also waits for a CPU;
+    a plain wall-clock deadline counts that lag against Redis and turns healthy reads into
+    misses. A stalled Redis leaves the loop idle, so this still times out after `idle_s`."""
+    task = asyncio.ensure_future(aw)
+    wall0, busy0 = time.monotonic(), _busy_s()
+    try:
+        while True:
+            wall = time.monotonic() - wall0
+            idle = wall - (_busy_s() - busy0)
+            wait_s = min(idle_s - idle, max_wall_s - wall)
+            if wait_s <= 0:
+                raise TimeoutError
+            done, _ = await asyncio.wait({task}, timeout=wait_s)
+            if done:
+                return task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+            # Retrieve its outcome so that asyncio does not log it.
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+
+def _connect(url: str, connect_timeout_s: float, max_connections: int = 64) -> tuple[Any, bool]:
+    """A redis.asyncio client for `url`, and whether it is a cluster client.
+
+    One server: a *blocking* pool of `max_connections` (a caller waits for a free
+    connection, within the store's own deadline). redis-py's default pool raises
+    MaxConnectionsError as soon as 100 commands are in flight, which 50 dashboard users (300
+    concurrent panel requests) hit at once: every such read was a cache error, three in a row
+    opened the breaker, and the whole cache was bypassed. Cluster: `max_connections` per node
+    (redis-py's cluster pool does not block; reads are coalesced, so few are in flight)."""
     common: dict[str, Any] = {
         # Reads are bounded by the store's per-call deadlines instead (asyncio.timeout;
         # redis-py drops a connection whose read was cancelled): a socket timeout would
@@ -691,11 +761,16 @@ def _connect(url: str, connect_timeout_s: float) -> tuple[Any, bool]:
             others.append(ClusterNode(host.strip("[]"), int(port)))
         # One retry without back-off lets a MOVED answer after resharding be followed; the
         # store's own deadline bounds the call either way.
-        client = RedisCluster.from_url(first, startup_nodes=others or None, retry=Retry(NoBackoff(), 1), **common)
+        client = RedisCluster.from_url(first, startup_nodes=others or None, retry=Retry(NoBackoff(), 1),
+                                       max_connections=max_connections, **common)
         return client, True
     if scheme in ("redis", "rediss", "unix"):
         # No client-side retries: a failed call is a miss, and the breaker handles outages.
-        return aioredis.from_url(url, retry=Retry(NoBackoff(), 0), **common), False
+        # timeout=None: waiting for a connection is bounded by the store's deadlines.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=None, retry=Retry(NoBackoff(), 0), **common
+        )
+        return aioredis.Redis.from_pool(pool), False
     raise ValueError(
         f"cache.redis_url {url!r}: expected redis://, rediss://, unix://, redis+cluster:// or rediss+cluster://"
     )
@@ -711,11 +786,22 @@ def _redact(url: str) -> str:
 class RedisStore(PieceStore):
     """Pieces in Redis or Redis Cluster (redis.asyncio, hiredis parser).
 
-    timeout_ms            connect timeout, and the deadline of a read (get_many) ...
+    timeout_ms            the deadline of a read (get_many) ...
     timeout_per_key_ms    ... plus this much per key: a batch of 50 pieces of 100 KB takes
                           15-30 ms on loopback (most of it client-side parsing), so a fixed
-                          deadline would turn big batches into misses
-    put_timeout_ms        deadline of a background write
+                          deadline would turn big batches into misses. The read deadline
+                          counts only the time the event loop's thread was blocked waiting
+                          for I/O (wall time minus its CPU time and its wait for a CPU,
+                          `_idle_timeout`): under load the loop runs other requests' work for
+                          a second before it reads Redis's reply, and on a busy machine it
+                          waits for a CPU; that lag says nothing about Redis. A stalled
+                          Redis leaves the loop idle, so it still times out in time.
+    max_wait_ms           ... but a read never takes more than this much wall time (a
+                          background write: 5x put_timeout_ms, at least this); also the
+                          connect timeout
+    put_timeout_ms        deadline of a background write, in idle time as for reads
+    max_connections       connection pool size (per node for Redis Cluster); a read or write
+                          waits for a free connection within its deadline
     admin_timeout_ms      deadline of invalidate / bump_generation (these raise on failure)
     generation_refresh_ms how often the generation number is re-read
     breaker_*             see CircuitBreaker
@@ -731,6 +817,8 @@ class RedisStore(PieceStore):
         *,
         timeout_ms: int = 100,
         timeout_per_key_ms: float = 1.0,
+        max_wait_ms: int = 5_000,
+        max_connections: int = 64,
         put_timeout_ms: int = 2_000,
         admin_timeout_ms: int = 30_000,
         generation_refresh_ms: int = 2_000,
@@ -744,9 +832,17 @@ class RedisStore(PieceStore):
     ) -> None:
         super().__init__(log_interval_s)
         self.url = url
-        self._client, self.cluster = _connect(url, timeout_ms / 1000)
+        # Connect timeout: wall clock inside redis-py, so not the read deadline (a loop that
+        # lags under load would fail healthy connects); reads and writes stay bounded by
+        # their own deadlines, and a refused connection fails at once anyway.
+        self._client, self.cluster = _connect(url, max(max_wait_ms, timeout_ms) / 1000, max_connections)
         self._timeout_s = timeout_ms / 1000
         self._per_key_s = timeout_per_key_ms / 1000
+        self._max_wait_s = max(max_wait_ms, timeout_ms) / 1000
+        # Reads in flight, per key digest: a lookup for a key that another lookup is reading
+        # right now waits for that read (50 users on one dashboard: one MGET, not 50).
+        self._reads: dict[str, asyncio.Future[bytes | None]] = {}
+        self._read_tasks: set[asyncio.Task[None]] = set()
         self._put_timeout_s = put_timeout_ms / 1000
         self._admin_timeout_s = admin_timeout_ms / 1000
         self._gen_refresh_s = generation_refresh_ms / 1000
@@ -759,15 +855,20 @@ class RedisStore(PieceStore):
 
     # Guarding ---------------------------------------------------------------------------
 
-    async def _guarded(self, op: str, deadline_s: float, fn: Callable[[], Awaitable[_T]]) -> _T:
-        """fn() within the deadline, or _FAILED (counted, logged, fed to the breaker)."""
+    async def _guarded(self, op: str, deadline_s: float, fn: Callable[[], Awaitable[_T]],
+                       *, idle_deadline: bool = False, max_wall_s: float | None = None) -> _T:
+        """fn() within the deadline, or _FAILED (counted, logged, fed to the breaker).
+        idle_deadline: the deadline counts the loop's idle time only (see the class doc)."""
         if not self.breaker.allow():
             self._n["bypassed"] += 1
             METRICS.cache_bypassed.labels(op).inc()
             return _FAILED  # type: ignore[no-any-return]
         try:
-            async with asyncio.timeout(deadline_s):
-                result = await fn()
+            if idle_deadline:
+                result = await _idle_timeout(fn(), deadline_s, max_wall_s or self._max_wait_s)
+            else:
+                async with asyncio.timeout(deadline_s):
+                    result = await fn()
         except asyncio.CancelledError:
             self.breaker.release()
             raise
@@ -820,18 +921,59 @@ class RedisStore(PieceStore):
         return key.redis_key(self._generation)
 
     async def get_many(self, keys: Sequence[CacheKey]) -> list[bytes | None]:
+        """Keys another lookup is reading right now are awaited from that read; the rest
+        are read with one MGET (per node for a cluster) in a task of their own, so a caller
+        that gives up does not fail the lookups that joined its read."""
         if not keys:
             return []
-        deadline_s = self._timeout_s + self._per_key_s * len(keys)
-        fetched = await self._guarded("get", deadline_s, lambda: self._mget(keys))
-        if fetched is _FAILED:
-            self._count_lookups(0, len(keys))
-            return [None] * len(keys)
-        skeys, values = fetched
-        out, bad = self._decode_all(keys, skeys, values)
-        if bad:
-            await self._guarded("delete", self._timeout_s, lambda: self._unlink(bad))
+        loop = asyncio.get_running_loop()
+        futs: list[asyncio.Future[bytes | None]] = []
+        mine: dict[str, tuple[CacheKey, asyncio.Future[bytes | None]]] = {}
+        joined = 0
+        for k in keys:
+            fut = self._reads.get(k.digest)
+            if fut is None:
+                fut = self._reads[k.digest] = loop.create_future()
+                mine[k.digest] = (k, fut)
+            else:
+                joined += 1
+            futs.append(fut)
+        if joined:
+            METRICS.coalesced.labels("cache_read").inc(joined)
+        if mine:
+            task = loop.create_task(self._read([k for k, _ in mine.values()], [f for _, f in mine.values()]))
+            self._read_tasks.add(task)
+            task.add_done_callback(self._read_tasks.discard)
+        # asyncio.wait, not gather: a caller cancelled here must not cancel shared reads.
+        await asyncio.wait(set(futs))
+        out = [f.result() for f in futs]
+        self._count_payloads(out)
         return out
+
+    async def _read(self, keys: list[CacheKey], futs: list[asyncio.Future[bytes | None]]) -> None:
+        """One batched read; resolves every future (None on any failure), never raises."""
+        out: list[bytes | None] = [None] * len(keys)
+        try:
+            deadline_s = self._timeout_s + self._per_key_s * len(keys)
+            fetched = await self._guarded("get", deadline_s, lambda: self._mget(keys), idle_deadline=True)
+            if fetched is not _FAILED:
+                skeys, values = fetched
+                out, bad = self._verify(keys, skeys, values)
+                if bad:
+                    self._spawn_read_task(self._guarded("delete", self._timeout_s, lambda: self._unlink(bad)))
+        except BaseException:  # noqa: BLE001 -- cancelled at shutdown: the waiters read misses
+            pass
+        finally:
+            for k, fut, payload in zip(keys, futs, out):
+                if self._reads.get(k.digest) is fut:
+                    del self._reads[k.digest]
+                if not fut.done():
+                    fut.set_result(payload)
+
+    def _spawn_read_task(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._read_tasks.add(task)
+        task.add_done_callback(self._read_tasks.discard)
 
     async def _mget(self, keys: Sequence[CacheKey]) -> tuple[list[str], list[bytes | None]]:
         gen = await self._current_generation()
@@ -855,7 +997,8 @@ class RedisStore(PieceStore):
         keep = [it for it in items if it.ttl_ms is not None and it.ttl_ms > 0]
         self._count_put("not_cached", len(items) - len(keep))
         if keep:
-            await self._guarded("put", self._put_timeout_s, lambda: self._put(keep))
+            await self._guarded("put", self._put_timeout_s, lambda: self._put(keep), idle_deadline=True,
+                                max_wall_s=max(self._max_wait_s, 5 * self._put_timeout_s))
 
     async def _put(self, items: list[CacheItem]) -> None:
         # 1. generation and invalidation marker
@@ -929,6 +1072,7 @@ class RedisStore(PieceStore):
     ) -> int:
         # The marker first: puts of pieces fetched before now are dropped from here on.
         await self._client.set(INVALIDATED_AT_KEY, self._clock())
+        self._reads.clear()  # lookups from now on read afresh
         self._gen_read_at = None
         gen = await self._current_generation()
         if metric_names is None:
@@ -961,6 +1105,7 @@ class RedisStore(PieceStore):
     async def bump_generation(self) -> int:
         async def bump() -> int:
             await self._client.set(INVALIDATED_AT_KEY, self._clock())
+            self._reads.clear()  # lookups from now on read afresh
             gen = int(await self._client.incr(GENERATION_KEY))
             if gen <= self._generation:
                 # The key was lost (restart, eviction) while we knew a higher number.
@@ -973,6 +1118,8 @@ class RedisStore(PieceStore):
         return await self._admin("bump", bump)
 
     async def aclose(self) -> None:
+        for task in list(self._read_tasks):
+            task.cancel()
         try:
             await self._client.aclose()
         except Exception as exc:  # closing a broken connection must not fail shutdown
@@ -995,7 +1142,8 @@ def make_store(cfg: CacheConfig) -> PieceStore:
     """The configured store: Redis when `cache.redis_url` is set, else in-process.
 
     Optional keys read when the config has them (durations in ms): redis_timeout,
-    redis_put_timeout, generation_refresh, breaker_backoff, breaker_max_backoff.
+    redis_max_wait, redis_max_connections, redis_put_timeout, generation_refresh,
+    breaker_backoff, breaker_max_backoff.
     """
     if not cfg.redis_url:
         return MemoryStore(cfg.max_bytes)
@@ -1007,6 +1155,8 @@ def make_store(cfg: CacheConfig) -> PieceStore:
     return RedisStore(
         cfg.redis_url,
         timeout_ms=opt("redis_timeout", 100),
+        max_wait_ms=opt("redis_max_wait", 5_000),
+        max_connections=opt("redis_max_connections", 64),
         put_timeout_ms=opt("redis_put_timeout", 2_000),
         generation_refresh_ms=opt("generation_refresh", 2_000),
         breaker_backoff_ms=opt("breaker_backoff", 1_000),

@@ -1,15 +1,31 @@
-"""`promaccel` command line: serve (and, from loadtests, bench)."""
+"""`promaccel` command line: serve (and, from loadtests, bench).
+
+`serve --workers N` (N > 1) runs N uvicorn worker processes behind one listening socket (the
+kernel spreads connections over them). Each worker builds the same configuration from the
+same command line (passed in $PROMACCEL_WORKER_ARGV), so they share the Redis cache; each
+has its own in-process state: the in-process LRU (without Redis every worker caches alone,
+`cache.max_bytes` each), request coalescing (single-flight and the landing zone: identical
+requests that land on different workers are not merged), `backends[].max_parallel` (per
+worker: N workers may send N times as many concurrent calls) and /metrics (a scrape sees the
+worker that answered it).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import sys
+from typing import Any
 
-from .config import ConfigError, load_config
+from .config import Config, ConfigError, load_config
+
+WORKER_ARGV_ENV = "PROMACCEL_WORKER_ARGV"
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _config(args: argparse.Namespace) -> Config:
+    """The configuration of `serve`'s arguments; raises ConfigError or ValueError."""
     overrides: dict[str, dict[str, object]] = {"planner": {}}
     if args.split_interval is not None:
         overrides["planner"]["split_interval"] = None if args.split_interval in ("0", "none") else args.split_interval
@@ -20,18 +36,17 @@ def _serve(args: argparse.Namespace) -> int:
         for item in args.shard_label:
             regex, sep, label = item.rpartition("=")
             if not sep or not regex or not label:
-                print(f"promaccel: --shard-label expects METRIC_REGEX=LABEL, got {item!r}", file=sys.stderr)
-                return 2
+                raise ValueError(f"--shard-label expects METRIC_REGEX=LABEL, got {item!r}")
             labels[regex] = label
         overrides["planner"]["shard_labels"] = labels
-    try:
-        cfg = load_config(
-            args.config, backends=args.backend, redis_url=args.redis, host=args.host, port=args.port,
-            overrides=overrides,
-        )
-    except ConfigError as exc:
-        print(f"promaccel: {exc}", file=sys.stderr)
-        return 2
+    return load_config(
+        args.config, backends=args.backend, redis_url=args.redis, host=args.host, port=args.port,
+        overrides=overrides,
+    )
+
+
+def _setup(args: argparse.Namespace, cfg: Config) -> None:
+    """Logging and the compiled codec, in the serving process (each worker)."""
     logging.basicConfig(
         level=getattr(logging, (args.log_level or cfg.log_level).upper()),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
@@ -40,34 +55,73 @@ def _serve(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     # numba's compiler logs every pass at DEBUG: megabytes per kernel.
     logging.getLogger("numba").setLevel(logging.WARNING)
-    import uvicorn
-
-    from .app import create_app
-
     from .warmup import warm_up
 
     # Compile the codec before the first query needs it (cached on disk after the first run).
     took = warm_up()
     if took > 2:
         print(f"compiled the query hot path in {took:.0f}s (first start only)", flush=True)
-    app = create_app(cfg)
+
+
+def worker_app() -> Any:
+    """uvicorn's app factory in each worker of `serve --workers N`: the app of the command
+    line the parent passed in $PROMACCEL_WORKER_ARGV."""
+    from .app import create_app
+
+    args = _parser().parse_args(json.loads(os.environ[WORKER_ARGV_ENV]))
+    cfg = _config(args)
+    _setup(args, cfg)
+    return create_app(cfg)
+
+
+def _serve(args: argparse.Namespace, argv: list[str]) -> int:
+    try:
+        cfg = _config(args)
+    except (ConfigError, ValueError) as exc:
+        print(f"promaccel: {exc}", file=sys.stderr)
+        return 2
+    if args.workers < 1:
+        print("promaccel: --workers must be at least 1", file=sys.stderr)
+        return 2
+    import uvicorn
+
     host, port = cfg.listen.host, cfg.listen.port
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     backends = ", ".join(f"{b.name}={b.url}" for b in cfg.backends)
     cache = cfg.cache.redis_url and "redis" or "in-process"
-    print(f"promaccel serving on http://{shown}:{port}  (backends: {backends}; cache: {cache})", flush=True)
-    print(f"Grafana: add a Prometheus data source with URL http://{shown}:{port}", flush=True)
-    uvicorn.run(
-        app, host=host, port=port, log_level="warning", access_log=False,
-        loop="auto", http="auto", workers=1,
+    common: dict[str, Any] = dict(
+        host=host, port=port, log_level="warning", access_log=False, loop="auto", http="auto",
         # Longer than clients' idle keep-alive (Grafana's Go client: 90 s), so promaccel never
         # closes a connection a client is about to reuse.
         timeout_keep_alive=120,
     )
+    if args.workers == 1:
+        from .app import create_app
+
+        _setup(args, cfg)
+        app = create_app(cfg)
+    else:
+        # Compile the codec once (numba's on-disk cache) in a short-lived process, so that
+        # the workers load it instead of compiling it N times at once, and this supervising
+        # process stays small (it only forwards signals and restarts workers).
+        import subprocess
+
+        subprocess.run([sys.executable, "-c", "from proxy.warmup import warm_up; warm_up()"], check=False)
+        os.environ[WORKER_ARGV_ENV] = json.dumps(argv)
+        if cfg.cache.enabled and not cfg.cache.redis_url:
+            print(f"promaccel: {args.workers} workers without Redis: each worker has its own "
+                  "in-process cache (cache.max_bytes each) and they share nothing", flush=True)
+    print(f"promaccel serving on http://{shown}:{port}  (backends: {backends}; cache: {cache}"
+          f"{f'; {args.workers} workers' if args.workers > 1 else ''})", flush=True)
+    print(f"Grafana: add a Prometheus data source with URL http://{shown}:{port}", flush=True)
+    if args.workers == 1:
+        uvicorn.run(app, workers=1, **common)
+    else:
+        uvicorn.run("proxy.cli:worker_app", factory=True, workers=args.workers, **common)
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="promaccel", description="PromQL query acceleration proxy")
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="serve the Prometheus HTTP API in front of the backends")
@@ -80,8 +134,16 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--shards", help="node shards per query: a number or 'auto'")
     s.add_argument("--shard-label", action="append", help="METRIC_REGEX=LABEL (repeatable)")
     s.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    s.add_argument("--workers", type=int, default=int(os.environ.get("PROMACCEL_WORKERS", "1") or 1),
+                   help="worker processes sharing the listening socket (default 1, or "
+                   "$PROMACCEL_WORKERS); give them a Redis cache to share (--redis)")
     sub.add_parser("bench", help="replay the GPU fleet dashboard direct vs through promaccel "
                    "(options: promaccel bench -- --help)", add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     if argv is None:
         argv = sys.argv[1:]
     if argv and argv[0] == "bench":
@@ -91,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(bench_main(rest[1:] if rest[:1] == ["--"] else rest) or 0)
     args = parser.parse_args(argv)
     if args.command == "serve":
-        return _serve(args)
+        return _serve(args, list(argv))
     return 2
 
 

@@ -385,6 +385,8 @@ class Executor:
         self._invalidated_at_ms = 0
         # Units being fetched right now: digest -> their answer, once the call returns.
         self._inflight: dict[str, asyncio.Future[QueryResult]] = {}
+        # Payloads shared by joined lookups, decoded once: digest -> (payload, answer).
+        self._decoded: dict[str, tuple[bytes, QueryResult]] = {}
         # Finished backend calls over old data: flight key -> (answer, fetched_at_ms, expiry).
         self._recent_calls: dict[tuple[Any, ...], tuple[Any, int, float]] = {}
 
@@ -563,7 +565,7 @@ class Executor:
             # Lookups that joined one read (50 users on one dashboard) get the very same
             # payload object: decode it once. Keyed by digest, checked by identity, kept a
             # moment (the joined lookups resume together).
-            decoded: dict[str, tuple[bytes, QueryResult]] = self.__dict__.setdefault("_decoded", {})
+            decoded = self._decoded
             loop = asyncio.get_running_loop()
             for k, payload in zip(rest, payloads):
                 if payload is None:

@@ -221,8 +221,10 @@ def test_parse_args_bounds_and_scenarios() -> None:
     assert a.scenarios == ["cold", "dashboard", "heavy"]
     assert a.window == ["1h", "24h", "7d"] and a.slide_s == 30
     assert bench.parse_args([]).scenarios == list(bench.SCENARIOS)
+    assert bench.parse_args(["--scenario", "g"]).scenarios == ["workers"]
+    assert bench.parse_args([]).workers == 2
     for bad in (["--users", "0"], ["--users", "1000"], ["--scenario", "nope"], ["--refreshes", "0"],
-                ["--window", "banana"], ["--heavy", "1000"]):
+                ["--window", "banana"], ["--heavy", "1000"], ["--workers", "0"], ["--workers", "99"]):
         with pytest.raises(SystemExit):
             bench.parse_args(bad)
 
@@ -357,6 +359,20 @@ def _fake_results() -> dict[str, object]:
     }
 
 
+def test_workers_summary_and_rendering() -> None:
+    rnd = lambda i, wall, calls: {"index": i, "wall_s": wall, "user_s": [wall * 0.9, wall],  # noqa: E731
+                                  "backend_requests": calls, "promaccel_cpu_s": wall / 2, "failures": 0}
+    s = {"name": "workers", "users": 50, "window": "1h", "slide_s": 30.0, "workers": [1, 2],
+         "runs": [{"workers": 1, "peak_rss": 2**28, "rounds": [rnd(0, 3.0, 28), rnd(1, 2.0, 0), rnd(2, 1.0, 0)]},
+                  {"workers": 2, "peak_rss": 2**29, "rounds": [rnd(0, 2.5, 56), rnd(1, 1.0, 0), rnd(2, 0.5, 1)]}]}
+    summ = report.workers_summary(s)
+    assert summ[1]["warm_wall_s"] == 1.5 and summ[2]["warm_wall_s"] == 0.75
+    assert summ[1]["cold_backend_requests"] == 28 and summ[2]["warm_backend_requests"] == 1
+    assert summ[1]["cold_wall_s"] == 3.0 and summ[2]["peak_rss"] == 2**29
+    md = "\n".join(report._render_workers(s))
+    assert "**0.500x**" in md and "56 vs 28" in md
+
+
 def test_render_markdown_starts_with_the_command_and_machine() -> None:
     md = report.render_markdown(_fake_results())
     head = md.splitlines()[:8]
@@ -408,7 +424,7 @@ def test_bench_smoke_small(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     results = json.loads((out / "results.json").read_text())
     names = [s["name"] for s in results["scenarios"]]
-    assert names == ["cold", "dashboard", "tiny", "users", "heavy", "codec"]
+    assert names == ["cold", "dashboard", "tiny", "users", "heavy", "codec", "workers"]
     assert sum(s.get("mismatches", 0) for s in results["scenarios"]) == 0
     assert sum(s.get("compared", 0) for s in results["scenarios"]) > 50
     assert all(s.get("failures", 0) == 0 for s in results["scenarios"])

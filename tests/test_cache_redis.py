@@ -297,6 +297,77 @@ def test_get_many_latency_50_pieces_of_100kb(server: RedisNode, r: redis.Redis) 
     assert median_ms < 100
 
 
+def test_many_concurrent_lookups_share_reads_and_never_exhaust_the_pool(server: RedisNode, r: redis.Redis) -> None:
+    """50 users x 6 panel requests look up the same keys at once: one MGET per wave of
+    identical lookups, no "Too many connections", no error, every lookup a hit."""
+
+    async def main() -> None:
+        store = store_for(server.url, max_connections=4)
+        try:
+            keys = [key(i) for i in range(14)]
+            payloads = [os.urandom(50_000) for _ in keys]
+            await store.put_many([item(k, p) for k, p in zip(keys, payloads)])
+            await store.get_many(keys[:1])  # reads the generation
+            before = mget_calls(r)
+            got = await asyncio.gather(*(store.get_many(keys[i % 3:]) for i in range(300)))
+            after = mget_calls(r)
+            assert all(g == payloads[i % 3:] for i, g in enumerate(got))
+            assert store.stats()["errors"] == 0 and not store.stats()["breaker_open"]
+            assert after[0] - before[0] <= 3 and after[1] == before[1]
+            # Distinct keys, far more concurrent reads than connections: callers wait for one.
+            more = [key(100 + i) for i in range(200)]
+            await store.put_many([item(k, b"%d" % i) for i, k in enumerate(more)])
+            got = await asyncio.gather(*(store.get_many([k]) for k in more))
+            assert got == [[b"%d" % i] for i in range(200)]
+            assert store.stats()["errors"] == 0
+        finally:
+            await store.aclose()
+
+    run(main())
+
+
+def test_event_loop_lag_is_not_counted_against_the_read_deadline(server: RedisNode, r: redis.Redis) -> None:
+    """The loop busy with other requests' CPU work for 3x the deadline: still a hit."""
+
+    async def busy(seconds: float) -> None:
+        await asyncio.sleep(0)
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+    async def main() -> None:
+        store = store_for(server.url, timeout_ms=100)
+        try:
+            await store.put_many([item(key(0), b"v")])
+            await store.get_many([key(0)])
+            lookup = asyncio.ensure_future(store.get_many([key(0)]))
+            await asyncio.gather(busy(0.3), busy(0.05))
+            assert await lookup == [b"v"]
+            assert store.stats()["errors"] == 0
+        finally:
+            await store.aclose()
+
+    run(main())
+
+
+def test_cancelled_lookup_does_not_fail_the_lookups_that_joined_it(server: RedisNode, r: redis.Redis) -> None:
+    async def main() -> None:
+        store = store_for(server.url)
+        try:
+            await store.put_many([item(key(0), b"v")])
+            first = asyncio.ensure_future(store.get_many([key(0)]))
+            second = asyncio.ensure_future(store.get_many([key(0)]))
+            await asyncio.sleep(0)
+            first.cancel()
+            assert await second == [b"v"]
+            with pytest.raises(asyncio.CancelledError):
+                await first
+        finally:
+            await store.aclose()
+
+    run(main())
+
+
 # --------------------------------------------------------------------------------------
 # Faults
 
