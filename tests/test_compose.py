@@ -164,7 +164,7 @@ def test_promaccel_cli_accepts_the_compose_command(
     import proxy.cli as cli
     # Parse only, do not serve: every flag in the compose command must exist in the real CLI.
     seen: list[Any] = []
-    monkeypatch.setattr(cli, "_serve", lambda args: seen.append(args) or 0)
+    monkeypatch.setattr(cli, "_serve", lambda args, argv: seen.append(args) or 0)
     assert cli.main(_command(services["promaccel"])) == 0
     (ns,) = seen
     assert ns.backend == ["http://prometheus:9090"]

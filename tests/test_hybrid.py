@@ -55,22 +55,21 @@ pytestmark = pytest.mark.prom
 ORDERED = {"sort", "sort_desc"}
 TIMEOUT = 180
 
-# Range windows: the long one crosses T, T+30m and both outages; the short one (odd step)
-# zooms in on T-50m .. T+70m (by_time's hand-over and overlap).
+# Range windows: the long one crosses both outages (overlap) and the whole fleet (by_metric);
+# the short one (odd step) crosses by_time's three parts: amp only, both, local only.
 LONG = {"start": str(START + HOUR + 17), "end": str(END - 30 * MIN), "step": "60"}
 NEAR_T = {"start": str(T - 50 * MIN + 7), "end": str(T + 70 * MIN), "step": "45"}
 RANGES: dict[str, list[dict[str, str]]] = {
-    "by_time": [LONG, NEAR_T],
+    "by_time": [NEAR_T],  # crosses T and T+30m at an odd step
     "by_metric": [LONG],
     "overlap": [LONG],  # LONG crosses both outages
 }
 INSTANTS: dict[str, list[int]] = {
-    # amp only; both (T+5m..T+30m); local only
-    "by_time": [T - 20 * MIN + 11, T + 10 * MIN + 11, BY_TIME_AMP_UNTIL + 15 * MIN + 3],
+    # both (T+5m..T+30m); local only (amp only: the range's first part)
+    "by_time": [T + 10 * MIN + 11, BY_TIME_AMP_UNTIL + 15 * MIN + 3],
     "by_metric": [T + 11],  # routing by metric does not depend on time
-    # amp only (before local's window); inside local's outage; inside amp's outage
-    "overlap": [OVERLAP_SINCE - 30 * MIN + 11, (LOCAL_OUTAGE[0] + LOCAL_OUTAGE[1]) // 2 + 11,
-                (AMP_OUTAGE[0] + AMP_OUTAGE[1]) // 2 + 11],
+    # inside local's outage; inside amp's outage
+    "overlap": [(LOCAL_OUTAGE[0] + LOCAL_OUTAGE[1]) // 2 + 11, (AMP_OUTAGE[0] + AMP_OUTAGE[1]) // 2 + 11],
 }
 
 _reference: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, bytes]] = {}
