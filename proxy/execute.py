@@ -1272,20 +1272,17 @@ class Executor:
             form = [(k, v) for k, v in form if k != "time"] + [
                 ("start", _seconds(instant_at - pad)), ("end", _seconds(instant_at + pad)),
                 ("step", _seconds(OVERLAP_PROBE_STEP_MS))]
-        outcomes = await asyncio.gather(
-            *(self._ask(self.by_name[name], path, form, timeout_s) for name in part.backends),
-            return_exceptions=True,
-        )
+        def ask_each(path: str, form: Pairs) -> Any:
+            return asyncio.gather(*(self._ask(self.by_name[name], path, form, timeout_s) for name in part.backends),
+                                  return_exceptions=True)
+
+        outcomes = await ask_each(path, form)
         if instant_at is not None and any(isinstance(o, PieceFailed) and _unavailable(o) is None
                                           for o in outcomes):
             # The range failed where the instant may not (e.g. duplicate series at an
             # earlier step of a join): ask the instant itself.
             instant_at = None
-            path, form = original
-            outcomes = await asyncio.gather(
-                *(self._ask(self.by_name[name], path, form, timeout_s) for name in part.backends),
-                return_exceptions=True,
-            )
+            outcomes = await ask_each(*original)
         answered, failed = _survivors(zip(part.backends, outcomes))
         answers = [r for _, r in answered]
         warnings: list[str] = []

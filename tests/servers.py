@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loadtests.services import free_port, stop, wait_http
+from loadtests.services import RedisServer, free_port, stop, wait_http  # noqa: F401 (re-exported for tests)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,42 +29,6 @@ def require(binary: str) -> str:
         pytest.fail(f"{binary} is missing: run `make test`, which installs Debian's "
                     f"{'redis-server' if binary.startswith('redis') else 'prometheus'} package")
     return path
-
-
-@dataclass
-class RedisServer:
-    url: str
-    port: int
-    proc: subprocess.Popen[bytes]
-    workdir: Path
-
-    @classmethod
-    def start(cls, workdir: Path) -> "RedisServer":
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError("redis-server not found: run `make test` (installs Debian's redis-server)")
-        workdir.mkdir(parents=True, exist_ok=True)
-        port = free_port()
-        log = workdir / "redis.log"
-        proc = subprocess.Popen(
-            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(workdir), "--logfile", str(log), "--daemonize", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        return cls(f"redis://127.0.0.1:{port}/0", port, proc, workdir)
-            except OSError:
-                time.sleep(0.05)
-        stop(proc)
-        raise RuntimeError("redis-server did not start")
-
-    def stop(self) -> None:
-        stop(self.proc)
 
 
 @dataclass
