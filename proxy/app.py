@@ -16,7 +16,6 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import orjson
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -27,6 +26,7 @@ from .config import Config
 from .errors import PromError
 from .execute import Executor
 from .forms import first_values, read_pairs
+from .compress import FastGZipMiddleware
 from .metadata import fan_out, metric_names
 from .metrics import METRICS
 from .params import format_duration_ms, parse_instant, parse_optional_time, parse_range
@@ -320,7 +320,8 @@ def create_app(config: Config) -> FastAPI:
         log.exception("internal error on %s", request.url.path)
         return _error(PromError("internal", f"internal error in promaccel: {type(exc).__name__}"))
 
-    # Level 1: level 9 (the default) cost ~35 ms per 340 KB answer against ~4 ms, for 12% fewer bytes.
-    app.add_middleware(GZipMiddleware, minimum_size=1024, compresslevel=1)
+    # Level 1 with ISA-L (proxy/compress.py): zlib's level 9 (Starlette's default) cost ~35 ms per
+    # 340 KB answer, zlib's level 1 ~4 ms, ISA-L's ~1 ms.
+    app.add_middleware(FastGZipMiddleware, minimum_size=1024)
     app.add_middleware(AccessLog)
     return app

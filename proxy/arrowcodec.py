@@ -353,12 +353,49 @@ class QueryResult:
         return cls.from_arrow_table(table)
 
 
+class _LabelLists:
+    """Label list JSON of cached pieces -> its parsed form. The pieces of one panel (one
+    per hour of a 24 h window) mostly carry the very same series list: parse it once.
+    Bounded by the bytes of JSON kept (cleared when full); values are never mutated, and
+    callers get their own copies of the lists."""
+
+    def __init__(self, max_bytes: int = 16 << 20) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.map: dict[bytes, tuple[list[dict[str, str]], list[bytes], tuple[bytes, I64, I64]]] = {}
+
+    def get(self, raw: bytes) -> Any:
+        hit = self.map.get(raw)
+        if hit is None:
+            return None
+        labels, keys, block = hit
+        return list(labels), list(keys), block
+
+    def put(self, raw: bytes, value: tuple[list[dict[str, str]], list[bytes], tuple[bytes, I64, I64]]) -> None:
+        if len(raw) > self.max_bytes // 4:
+            return
+        if self.bytes + len(raw) > self.max_bytes:
+            self.map.clear()
+            self.bytes = 0
+        labels, keys, (_, starts, ends) = value
+        starts.flags.writeable = False
+        ends.flags.writeable = False
+        self.map[raw] = (list(labels), list(keys), value[2])
+        self.bytes += len(raw)
+
+
+_LABEL_LISTS = _LabelLists()
+
+
 def _canonical_label_list(meta: dict[bytes, bytes]) -> Any:
     """A cache table's label list written as Prometheus label JSON (to_arrow_table):
     (labels looked up in the shared label-set table, keys, label block), else None."""
     if meta.get(b"promaccel.labels_canonical") != b"1":
         return None
     raw = meta[b"promaccel.labels"]
+    hit = _LABEL_LISTS.get(raw)
+    if hit is not None:
+        return hit
     buf = np.frombuffer(raw, dtype=np.uint8)
     n_max = len(raw) // 3 + 1  # `{},` per label set at least (untouched pages stay unmapped)
     starts = np.empty(n_max, dtype=np.int64)
@@ -374,6 +411,7 @@ def _canonical_label_list(meta: dict[bytes, bytes]) -> Any:
         labels = _LABEL_CACHE.lookup(keys)
     except _SlowPath:
         return None
+    _LABEL_LISTS.put(raw, (labels, keys, (raw, starts, ends)))
     return labels, keys, (raw, starts, ends)
 
 

@@ -150,6 +150,10 @@ class CacheConfig(_Strict):
     enabled: bool = True
     redis_url: str | None = None
     max_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
+    # Buffer compression of the cached Arrow IPC pieces. lz4 reads back ~3x faster than zstd
+    # (a warm refresh decodes hundreds of pieces) for ~35% more bytes; entries written with
+    # either are read whatever this says.
+    compression: Literal["lz4", "zstd", "none"] = "lz4"
     max_freshness: DurationMs = 600_000
     recent_ttl: DurationMs = 0
     ttl: DurationMs = 7 * 86_400_000

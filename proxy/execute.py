@@ -113,6 +113,8 @@ SCOPE_HEADERS = ("authorization", "x-scope-orgid")
 # Answers above this many samples are encoded in chunks as they are sent: a 20 MB answer
 # then costs ~4 MB of encoder memory instead of ~50 MB (loadtests/codec_bench.py).
 STREAM_ABOVE_SAMPLES = 200_000
+# Cached payloads of one lookup above this many bytes are decoded in a worker thread.
+DECODE_IN_THREAD_BYTES = 256 * 1024
 
 
 def json_response(result: QueryResult, headers: dict[str, str]) -> Response:
@@ -567,18 +569,25 @@ class Executor:
             # moment (the joined lookups resume together).
             decoded = self._decoded
             loop = asyncio.get_running_loop()
+            todo: list[tuple[CacheKey, bytes]] = []
             for k, payload in zip(rest, payloads):
                 if payload is None:
                     continue
                 memo = decoded.get(k.digest)
                 if memo is not None and memo[0] is payload:
                     found[k.digest] = memo[1]
-                    continue
-                try:
-                    r = QueryResult.from_ipc_bytes(payload)
-                except Exception as exc:  # noqa: BLE001 -- an undecodable entry is a miss
+                else:
+                    todo.append((k, payload))
+            # A warm 24 h panel reads megabytes: decode off the event loop (Arrow's
+            # decompression releases the GIL), so other requests go on meanwhile.
+            if sum(len(p) for _, p in todo) > DECODE_IN_THREAD_BYTES:
+                outcomes = await asyncio.to_thread(_decode_payloads, [p for _, p in todo])
+            else:
+                outcomes = _decode_payloads([p for _, p in todo])
+            for (k, payload), r in zip(todo, outcomes):
+                if isinstance(r, Exception):  # an undecodable entry is a miss
                     METRICS.cache_errors.labels("decode").inc()
-                    log.warning("cached piece %s does not decode (%s): treated as a miss", k.digest[:16], exc)
+                    log.warning("cached piece %s does not decode (%s): treated as a miss", k.digest[:16], r)
                     continue
                 found[k.digest] = r
                 entry = decoded[k.digest] = (payload, r)
@@ -717,7 +726,7 @@ class Executor:
 
     async def _put(self, entries: list[tuple[Unit, QueryResult, bytes | None]], fetched_at_ms: int) -> None:
         try:
-            items = await asyncio.to_thread(_encode_items, entries, fetched_at_ms)
+            items = await asyncio.to_thread(_encode_items, entries, fetched_at_ms, self.config.cache.compression)
             await self.store().put_many(items)
             if self.revalidator is not None:
                 for u, _, baseline in entries:
@@ -1435,14 +1444,26 @@ def _retrieve(fut: asyncio.Future[QueryResult]) -> None:
         fut.exception()
 
 
-def _encode_items(entries: Sequence[tuple[Unit, QueryResult, bytes | None]], fetched_at_ms: int) -> list[CacheItem]:
-    """Arrow IPC (zstd) payloads for the store; runs in a worker thread."""
+def _decode_payloads(payloads: Sequence[bytes]) -> list[QueryResult | Exception]:
+    """Cached pieces back to results; a payload that does not decode gives its exception."""
+    out: list[QueryResult | Exception] = []
+    for payload in payloads:
+        try:
+            out.append(QueryResult.from_ipc_bytes(payload))
+        except Exception as exc:  # noqa: BLE001 -- reported by the caller as a miss
+            out.append(exc)
+    return out
+
+
+def _encode_items(entries: Sequence[tuple[Unit, QueryResult, bytes | None]], fetched_at_ms: int,
+                  compression: str = "lz4") -> list[CacheItem]:
+    """Arrow IPC payloads (`cache.compression`) for the store; runs in a worker thread."""
     items = []
     for u, r, _ in entries:
         fp = u.footprint
         assert u.key is not None and fp is not None
         meta = PieceMeta(fp.metrics, fp.start_ms, fp.end_ms, fetched_at_ms)
-        items.append(CacheItem(u.key, r.to_ipc_bytes(), u.ttl_ms, meta))
+        items.append(CacheItem(u.key, r.to_ipc_bytes(None if compression == "none" else compression), u.ttl_ms, meta))
     return items
 
 

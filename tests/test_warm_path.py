@@ -1,0 +1,119 @@
+"""The warm path's pieces: gzip with ISA-L, cached-piece decoding, the label-list memo."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import zlib
+
+import httpx
+import numpy as np
+import pytest
+from starlette.applications import Starlette
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from proxy import compress
+from proxy.arrowcodec import QueryResult
+from proxy.compress import FastGZipMiddleware
+from proxy.config import CacheConfig
+from proxy.execute import _decode_payloads
+
+BIG = b'{"status":"success","data":[' + b'[1793404800,"245.125"],' * 40_000 + b"[0,\"1\"]]}"
+
+
+def _app() -> Starlette:
+    def stream(_: object) -> StreamingResponse:
+        return StreamingResponse(iter([BIG[:300_000], BIG[300_000:700_000], BIG[700_000:]]),
+                                 media_type="application/json")
+
+    app = Starlette(routes=[
+        Route("/whole", lambda _: Response(BIG, media_type="application/json")),
+        Route("/stream", stream),
+        Route("/small", lambda _: Response(b'{"status":"success"}', media_type="application/json")),
+        Route("/encoded", lambda _: Response(gzip.compress(BIG), media_type="application/json",
+                                             headers={"Content-Encoding": "gzip"})),
+    ])
+    app.add_middleware(FastGZipMiddleware, minimum_size=1024)
+    return app
+
+
+async def _get(path: str, accept: str) -> httpx.Response:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=_app()), base_url="http://t") as c:
+        return await c.get(path, headers={"accept-encoding": accept})
+
+
+@pytest.mark.parametrize("path", ["/whole", "/stream"])
+def test_gzip_round_trip(path: str) -> None:
+    r = asyncio.run(_get(path, "gzip"))
+    assert r.headers["content-encoding"] == "gzip"
+    assert "Accept-Encoding" in r.headers["vary"]
+    assert r.content == BIG  # httpx decoded the gzip stream
+    assert len(r.read()) == len(BIG)
+
+
+def test_gzip_is_standard_gzip_and_smaller() -> None:
+    c = compress.compressor()
+    body = c.compress(BIG) + c.flush()
+    assert body[:2] == b"\x1f\x8b"  # gzip magic: any client's gunzip reads it
+    assert gzip.decompress(body) == BIG
+    assert zlib.decompress(body, 16 + zlib.MAX_WBITS) == BIG
+    assert len(body) < len(BIG) / 4
+
+
+def test_no_gzip_when_not_asked_small_or_already_encoded() -> None:
+    r = asyncio.run(_get("/whole", "identity"))
+    assert "content-encoding" not in r.headers and r.content == BIG
+    r = asyncio.run(_get("/small", "gzip"))
+    assert "content-encoding" not in r.headers and r.content == b'{"status":"success"}'
+    r = asyncio.run(_get("/encoded", "gzip"))
+    assert r.headers["content-encoding"] == "gzip" and r.content == BIG  # not compressed twice
+
+
+def test_isal_is_used_when_installed() -> None:
+    isal = pytest.importorskip("isal.isal_zlib")
+    assert compress._deflate is isal
+
+
+def _result(n_series: int = 5, points: int = 7) -> QueryResult:
+    labels = [{"__name__": "DCGM_FI_DEV_POWER_USAGE", "Hostname": f"gpu-node-{i:04d}"} for i in range(n_series)]
+    t = np.tile(1_793_404_800_000 + np.arange(points, dtype=np.int64) * 30_000, n_series)
+    v = np.arange(n_series * points, dtype=np.float64) * 1.5
+    return QueryResult("matrix", labels, np.arange(n_series + 1, dtype=np.int64) * points, t, v, [], [])
+
+
+@pytest.mark.parametrize("compression", ["lz4", "zstd", None])
+def test_cached_pieces_decode_whatever_they_were_written_with(compression: str | None) -> None:
+    r = _result()
+    (back,) = _decode_payloads([r.to_ipc_bytes(compression)])
+    assert isinstance(back, QueryResult)
+    assert back.labels == r.labels
+    assert np.array_equal(back.t_ms, r.t_ms) and np.array_equal(back.value, r.value)
+    assert list(back.offsets) == list(r.offsets)
+
+
+def test_undecodable_payload_is_an_exception_not_a_failure() -> None:
+    good = _result().to_ipc_bytes("lz4")
+    outcomes = _decode_payloads([good[: len(good) // 2], b"not arrow", good])
+    assert isinstance(outcomes[0], Exception) and isinstance(outcomes[1], Exception)
+    assert isinstance(outcomes[2], QueryResult)
+
+
+def test_label_list_memo_hands_out_independent_lists() -> None:
+    payload = _result().to_ipc_bytes("lz4")
+    a, b = _decode_payloads([payload, payload])
+    assert isinstance(a, QueryResult) and isinstance(b, QueryResult)
+    assert a.labels == b.labels
+    assert a.labels is not b.labels and a.canonical_keys() is not b.canonical_keys()
+    a.labels.append({"__name__": "intruder"})
+    a.canonical_keys().append(b"{}")
+    assert len(b.labels) == 5 and len(b.canonical_keys()) == 5
+    (c,) = _decode_payloads([payload])
+    assert isinstance(c, QueryResult) and len(c.labels) == 5 and len(c.canonical_keys()) == 5
+
+
+def test_cache_compression_setting() -> None:
+    assert CacheConfig().compression == "lz4"
+    assert CacheConfig(compression="none").compression == "none"
+    with pytest.raises(ValueError, match="compression"):
+        CacheConfig(compression="gzip")
