@@ -1,7 +1,9 @@
 """Dashboard replay benchmark: promaccel against direct Prometheus, side by side, one run.
 
-    python -m loadtests.bench                      # bench dataset (256 nodes x 8 GPUs x 24 h)
-    python -m loadtests.bench --small              # 16 x 4 x 6 h, a minute or two
+    python -m loadtests.bench                      # bench dataset (256 nodes x 8 GPUs x 24 h),
+                                                   # (b)'s 7d window on the long one (32 x 8 x 168 h)
+    python -m loadtests.bench --small              # 16 x 4 x 6 h, a minute or two (no long dataset)
+    python -m loadtests.bench --scenario dashboard --window 7d --refreshes 3   # the long dataset only
     python -m loadtests.bench --scenario dashboard --window 24h --refreshes 20
     python -m loadtests.bench --promaccel-args "--split-interval 1h --shards 4"
 
@@ -23,6 +25,16 @@ refresh at once behind a limit of 6 requests in flight per user (a browser's HTT
 connection limit per host). Time is virtual: the data ends at a fixed past instant, "now" is
 that instant (minus a small phase so windows are not pre-aligned), and refresh i of n sees
 now - (n-1-i) * slide, run back to back instead of sleeping.
+
+Two datasets: a dashboard window (b) longer than the main dataset covers (7d on the 24 h
+bench dataset) runs on a second, longer one (--long-nodes x --long-gpus-per-node x
+--long-hours, default 32 x 8 x 168 h: about as many samples as the main one, so a direct 7 d
+refresh stays well inside Prometheus's 2-minute query timeout). It is built (once, cached)
+before anything is measured, served by its own Prometheus (started for those windows, stopped
+after them) with a fresh promaccel in front, sharing Redis, the bounds and the request budget.
+It ends where the main one does, so virtual now is the same; the report says which dataset
+each window ran on. Every other scenario uses the main dataset. --no-long (and --small, unless
+a --long-* option is given) skips such windows instead.
 
 Direct and promaccel requests alternate refresh by refresh (and swap order each time) so noise
 hits both, and every promaccel answer is compared with the direct answer to the same request:
@@ -95,6 +107,14 @@ MAX_USERS = 200
 # window that is exactly aligned would hide alignment bugs.
 PHASE_S = 12.345
 _NS = 1_000_000_000
+
+# The long dataset (--long-nodes, --long-gpus-per-node, --long-hours): 7 days of a fleet an
+# eighth the size of the bench dataset, about as many samples (77.1 M against 89.2 M), so a
+# direct 7 d refresh (Grafana steps 5-20 min, but every sample of the week is decoded) takes
+# about what a 24 h one takes on the main dataset: measured 8-23 s a refresh, the slowest
+# panel 19 s, on the shared 2 cores; far from Prometheus's 2-minute query timeout and its
+# 50 M samples limit. Same as loadtests.load's "bench-long" dataset.
+LONG_DEFAULTS = (32, 8, 168.0)
 
 HEAVY_QUERY = "avg by (namespace) (DCGM_FI_DEV_GPU_UTIL)"
 HEAVY_STEP_S = 60
@@ -426,6 +446,37 @@ class Snapshot:
 
 
 @dataclass
+class LongData:
+    """The long dataset: its Prometheus starts the first time a window needs it and stops when
+    the dashboard scenario is done (an idle second Prometheus must not sit next to the other
+    scenarios' measurements)."""
+
+    spec: Any
+    data_dir: Path
+    workdir: Path
+    info: dict[str, Any]
+    prom: Any = None
+
+    def start(self, progress: Progress, notes: list[str]) -> tuple[str, int]:
+        if self.prom is None:
+            load = _load_module()
+            progress.update(f"starting Prometheus on the long dataset {self.data_dir}", force=True)
+            self.prom = load.start_prometheus(str(self.data_dir), free_port(),
+                                              log_path=str(self.workdir / "prometheus-long.log"))
+            assert_loopback(self.prom.url)
+            settle_s = settle_prometheus(self.prom.url, self.prom.pid, self.data_dir, progress)
+            if settle_s:
+                notes.append(f"waited {settle_s:.0f} s for Prometheus to compact the long dataset's freshly built "
+                             "blocks (once per dataset)")
+        return self.prom.url, self.prom.pid
+
+    def stop(self) -> None:
+        if self.prom is not None:
+            _load_module().stop_prometheus(self.prom)
+            self.prom = None
+
+
+@dataclass
 class Env:
     args: argparse.Namespace
     prom_url: str
@@ -441,6 +492,20 @@ class Env:
     promaccel: Promaccel | None = None
     code_digests: list[str] = field(default_factory=list)
     log_findings: list[dict[str, Any]] = field(default_factory=list)
+    dataset: str = "main"  # which dataset prom_url serves: "main" or "long"
+    dataset_info: dict[str, Any] = field(default_factory=dict)
+    long: LongData | None = None
+
+    def on_long(self, notes: list[str]) -> "Env":
+        """This environment on the long dataset: its Prometheus (started if need be), a
+        promaccel in front of it (started by the scenario), the same Redis, budget, bounds,
+        code digests and log findings. Same end time, so the same virtual now."""
+        assert self.long is not None
+        self.stop_promaccel()
+        url, pid = self.long.start(self.progress, notes)
+        return dataclasses.replace(self, prom_url=url, prom_pid=pid, data_start_s=float(self.long.spec.start),
+                                   now_s=self.long.spec.end - PHASE_S, promaccel=None, dataset="long",
+                                   dataset_info=self.long.info, long=None)
 
     @property
     def data_span_s(self) -> float:
@@ -579,10 +644,16 @@ async def scenario_dashboard(env: Env, window: str) -> dict[str, Any]:
     window_s = parse_duration_s(window)
     span = env.data_span_s
     s: dict[str, Any] = {"name": "dashboard", "window": window, "slide_s": a.slide_s, "refreshes": [],
-                         "notes": [], "concurrency": GRAFANA_CONCURRENCY}
+                         "notes": [], "concurrency": GRAFANA_CONCURRENCY, "dataset": env.dataset,
+                         "dataset_info": env.dataset_info}
     if window_s > span + 1e-6:
-        s["notes"].append(f"skipped: the dataset covers {span / 3600:g} h, less than the {window} window "
-                          f"(build a longer one with --hours)")
+        if not a.long_enabled:
+            hint = "the long dataset is off (--no-long, or --small without a --long-* option)"
+        elif env.dataset == "main" and window_s > a.long_hours * 3600 + 1e-6:
+            hint = f"so does the long dataset ({a.long_hours:g} h; --long-hours)"
+        else:
+            hint = "build a longer one with --hours"
+        s["notes"].append(f"skipped: the dataset covers {span / 3600:g} h, less than the {window} window; {hint}")
         s["skipped"] = True
         return s
     windows = sliding_windows(env.now_s, window_s, a.slide_s, a.refreshes)
@@ -930,6 +1001,55 @@ def _fleet_spec(args: argparse.Namespace) -> Any:
     )
 
 
+def _long_fleet_spec(args: argparse.Namespace) -> Any:
+    """The long dataset's FleetSpec, or None when it is off (--no-long; --small without any
+    --long-* option). Same scrape interval, end and seed as the main dataset, so virtual now
+    is the same on both."""
+    from .gen import FleetSpec
+
+    if not args.long_enabled:
+        return None
+    main = _fleet_spec(args)
+    return FleetSpec(nodes=args.long_nodes, gpus_per_node=args.long_gpus_per_node, hours=args.long_hours,
+                     scrape_interval=main.scrape_interval, end=main.end, seed=main.seed)
+
+
+def dataset_dir(spec: Any) -> Path:
+    """Where a dataset is cached by default: .cache/bench/<nodes>x<gpus>x<hours>h."""
+    return CACHE_DIR / f"{spec.nodes}x{spec.gpus_per_node}x{spec.hours:g}h"
+
+
+def window_dataset(window_s: float, main_span_s: float, long_span_s: float | None) -> str | None:
+    """Which dataset a dashboard window runs on: "main" when the main dataset covers it, else
+    "long" when the long dataset does (None: it is off), else None (the window is skipped)."""
+    if window_s <= main_span_s + 1e-6:
+        return "main"
+    if long_span_s is not None and window_s <= long_span_s + 1e-6:
+        return "long"
+    return None
+
+
+def window_plan(args: argparse.Namespace) -> dict[str, str | None]:
+    """window_dataset() of every --window, for the datasets `args` asks for."""
+    main = _fleet_spec(args)
+    long = _long_fleet_spec(args)
+    return {w: window_dataset(parse_duration_s(w), main.hours * 3600,
+                              long.hours * 3600 if long is not None else None) for w in args.window}
+
+
+def dataset_record(spec: Any, data_dir: Path, info: dict[str, Any], build_s: float) -> dict[str, Any]:
+    """What the report says about a dataset: its shape, size, where it is, how long it took."""
+    return {
+        "nodes": spec.nodes, "gpus_per_node": spec.gpus_per_node, "gpus": spec.nodes * spec.gpus_per_node,
+        "hours": spec.hours, "scrape_interval": spec.scrape_interval, "end": spec.end, "end_iso": _iso(spec.end),
+        "data_dir": os.path.relpath(data_dir, ROOT) if data_dir.is_relative_to(ROOT) else str(data_dir),
+        "build_s": round(build_s, 1), "samples": info.get("samples"),
+        "series": info.get("series_summed_over_slices"),
+        # the build that made the cached TSDB (build_s is ~0 when it was cached)
+        "built_in_s": info.get("build_seconds"),
+    }
+
+
 def parse_scenarios(values: Sequence[str] | None) -> list[str]:
     if not values:
         return list(SCENARIOS)
@@ -953,11 +1073,21 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--gpus-per-node", type=int, help="GPUs per node (default 8; 4 with --small)")
     g.add_argument("--hours", type=float, help="hours of data (default 24; 6 with --small)")
     g.add_argument("--data-dir", type=Path, help="TSDB directory (default .cache/bench/<size>)")
+    g = p.add_argument_group(
+        "long dataset", "dashboard windows (b) longer than the main dataset run on this second dataset, with "
+        "its own Prometheus and promaccel (built once before anything is measured; cached)")
+    g.add_argument("--long-nodes", type=int, help=f"nodes (default {LONG_DEFAULTS[0]})")
+    g.add_argument("--long-gpus-per-node", type=int, help=f"GPUs per node (default {LONG_DEFAULTS[1]})")
+    g.add_argument("--long-hours", type=float, help=f"hours of data (default {LONG_DEFAULTS[2]:g} = 7 d)")
+    g.add_argument("--long-data-dir", type=Path, help="its TSDB directory (default .cache/bench/<size>)")
+    g.add_argument("--no-long", action="store_true",
+                   help="no long dataset: skip windows the main one does not cover (the default with --small, "
+                        "unless a --long-* option is given)")
     g = p.add_argument_group("load")
     g.add_argument("--scenario", action="append", help=f"{', '.join(SCENARIOS)} or a..g; repeatable or "
                    "comma-separated (default: all)")
     g.add_argument("--window", action="append", help="dashboard time range for (b): 1h, 24h, 7d, ... (repeatable; "
-                   "default 1h, 24h, 7d)")
+                   "default 1h, 24h, 7d); one longer than the main dataset runs on the long dataset")
     g.add_argument("--refreshes", type=int, default=10, help="dashboard refreshes per window (default 10)")
     g.add_argument("--slide", default="30s", help="how far the window moves per refresh (default 30s)")
     g.add_argument("--users", type=int, default=50, help="concurrent users in (d) (default 50)")
@@ -1005,6 +1135,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if a.refreshes > 1000 or a.tiny_requests > 100_000 or a.heavy > 200:
         p.error("refreshes <= 1000, tiny-requests <= 100000, heavy <= 200")
+    explicit = [a.long_nodes, a.long_gpus_per_node, a.long_hours, a.long_data_dir]
+    a.long_enabled = not a.no_long and (not a.small or any(x is not None for x in explicit))
+    for name, default in zip(("long_nodes", "long_gpus_per_node", "long_hours"), LONG_DEFAULTS):
+        if getattr(a, name) is None:
+            setattr(a, name, default)
+    if a.long_nodes < 1 or a.long_gpus_per_node < 1 or a.long_hours <= 0:
+        p.error("--long-nodes, --long-gpus-per-node and --long-hours must be positive")
+    try:
+        _long_fleet_spec(a)
+    except ValueError as exc:
+        p.error(f"long dataset: {exc}")
+    if a.long_enabled and a.data_dir is not None and a.long_data_dir is not None \
+            and a.data_dir.resolve() == a.long_data_dir.resolve():
+        p.error("--data-dir and --long-data-dir must differ (one Prometheus per TSDB directory)")
     return a
 
 
@@ -1079,8 +1223,14 @@ async def _run_scenarios(env: Env, results: dict[str, Any]) -> None:
         first_scenario, first_digest, first_log = len(results["scenarios"]), len(env.code_digests), len(env.log_findings)
         try:
             if name == "dashboard":
-                for w in env.args.window:
-                    results["scenarios"].append(await scenario_dashboard(env, w))
+                plan = window_plan(env.args)
+                try:
+                    for w in env.args.window:
+                        on = env.on_long(results["notes"]) if plan[w] == "long" and env.long is not None else env
+                        results["scenarios"].append(await scenario_dashboard(on, w))
+                finally:
+                    if env.long is not None:
+                        env.long.stop()
             elif name == "cold":
                 results["scenarios"].append(await scenario_cold(env))
             elif name == "tiny":
@@ -1125,7 +1275,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     progress = Progress()
     spec = _fleet_spec(args)
-    data_dir = args.data_dir or CACHE_DIR / f"{spec.nodes}x{spec.gpus_per_node}x{spec.hours:g}h"
+    data_dir = args.data_dir or dataset_dir(spec)
+    long_spec = _long_fleet_spec(args)
+    plan = window_plan(args)
+    long_windows = [w for w in args.window if plan[w] == "long"] if "dashboard" in args.scenarios else []
+    long_dir = (args.long_data_dir or dataset_dir(long_spec)) if long_windows else None
+    if long_dir is not None and long_dir.resolve() == data_dir.resolve():
+        raise SystemExit(f"the long dataset's directory {long_dir} is the main one's: give --long-data-dir")
     command = command_line(argv)
     results: dict[str, Any] = {
         "command": command,
@@ -1143,16 +1299,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "(built once, may take minutes)", force=True)
     t0 = time.monotonic()
     build_info = load.build_tsdb(spec, str(data_dir), verbose=True)
-    build_s = time.monotonic() - t0
-    results["dataset"] = {
-        "nodes": spec.nodes, "gpus_per_node": spec.gpus_per_node, "gpus": spec.nodes * spec.gpus_per_node,
-        "hours": spec.hours, "scrape_interval": spec.scrape_interval, "end": spec.end, "end_iso": _iso(spec.end),
-        "data_dir": os.path.relpath(data_dir, ROOT) if data_dir.is_relative_to(ROOT) else str(data_dir),
-        "build_s": round(build_s, 1), "samples": build_info.get("samples"),
-        "series": build_info.get("series_summed_over_slices"),
-    }
+    results["dataset"] = dataset_record(spec, data_dir, build_info, time.monotonic() - t0)
     workdir = out_dir / "logs"
     workdir.mkdir(parents=True, exist_ok=True)
+    long: LongData | None = None
+    if long_windows:
+        assert long_spec is not None and long_dir is not None and long_spec.end == spec.end
+        progress.update(f"long dataset for the {', '.join(long_windows)} window(s): {long_spec.nodes}x"
+                        f"{long_spec.gpus_per_node} GPUs x {long_spec.hours:g} h in {long_dir} "
+                        "(built once, may take minutes)", force=True)
+        t0 = time.monotonic()
+        long_info = load.build_tsdb(long_spec, str(long_dir), verbose=True)
+        results["long_dataset"] = {**dataset_record(long_spec, long_dir, long_info, time.monotonic() - t0),
+                                   "windows": long_windows}
+        long = LongData(long_spec, long_dir, workdir, results["long_dataset"])
     prom = load.start_prometheus(str(data_dir), free_port(), log_path=str(workdir / "prometheus.log"))
     redis: RedisServer | None = None
     env: Env | None = None
@@ -1169,7 +1329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args=args, prom_url=prom_url, prom_pid=prom_pid, data_start_s=float(spec.start),
             now_s=spec.end - PHASE_S, workdir=workdir, promaccel_args=shlex.split(args.promaccel_args),
             redis=redis, progress=progress, budget=Budget(args.max_requests),
-            dashboard=load_dashboard(DEFAULT_DASHBOARD),
+            dashboard=load_dashboard(DEFAULT_DASHBOARD), dataset_info=results["dataset"], long=long,
         )
         results["virtual_now_iso"] = _iso(env.now_s)
         results["versions"] = _versions(prom_url)
@@ -1179,6 +1339,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             env.stop_promaccel()
         if redis is not None:
             redis.stop()
+        if long is not None:
+            long.stop()
         load.stop_prometheus(prom)
     results["elapsed_s"] = time.monotonic() - t_start
     if env is not None and env.code_digests:

@@ -394,11 +394,32 @@ def _pieces(refresh: Mapping[str, Any]) -> float:
         return math.nan
 
 
+def dataset_line(ds: Mapping[str, Any]) -> str:
+    """One dataset in a few words: "32 nodes × 8 GPUs × 168 h, 78,000,000 samples"."""
+    hours = ds.get("hours")
+    hours_text = f"{hours:g}" if isinstance(hours, (int, float)) else str(hours)
+    return (f"{ds.get('nodes')} nodes × {ds.get('gpus_per_node')} GPUs × {hours_text} h, "
+            f"{fmt_num(ds.get('samples'))} samples")
+
+
+def _dashboard_dataset(s: Mapping[str, Any]) -> list[str]:
+    which, info = s.get("dataset"), s.get("dataset_info") or {}
+    if not which or not info:
+        return []
+    if which == "long":
+        return [f"Dataset: **the long dataset**, {dataset_line(info)} (`{info.get('data_dir')}`), served by its own "
+                "Prometheus with its own promaccel: the main dataset is shorter than this window. Same end time and "
+                "virtual now; a smaller fleet than the main dataset, so compare its ratios, not its milliseconds, "
+                "with the other windows.", ""]
+    return [f"Dataset: the main dataset, {dataset_line(info)}.", ""]
+
+
 def _render_dashboard(s: Mapping[str, Any]) -> list[str]:
     if s.get("skipped"):
         return []
     refreshes = s.get("refreshes", [])
-    out = [f"Window **{s['window']}**, sliding {s['slide_s']:g} s per refresh, {len(refreshes)} refreshes, "
+    out = _dashboard_dataset(s)
+    out += [f"Window **{s['window']}**, sliding {s['slide_s']:g} s per refresh, {len(refreshes)} refreshes, "
            f"{s.get('panels', '?')} requests per refresh, 1 user, at most {s.get('concurrency', 6)} requests in flight. "
            "An untimed direct refresh warms Prometheus first; refresh 0 fills promaccel's cache (cold); "
            "the warm rows use refreshes 1..n.", ""]
@@ -591,6 +612,7 @@ _RENDER = {
 def render_markdown(results: Mapping[str, Any]) -> str:
     m = results.get("machine", {})
     ds = results.get("dataset", {})
+    lds = results.get("long_dataset") or {}
     g = results.get("git", {})
     lines = [
         f"# promaccel benchmark — {results.get('started', '')}",
@@ -603,6 +625,11 @@ def render_markdown(results: Mapping[str, Any]) -> str:
         f"{ds.get('hours')} h ending {ds.get('end_iso')} (scrape {ds.get('scrape_interval')} s); "
         f"{fmt_num(ds.get('samples'))} samples, {fmt_num(ds.get('series'))} series (summed over 2 h slices); "
         f"data dir `{ds.get('data_dir')}`",
+        *([f"- long dataset, for the dashboard window(s) the main one is too short for "
+           f"({', '.join(lds.get('windows', []))}): {lds.get('nodes')} nodes × {lds.get('gpus_per_node')} GPUs = "
+           f"{lds.get('gpus')} GPUs, {lds.get('hours')} h ending {lds.get('end_iso')}; {fmt_num(lds.get('samples'))} "
+           f"samples, {fmt_num(lds.get('series'))} series (summed over 2 h slices); data dir `{lds.get('data_dir')}`; "
+           "served by its own Prometheus (same binary and settings) with its own promaccel"] if lds else []),
         f"- machine: {m.get('nproc')} CPUs ({m.get('usable_cpus')} usable), {m.get('ram_gib')} GiB RAM, "
         f"{m.get('cpu_model', '?')}; load average at start {tuple(round(x, 2) for x in m.get('loadavg', ()))}"
         + (f"; run at niceness {m['nice']}" if m.get("nice") else ""),
@@ -628,7 +655,8 @@ def render_markdown(results: Mapping[str, Any]) -> str:
         lines.append("")
     for s in results.get("scenarios", []):
         title, fn = _RENDER.get(s["name"], (s["name"], lambda _s: []))
-        lines += [f"## {title}" + (f" — {s['window']}" if s["name"] == "dashboard" else ""), ""]
+        lines += [f"## {title}" + (f" — {s['window']}" if s["name"] == "dashboard" else "")
+                  + (" (long dataset)" if s.get("dataset") == "long" else ""), ""]
         try:
             lines += fn(s)
         except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:  # never lose the rest of a report
