@@ -27,6 +27,7 @@ from .errors import PromError
 from .execute import Executor
 from .forms import first_values, read_pairs
 from .compress import FastGZipMiddleware
+from .memory import tune_malloc
 from .metadata import fan_out, metric_names
 from .metrics import METRICS
 from .params import format_duration_ms, parse_instant, parse_optional_time, parse_range
@@ -110,6 +111,7 @@ def _endpoint_label(path: str) -> str:
 
 
 def create_app(config: Config) -> FastAPI:
+    tune_malloc()
     backends = [Backend(b) for b in config.backends]
     primary = backends[0]
     executor = Executor(config, backends)

@@ -707,24 +707,40 @@ async def _idle_timeout(aw: Awaitable[_T], idle_s: float, max_wall_s: float) -> 
     Under load the event loop runs other requests' work (encoding answers, merging) between
     a Redis reply's arrival and its reading, and on a busy machine it also waits for a CPU;
     a plain wall-clock deadline counts that lag against Redis and turns healthy reads into
-    misses. A stalled Redis leaves the loop idle, so this still times out after `idle_s`."""
-    task = asyncio.ensure_future(aw)
+    misses. A stalled Redis leaves the loop idle, so this still times out after `idle_s`.
+
+    Like asyncio.timeout, `aw` runs in the calling task (no task of its own per call: this
+    wraps every cache read and write); a timer re-checks the idle time when it fires and
+    cancels the task only once the deadline has really passed."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    cancelling = task.cancelling()
     wall0, busy0 = time.monotonic(), _busy_s()
-    try:
-        while True:
-            wall = time.monotonic() - wall0
-            idle = wall - (_busy_s() - busy0)
-            wait_s = min(idle_s - idle, max_wall_s - wall)
-            if wait_s <= 0:
-                raise TimeoutError
-            done, _ = await asyncio.wait({task}, timeout=wait_s)
-            if done:
-                return task.result()
-    finally:
-        if not task.done():
+    expired = False
+
+    def check() -> None:
+        nonlocal handle, expired
+        wall = time.monotonic() - wall0
+        idle = wall - (_busy_s() - busy0)
+        wait_s = min(idle_s - idle, max_wall_s - wall)
+        if wait_s <= 0:
+            expired = True
             task.cancel()
-            # Retrieve its outcome so that asyncio does not log it.
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        else:
+            handle = loop.call_later(wait_s, check)
+
+    handle = loop.call_later(max(0.0, min(idle_s, max_wall_s)), check)
+    try:
+        return await aw
+    except asyncio.CancelledError:
+        if expired and task.uncancel() <= cancelling:
+            raise TimeoutError from None
+        raise
+    finally:
+        handle.cancel()
+        if asyncio.iscoroutine(aw):
+            aw.close()  # never started (cancelled at once): no "never awaited" warning
 
 
 def _connect(url: str, connect_timeout_s: float, max_connections: int = 64) -> tuple[Any, bool]:
@@ -1001,28 +1017,19 @@ class RedisStore(PieceStore):
                                 max_wall_s=max(self._max_wait_s, 5 * self._put_timeout_s))
 
     async def _put(self, items: list[CacheItem]) -> None:
-        # 1. generation and invalidation marker
-        pipe = self._client.pipeline(transaction=False)
-        pipe.get(GENERATION_KEY)
-        pipe.get(INVALIDATED_AT_KEY)
-        raw_gen, marker_before = await pipe.execute()
-        gen, lost = self._take_generation(raw_gen)
-        marker = int(marker_before) if marker_before is not None else None
-        fresh = [
-            it for it in items if marker is None or it.meta.fetched_at_ms >= marker + self._skew_ms
-        ]
-        self._count_put("raced", len(items) - len(fresh))
-        if not fresh:
-            return
-        # 2. indexes, then entries
+        """One round trip: [GET marker, index updates, SETs, GET marker]. Entries fetched
+        before the marker read first, or all of them when the marker moved while the
+        pipeline ran (an invalidation interleaved with it and may have scanned the indexes
+        before our entries were in them), are unlinked again; an invalidation that sets
+        the marker after the last GET scans indexes that already hold our entries."""
+        gen = await self._current_generation()
         now = self._clock()
-        index_ttl = max(self._index_ttl_ms, *(it.ttl_ms or 0 for it in fresh))
+        index_ttl = max(self._index_ttl_ms, *(it.ttl_ms or 0 for it in items))
         by_metric: dict[str, dict[str, int]] = {}
         skeys: list[str] = []
         pipe = self._client.pipeline(transaction=False)
-        if lost:
-            pipe.set(GENERATION_KEY, gen, nx=True)
-        for it in fresh:
+        pipe.get(INVALIDATED_AT_KEY)
+        for it in items:
             expires = now + (it.ttl_ms or 0)
             member = f"{it.meta.start_ms}:{it.meta.end_ms}:{it.key.digest}"
             for metric in it.meta.metrics or (ANY_METRIC,):
@@ -1039,20 +1046,28 @@ class RedisStore(PieceStore):
         pipe.zremrangebyscore(metrics_key, "-inf", now)
         pipe.pexpire(metrics_key, index_ttl)
         written = 0
-        for it in fresh:
+        for it in items:
             skey = it.key.redis_key(gen)
             value = encode_value(it.key, it.payload)
             pipe.set(skey, value, px=it.ttl_ms)
             skeys.append(skey)
             written += len(value)
-        await pipe.execute()
-        # 3. an invalidation that started while we wrote may have missed our entries
-        marker_after = await self._client.get(INVALIDATED_AT_KEY)
+        pipe.get(INVALIDATED_AT_KEY)
+        replies = await pipe.execute()
+        marker_before, marker_after = replies[0], replies[-1]
         if marker_after != marker_before:
-            await self._unlink(skeys)
-            self._count_put("raced", len(fresh))
-            return
-        self._count_put("stored", len(fresh), written)
+            doomed = skeys
+        elif marker_before is not None:
+            cut = int(marker_before) + self._skew_ms
+            doomed = [k for k, it in zip(skeys, items) if it.meta.fetched_at_ms < cut]
+        else:
+            doomed = []
+        if doomed:
+            await self._unlink(doomed)
+            self._count_put("raced", len(doomed))
+        stored = len(items) - len(doomed)
+        if stored:
+            self._count_put("stored", stored, written * stored // len(items))
 
     # Admin ------------------------------------------------------------------------------
 

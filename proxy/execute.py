@@ -59,7 +59,7 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -115,6 +115,13 @@ SCOPE_HEADERS = ("authorization", "x-scope-orgid")
 STREAM_ABOVE_SAMPLES = 200_000
 # Cached payloads of one lookup above this many bytes are decoded in a worker thread.
 DECODE_IN_THREAD_BYTES = 256 * 1024
+# Pieces to store above this many samples are encoded to Arrow IPC in a worker thread.
+ENCODE_IN_THREAD_SAMPLES = 20_000
+# Pieces of at most this many samples (~80 KB of columns) are stored without compression.
+COMPRESS_ABOVE_SAMPLES = 4_096
+# Pieces are stored in groups of at most this many samples (~4 MB of columns) at a time.
+PUT_GROUP_SAMPLES = 262_144
+_E = TypeVar("_E", bound=tuple[Any, ...])
 
 
 def json_response(result: QueryResult, headers: dict[str, str]) -> Response:
@@ -726,8 +733,17 @@ class Executor:
 
     async def _put(self, entries: list[tuple[Unit, QueryResult, bytes | None]], fetched_at_ms: int) -> None:
         try:
-            items = await asyncio.to_thread(_encode_items, entries, fetched_at_ms, self.config.cache.compression)
-            await self.store().put_many(items)
+            compression = self.config.cache.compression
+            # Encoded and written a few megabytes at a time: a 3 M-sample answer's pieces
+            # written at once held every payload, its framed copy and the socket buffer's
+            # copy at the same moment (~100 MB at the peak of 20 heavy queries).
+            for group in _groups_by_samples(entries, PUT_GROUP_SAMPLES):
+                if sum(r.n_samples for _, r, _ in group) > ENCODE_IN_THREAD_SAMPLES:
+                    items = await asyncio.to_thread(_encode_items, group, fetched_at_ms, compression)
+                else:  # a thread hop costs more than encoding a few thousand samples
+                    items = _encode_items(group, fetched_at_ms, compression)
+                await self.store().put_many(items)
+                del items
             if self.revalidator is not None:
                 for u, _, baseline in entries:
                     fp = u.footprint
@@ -1066,9 +1082,21 @@ class Executor:
         ]
         for (s, _), t in zip(waits, shared):
             segments.append((s.order, s.unit.shard_index, s.piece.role, _fit(s, t.result())))
-        for f, t in zip(fetches, tasks):
-            result = t.result()
+        results = [t.result() for t in tasks]
+        del tasks
+        for i, f in enumerate(fetches):
             covered = [slot_of[u] for u in f.units]
+            # The call's answer was cut into its units to be stored: merge those (they live
+            # until their put lands anyway) and let the whole answer go now, one full copy
+            # fewer at the merge's peak (a 24 h answer of 3 M samples is ~50 MB a copy).
+            landed = [self._landed(u.key.digest if u.key is not None else None) for u in f.units]
+            if f.step_ms is not None and len(f.units) > 1 and all(r is not None for r in landed):
+                results[i] = None  # type: ignore[call-overload]
+                for s, r in zip(covered, landed):
+                    assert r is not None
+                    segments.append((s.order, f.shard_index, f.role, _fit(s, r)))
+                continue
+            result = results[i]
             first = min(covered, key=lambda s: s.order)
             if f.step_ms is not None:
                 lo = min(s.piece.start_ms or 0 for s in covered)
@@ -1444,6 +1472,21 @@ def _retrieve(fut: asyncio.Future[QueryResult]) -> None:
         fut.exception()
 
 
+def _groups_by_samples(entries: list[_E], max_samples: int) -> list[list[_E]]:
+    """Consecutive groups of entries (unit, result, ...) of at most `max_samples` samples
+    each (a single larger entry is a group of its own)."""
+    groups: list[list[_E]] = []
+    size = 0
+    for e in entries:
+        n = e[1].n_samples
+        if not groups or size + n > max_samples:
+            groups.append([])
+            size = 0
+        groups[-1].append(e)
+        size += n
+    return groups
+
+
 def _decode_payloads(payloads: Sequence[bytes]) -> list[QueryResult | Exception]:
     """Cached pieces back to results; a payload that does not decode gives its exception."""
     out: list[QueryResult | Exception] = []
@@ -1463,7 +1506,11 @@ def _encode_items(entries: Sequence[tuple[Unit, QueryResult, bytes | None]], fet
         fp = u.footprint
         assert u.key is not None and fp is not None
         meta = PieceMeta(fp.metrics, fp.start_ms, fp.end_ms, fetched_at_ms)
-        items.append(CacheItem(u.key, r.to_ipc_bytes(None if compression == "none" else compression), u.ttl_ms, meta))
+        # Small pieces are stored uncompressed: nothing to gain, and compression's fixed cost
+        # doubled the encoding and decoding time of a one-series answer.
+        small = r.n_samples <= COMPRESS_ABOVE_SAMPLES
+        items.append(CacheItem(u.key, r.to_ipc_bytes(None if compression == "none" or small else compression),
+                               u.ttl_ms, meta))
     return items
 
 

@@ -110,25 +110,24 @@ def _result_type(results: Sequence[QueryResult]) -> str:
 
 
 @njit(cache=True, nogil=True)
-def _gather_segments(seg_start, seg_len, seg_rank, t_all, v_all, t_out, v_out):  # type: ignore[no-untyped-def]
-    """Copy the segments in order; False if a series' timestamps are not increasing."""
-    o = 0
-    ok = True
-    prev_rank = -1
-    prev_t = 0
-    for j in range(len(seg_start)):
-        a = seg_start[j]
-        same = seg_rank[j] == prev_rank
+def _copy_segments(src_start, seg_len, dest, t_src, v_src, t_out, v_out):  # type: ignore[no-untyped-def]
+    """Copy one piece's segments to their places in the merged arrays."""
+    for j in range(len(src_start)):
+        a = src_start[j]
+        o = dest[j]
         for x in range(seg_len[j]):
-            tt = t_all[a + x]
-            if (same or x > 0) and tt <= prev_t:
-                ok = False
-            t_out[o] = tt
-            v_out[o] = v_all[a + x]
-            o += 1
-            prev_t = tt
-        prev_rank = seg_rank[j]
-    return ok
+            t_out[o + x] = t_src[a + x]
+            v_out[o + x] = v_src[a + x]
+
+
+@njit(cache=True, nogil=True)
+def _increasing_within(t, offsets):  # type: ignore[no-untyped-def]
+    """True if every series' timestamps are strictly increasing."""
+    for s in range(len(offsets) - 1):
+        for i in range(offsets[s] + 1, offsets[s + 1]):
+            if t[i] <= t[i - 1]:
+                return False
+    return True
 
 
 @njit(cache=True, nogil=True)
@@ -191,7 +190,6 @@ def concat(results: Sequence[QueryResult], *, keep_first: bool = False) -> Query
     gid_of: dict[bytes, int] = {}
     labels: list[dict[str, str]] = []
     seg_gid, seg_start, seg_len, seg_first, seg_piece = [], [], [], [], []
-    base = 0
     prev_keys: list[bytes] | None = None
     gids = np.zeros(0, dtype=np.int64)
     for p, r in enumerate(results):
@@ -215,11 +213,10 @@ def concat(results: Sequence[QueryResult], *, keep_first: bool = False) -> Query
         nz = counts > 0
         starts = r.offsets[:-1][nz]
         seg_gid.append(gids[nz])
-        seg_start.append(starts + base)
+        seg_start.append(starts)
         seg_len.append(counts[nz])
         seg_first.append(r.t_ms[starts])
         seg_piece.append(np.full(len(starts), p, dtype=np.int64))
-        base += r.n_samples
 
     ckeys = list(gid_of)
     order = _order_by_labels(ckeys, labels)
@@ -238,17 +235,23 @@ def concat(results: Sequence[QueryResult], *, keep_first: bool = False) -> Query
         s_len[seg_order],
         s_piece[seg_order],
     )
-    t_all = np.concatenate([r.t_ms for r in results])
-    v_all = np.concatenate([r.value for r in results])
+    # Each piece's segments straight to their place (no concatenated copy of the pieces:
+    # the largest answers are tens of megabytes per copy).
     total = int(s_len.sum())
+    dest = np.zeros(len(s_len), dtype=np.int64)
+    np.cumsum(s_len[:-1], out=dest[1:])
     t = np.empty(total, dtype=np.int64)
     v = np.empty(total, dtype=np.float64)
-    increasing = _gather_segments(s_start, s_len, s_rank, t_all, v_all, t, v)
+    for p, r in enumerate(results):
+        mine = np.flatnonzero(s_piece == p)
+        if len(mine):
+            _copy_segments(s_start[mine], s_len[mine], dest[mine], r.t_ms, r.value, t, v)
 
     n_keys = len(order)
     counts_by_rank = np.bincount(s_rank, weights=s_len, minlength=n_keys).astype(np.int64)
     offsets = np.zeros(n_keys + 1, dtype=np.int64)
     np.cumsum(counts_by_rank, out=offsets[1:])
+    increasing = _increasing_within(t, offsets)
 
     # Within a series the concatenated segments must be strictly increasing in time.
     if not increasing:

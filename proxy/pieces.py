@@ -10,8 +10,9 @@ Prometheus omits such series. An empty piece is a valid answer (an empty matrix)
     split_time(answer, [(a0, b0), (a1, b1), ...]) -> [answer cut to [a0, b0], ...]
     slice_time(answer, a, b)                       -> answer cut to [a, b]
 
-Vectorised: one stable sort of the sample indices by piece, no Python loop per sample or
-per series. Series order, label sets (and their formatted keys), warnings and infos are kept.
+Compiled: a binary search per series and bound, then one copy per piece; no temporary
+array per sample (a fetched 24 h answer of 3 M samples used to take ~100 MB of index
+arrays to cut). Samples out of time order within a series take the vectorised path. Series order, label sets (and their formatted keys), warnings and infos are kept.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
+from numba import njit
 
 from .arrowcodec import QueryResult
 
@@ -51,6 +53,59 @@ def split_time(result: QueryResult, bounds: Sequence[tuple[int, int]]) -> list[Q
     ends = np.fromiter((b[1] for b in bounds), dtype=np.int64, count=n)
     if np.any(ends < starts) or np.any(starts[1:] <= ends[:-1]):
         raise ValueError("bounds must be sorted, disjoint and non-empty")
+    t = np.ascontiguousarray(result.t_ms, dtype=np.int64)
+    offsets = np.ascontiguousarray(result.offsets, dtype=np.int64)
+    lo = np.empty((n, result.n_series), dtype=np.int64)
+    hi = np.empty((n, result.n_series), dtype=np.int64)
+    if not _cut_points(offsets, t, starts, ends, lo, hi):
+        return _split_unsorted(result, starts, ends)
+    ckeys = result.canonical_keys() if result.n_series else []
+    v = np.ascontiguousarray(result.value, dtype=np.float64)
+    out: list[QueryResult] = []
+    for j in range(n):
+        counts = hi[j] - lo[j]
+        keep = np.flatnonzero(counts)
+        new_offsets = np.zeros(len(keep) + 1, dtype=np.int64)
+        np.cumsum(counts[keep], out=new_offsets[1:])
+        tj = np.empty(int(new_offsets[-1]), dtype=np.int64)
+        vj = np.empty(len(tj), dtype=np.float64)
+        _copy_ranges(lo[j][keep], hi[j][keep], new_offsets, t, v, tj, vj)
+        out.append(_with_series(result, keep.tolist(), new_offsets, tj, vj, ckeys))
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _cut_points(offsets, t, starts, ends, lo, hi):  # type: ignore[no-untyped-def]
+    """Per bound j and series s, the sample range [lo, hi) of s inside bound j, by binary
+    search in each series (timestamps increase within a series). False, and nothing
+    meaningful written, if some series' timestamps do not increase."""
+    for s in range(len(offsets) - 1):
+        a = offsets[s]
+        b = offsets[s + 1]
+        for i in range(a + 1, b):
+            if t[i] <= t[i - 1]:
+                return False
+        seg = t[a:b]
+        for j in range(len(starts)):
+            lo[j, s] = a + np.searchsorted(seg, starts[j], side="left")
+            hi[j, s] = a + np.searchsorted(seg, ends[j], side="right")
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _copy_ranges(lo, hi, offsets, t, v, t_out, v_out):  # type: ignore[no-untyped-def]
+    for k in range(len(lo)):
+        o = offsets[k]
+        for i in range(lo[k], hi[k]):
+            t_out[o] = t[i]
+            v_out[o] = v[i]
+            o += 1
+
+
+def _split_unsorted(result: QueryResult, starts: I64, ends: I64) -> list[QueryResult]:
+    """split_time for samples not in time order within a series: per sample, vectorised
+    (one stable sort of the sample indices by piece)."""
+    n = len(starts)
     t = result.t_ms
     piece = np.searchsorted(starts, t, side="right") - 1
     inside = piece >= 0
@@ -89,13 +144,18 @@ def _take(result: QueryResult, idx: I64, series_of: npt.NDArray[np.int32], ckeys
     keep = np.flatnonzero(counts)
     offsets = np.zeros(len(keep) + 1, dtype=np.int64)
     np.cumsum(counts[keep], out=offsets[1:])
-    kept = keep.tolist()
+    return _with_series(result, keep.tolist(), offsets, result.t_ms[idx], result.value[idx], ckeys)
+
+
+def _with_series(result: QueryResult, kept: list[int], offsets: I64, t: I64, v: npt.NDArray[np.float64],
+                 ckeys: list[bytes]) -> QueryResult:
+    """A result of `result`'s series `kept` (in order) with these samples."""
     out = QueryResult(
         result.result_type,
         [result.labels[s] for s in kept],
         offsets,
-        result.t_ms[idx],
-        result.value[idx],
+        t,
+        v,
         list(result.warnings),
         list(result.infos),
     )

@@ -22,6 +22,7 @@ from redis.crc import key_slot
 
 from proxy.cache import (
     GENERATION_KEY,
+    INVALIDATED_AT_KEY,
     CacheItem,
     CacheKey,
     PieceMeta,
@@ -228,6 +229,45 @@ def test_piece_fetched_before_an_invalidation_is_not_stored(server: RedisNode, r
             assert await store.get_many([key(0), key(1)]) == [None, b"fresh"]
             assert store.stats()["raced"] == 1
         finally:
+            await store.aclose()
+
+    run(main())
+
+
+def test_invalidation_while_a_put_is_in_flight_unlinks_what_it_wrote(server: RedisNode, r: redis.Redis) -> None:
+    """An invalidation that sets its marker between the put's first and last command may
+    have scanned the indexes before the put's entries were in them: the put drops them."""
+
+    async def main() -> None:
+        store = store_for(server.url, skew_ms=0)
+        make_pipeline = store._client.pipeline
+
+        def interleaved(*args: Any, **kw: Any) -> Any:
+            pipe = make_pipeline(*args, **kw)
+            execute = pipe.execute
+
+            async def execute_with_invalidation() -> Any:
+                # The last queued command is the put's closing GET of the marker: an
+                # invalidation's SET lands just before it, as another proxy's would.
+                last = pipe.command_stack.pop()
+                pipe.set(INVALIDATED_AT_KEY, int(time.time() * 1000))
+                pipe.command_stack.append(last)
+                replies = await execute()
+                del replies[-2]
+                return replies
+
+            pipe.execute = execute_with_invalidation
+            return pipe
+
+        try:
+            store._client.pipeline = interleaved
+            await store.put_many([item(key(i), b"v") for i in range(3)])
+            store._client.pipeline = make_pipeline
+            assert await store.get_many([key(i) for i in range(3)]) == [None, None, None]
+            assert store.stats()["raced"] == 3
+            assert store.stats().get("stored", 0) == 0
+        finally:
+            store._client.pipeline = make_pipeline
             await store.aclose()
 
     run(main())

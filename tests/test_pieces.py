@@ -94,6 +94,20 @@ def test_split_equals_brute_force_and_partitions(data: list[list[int]], cuts: li
         assert _same(joined.to_pylist(), _brute(r, lo, hi))
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    data=st.lists(st.permutations(list(range(0, 40, 3))), min_size=1, max_size=5),
+    cuts=st.lists(st.integers(-5, 45), unique=True, min_size=1, max_size=6),
+)
+def test_split_of_series_out_of_time_order_equals_brute_force(data: list[list[int]], cuts: list[int]) -> None:
+    """The compiled cut needs time order within a series; other input takes the per-sample path."""
+    r = _matrix([({"s": str(i)}, ts) for i, ts in enumerate(data)])
+    cuts = sorted(cuts)
+    bounds = [(a, b - 1) for a, b in zip(cuts, cuts[1:])] + [(cuts[-1], cuts[-1] + 3)]
+    for (a, b), part in zip(bounds, split_time(r, bounds)):
+        assert _same(part.to_pylist(), _brute(r, a, b))
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     start=st.integers(0, 10 * H),

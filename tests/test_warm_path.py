@@ -117,3 +117,31 @@ def test_cache_compression_setting() -> None:
     assert CacheConfig(compression="none").compression == "none"
     with pytest.raises(ValueError, match="compression"):
         CacheConfig(compression="gzip")
+
+
+def test_puts_are_grouped_by_samples() -> None:
+    from proxy.execute import _groups_by_samples
+
+    def e(n: int) -> tuple[None, QueryResult, None]:
+        return (None, _result(n_series=1, points=n), None)
+
+    entries = [e(5), e(5), e(20), e(3), e(1)]
+    groups = _groups_by_samples(entries, 10)
+    assert [[x[1].n_samples for x in g] for g in groups] == [[5, 5], [20], [3, 1]]
+    assert [x for g in groups for x in g] == entries  # order kept, nothing lost
+    assert _groups_by_samples([], 10) == []
+
+
+def test_malloc_tuning_is_applied_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ctypes.util
+
+    from proxy import memory
+
+    monkeypatch.setattr(memory, "_done", False)
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    glibc = ctypes.util.find_library("c") is not None
+    assert memory.tune_malloc() is glibc
+    assert memory.tune_malloc() is False  # once per process
+    monkeypatch.setattr(memory, "_done", False)
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    assert memory.tune_malloc() is False  # the operator's own setting wins

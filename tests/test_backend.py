@@ -1,0 +1,120 @@
+"""Backend calls over real loopback HTTP, on both transports: what reaches the backend
+(path prefix, query string, form body), and how failures are reported."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import urllib.parse
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from proxy.backend import Backend
+from proxy.config import BackendConfig
+from proxy.errors import PromError
+
+TRANSPORTS = ["aiohttp", "httpx"]
+AWKWARD = 'sum by (Hostname) (rate(DCGM_FI_DEV_GPU_UTIL{Hostname=~"gpu-node-0+1|x y",job!="a+b&c=d"}[5m])) # é'
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _echo_server(seen: list[dict[str, Any]], delay_s: float = 0.0) -> tuple[web.AppRunner, str]:
+    async def handler(request: web.Request) -> web.Response:
+        seen.append({"method": request.method, "path": request.path, "query": list(request.query.items()),
+                     "body": await request.read(), "headers": dict(request.headers)})
+        if delay_s:
+            await asyncio.sleep(delay_s)
+        status = 503 if request.path.endswith("/flaky") else 200
+        return web.Response(body=b'{"status":"success","data":[]}', status=status, content_type="application/json",
+                            headers={"Retry-After": "1"} if status == 503 else None)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = _free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_form_body_query_string_and_path_prefix_arrive_intact(transport: str) -> None:
+    async def run() -> list[dict[str, Any]]:
+        seen: list[dict[str, Any]] = []
+        runner, url = await _echo_server(seen)
+        b = Backend(BackendConfig(name="p", url=url + "/prefix/", transport=transport))
+        try:
+            reply = await b.request("POST", "/api/v1/query", form=[("query", AWKWARD), ("time", "1793480000.5")])
+            assert reply.status == 200 and reply.body == b'{"status":"success","data":[]}'
+            assert reply.content_type.startswith("application/json")
+            reply = await b.request("GET", "/api/v1/series", params=[("match[]", AWKWARD), ("match[]", "up")])
+            assert reply.status == 200
+        finally:
+            await b.aclose()
+            await runner.cleanup()
+        return seen
+
+    post, get = asyncio.run(run())
+    assert post["method"] == "POST" and post["path"] == "/prefix/api/v1/query"
+    assert post["headers"]["Content-Type"] == "application/x-www-form-urlencoded"
+    assert urllib.parse.parse_qsl(post["body"].decode()) == [("query", AWKWARD), ("time", "1793480000.5")]
+    assert post["headers"].get("Accept-Encoding") == "identity"
+    assert get["path"] == "/prefix/api/v1/series"
+    assert get["query"] == [("match[]", AWKWARD), ("match[]", "up")]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_refused_connection_is_unavailable(transport: str) -> None:
+    async def run() -> None:
+        b = Backend(BackendConfig(name="gone", url=f"http://127.0.0.1:{_free_port()}", transport=transport, retries=1))
+        try:
+            await b.request("POST", "/api/v1/query", form=[("query", "up")], timeout_s=5)
+        finally:
+            await b.aclose()
+
+    with pytest.raises(PromError) as err:
+        asyncio.run(run())
+    assert err.value.kind == "unavailable"
+    assert "backend 'gone' is unreachable" in str(err.value)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_slow_backend_is_a_timeout(transport: str) -> None:
+    async def run() -> None:
+        seen: list[dict[str, Any]] = []
+        runner, url = await _echo_server(seen, delay_s=2.0)
+        b = Backend(BackendConfig(name="slow", url=url, transport=transport, retries=0))
+        try:
+            await b.request("POST", "/api/v1/query", form=[("query", "up")], timeout_s=0.3, endpoint="query")
+        finally:
+            await b.aclose()
+            await runner.cleanup()
+
+    with pytest.raises(PromError) as err:
+        asyncio.run(run())
+    assert err.value.kind == "timeout"
+    assert "did not answer in time (query)" in str(err.value)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_503_is_retried_then_returned_with_retry_after(transport: str) -> None:
+    async def run() -> tuple[int, dict[str, str], int]:
+        seen: list[dict[str, Any]] = []
+        runner, url = await _echo_server(seen)
+        b = Backend(BackendConfig(name="flaky", url=url, transport=transport, retries=2))
+        try:
+            reply = await b.request("GET", "/flaky")
+        finally:
+            await b.aclose()
+            await runner.cleanup()
+        return reply.status, reply.headers, len(seen)
+
+    status, headers, calls = asyncio.run(run())
+    assert status == 503 and headers == {"retry-after": "1"} and calls == 3
