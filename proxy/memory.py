@@ -1,15 +1,18 @@
-"""Process memory: give freed answer buffers back to the system.
+"""Process memory: optionally give freed answer buffers back to the system.
 
 glibc serves an allocation of 128 KiB or more with its own mmap, returned to the system when
 freed -- but each such free *raises* that threshold (up to 32 MiB), after which buffers of a
 few megabytes come from the heap and arenas and stay resident after they are freed. An
 answer of a few million samples is made of such buffers (numpy arrays, Arrow payloads,
-JSON chunks), so after one heavy query promaccel's RSS stayed ~100 MiB above what it held.
+JSON chunks), so after one heavy query promaccel's RSS stays ~100 MiB above what it holds.
 Setting the threshold explicitly (`mallopt(M_MMAP_THRESHOLD)`) turns the raising off.
-Measured with one 24 h query of 3 M samples: RSS after the answer went from +263 MiB to
-+105 MiB over the idle process, and its peak from +263 to +229 MiB.
 
-Does nothing where there is no glibc (musl, macOS) or when MALLOC_MMAP_THRESHOLD_ is set.
+It is a trade, so it is opt-in: `PROMACCEL_MMAP_THRESHOLD=131072` (bytes). Measured here with
+one cold 24 h query of 3 M samples: RSS after the answer +263 MiB -> +105 MiB over the idle
+process, peak +263 -> +229 MiB; but every large buffer then costs fresh pages (page faults),
+and a warm 24 h dashboard refresh took ~20% longer (median 575 -> 700 ms, CPU 0.42 -> 0.50 s).
+Unset or 0: glibc's own behaviour. Nothing happens where there is no glibc (musl, macOS) or
+when glibc's own MALLOC_MMAP_THRESHOLD_ is set.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import os
 log = logging.getLogger("promaccel")
 
 M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD = 128 * 1024
+MMAP_THRESHOLD = 0  # default: glibc's dynamic threshold (see above)
 
 _done = False
 
@@ -34,13 +37,20 @@ def tune_malloc() -> bool:
         return False
     _done = True
     try:
+        threshold = int(os.environ.get("PROMACCEL_MMAP_THRESHOLD", MMAP_THRESHOLD))
+    except ValueError:
+        log.warning("PROMACCEL_MMAP_THRESHOLD is not a number of bytes: ignored")
+        threshold = MMAP_THRESHOLD
+    if threshold <= 0:
+        return False
+    try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    ok = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+    ok = bool(mallopt(M_MMAP_THRESHOLD, threshold))
     if not ok:
         log.debug("mallopt(M_MMAP_THRESHOLD) refused")
     return ok

@@ -132,16 +132,23 @@ def test_puts_are_grouped_by_samples() -> None:
     assert _groups_by_samples([], 10) == []
 
 
-def test_malloc_tuning_is_applied_once(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_malloc_tuning_is_opt_in_and_applied_once(monkeypatch: pytest.MonkeyPatch) -> None:
     import ctypes.util
 
     from proxy import memory
 
-    monkeypatch.setattr(memory, "_done", False)
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.delenv("PROMACCEL_MMAP_THRESHOLD", raising=False)
+    monkeypatch.setattr(memory, "_done", False)
+    assert memory.tune_malloc() is False  # default: glibc's dynamic threshold
+    monkeypatch.setattr(memory, "_done", False)
+    monkeypatch.setenv("PROMACCEL_MMAP_THRESHOLD", "not-bytes")
+    assert memory.tune_malloc() is False
+    monkeypatch.setattr(memory, "_done", False)
+    monkeypatch.setenv("PROMACCEL_MMAP_THRESHOLD", "131072")
     glibc = ctypes.util.find_library("c") is not None
     assert memory.tune_malloc() is glibc
     assert memory.tune_malloc() is False  # once per process
     monkeypatch.setattr(memory, "_done", False)
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
-    assert memory.tune_malloc() is False  # the operator's own setting wins
+    assert memory.tune_malloc() is False  # glibc's own setting wins
