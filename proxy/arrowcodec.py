@@ -1470,6 +1470,22 @@ def _put_small(out, o, x):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
+def _non_integral(v):  # type: ignore[no-untyped-def]
+    """The values the encoder does not write itself (its predicate exactly), in order, for
+    orjson to format; NaN and infinities become 0.0 placeholders (orjson would write null;
+    the encoder writes them itself)."""
+    out = np.empty(len(v), dtype=np.float64)
+    n = 0
+    for k in range(len(v)):
+        x = v[k]
+        if abs(x) < 9007199254740992.0 and np.floor(x) == x:
+            continue
+        out[n] = x if np.isfinite(x) else 0.0
+        n += 1
+    return out[:n]
+
+
+@njit(cache=True, nogil=True)
 def _encode_series_block(out, o, lab_buf, lab_s, lab_e, offsets, s0, s1, t_ms, v, tok, is_matrix):  # type: ignore[no-untyped-def]
     """Series s0..s1-1 as Prometheus result elements joined by ','. Integral values
     (|v| < 2**53) are written here; tok is orjson's dump of the other values of
@@ -1986,10 +2002,7 @@ def _iter_blocks(result: QueryResult, batch_samples: int | None, head: bytes, ta
         vb = v[a:b]
         # The kernel writes integral values itself; orjson gives the shortest digits of
         # the others (the same predicate as the kernel's, or the tokens go out of step).
-        with np.errstate(invalid="ignore"):
-            other = vb[~((np.abs(vb) < 9007199254740992.0) & (np.floor(vb) == vb))]
-        if not np.isfinite(other).all():
-            other = np.where(np.isfinite(other), other, 0.0)
+        other = _non_integral(vb)
         tok = np.frombuffer(orjson.dumps(other, option=orjson.OPT_SERIALIZE_NUMPY), dtype=np.uint8)
         prefix = head if bi == 0 else b","
         suffix = tail if bi == len(bounds) - 2 else b""

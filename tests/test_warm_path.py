@@ -152,3 +152,11 @@ def test_malloc_tuning_is_opt_in_and_applied_once(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(memory, "_done", False)
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
     assert memory.tune_malloc() is False  # glibc's own setting wins
+
+
+def test_non_integral_picks_what_the_encoder_leaves_to_orjson() -> None:
+    from proxy.arrowcodec import _non_integral
+
+    v = np.array([1.0, -0.0, 2.5, np.nan, np.inf, -np.inf, 2.0**53, 2.0**53 - 1, -3.0, 1e300, 0.1, -7.25])
+    assert _non_integral(v).tolist() == [2.5, 0.0, 0.0, 0.0, 2.0**53, 1e300, 0.1, -7.25]
+    assert _non_integral(np.zeros(0)).tolist() == []
