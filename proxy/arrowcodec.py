@@ -317,10 +317,9 @@ class QueryResult:
         except (KeyError, ValueError, orjson.JSONDecodeError, pa.ArrowException) as exc:
             raise MalformedAnswer(f"bad promaccel result table: {exc}") from exc
         n = len(labels)
-        if len(series) and (np.any(np.diff(series) < 0) or series[0] < 0 or series[-1] >= n):
-            raise MalformedAnswer("bad promaccel result table: series column out of order")
         offsets = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(np.bincount(series, minlength=n), out=offsets[1:])
+        if not _offsets_of_series(series, offsets):
+            raise MalformedAnswer("bad promaccel result table: series column out of order")
         out = cls(
             rtype,
             labels,
@@ -385,6 +384,23 @@ class _LabelLists:
 
 
 _LABEL_LISTS = _LabelLists()
+
+
+@njit(cache=True, nogil=True)
+def _offsets_of_series(series, offsets):  # type: ignore[no-untyped-def]
+    """Row offsets per series (offsets has n_series + 1 zeros) from a non-decreasing series
+    column; False if it decreases or names a series outside [0, n_series)."""
+    n = len(offsets) - 1
+    prev = 0
+    for i in range(len(series)):
+        s = series[i]
+        if s < prev or s >= n:
+            return False
+        offsets[s + 1] += 1
+        prev = s
+    for s in range(n):
+        offsets[s + 1] += offsets[s]
+    return True
 
 
 def _canonical_label_list(meta: dict[bytes, bytes]) -> Any:

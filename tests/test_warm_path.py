@@ -160,3 +160,20 @@ def test_non_integral_picks_what_the_encoder_leaves_to_orjson() -> None:
     v = np.array([1.0, -0.0, 2.5, np.nan, np.inf, -np.inf, 2.0**53, 2.0**53 - 1, -3.0, 1e300, 0.1, -7.25])
     assert _non_integral(v).tolist() == [2.5, 0.0, 0.0, 0.0, 2.0**53, 1e300, 0.1, -7.25]
     assert _non_integral(np.zeros(0)).tolist() == []
+
+
+@pytest.mark.parametrize("series", [[0, 1, 0, 1], [-1, 0, 1, 1], [0, 0, 1, 9]])
+def test_cached_table_with_a_bad_series_column_is_refused(series: list[int]) -> None:
+    import pyarrow as pa
+
+    from proxy.arrowcodec import MalformedAnswer
+
+    good = _result(n_series=2, points=2)
+    table = good.to_arrow_table()
+    bad = table.set_column(table.schema.get_field_index("series"), "series",
+                           pa.array(series, type=pa.int32()))
+    bad = bad.replace_schema_metadata(table.schema.metadata)
+    with pytest.raises(MalformedAnswer, match="out of order"):
+        QueryResult.from_arrow_table(bad)
+    back = QueryResult.from_arrow_table(table)
+    assert list(back.offsets) == [0, 2, 4]
