@@ -7,6 +7,9 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
+# `make test` runs the suite on this many pytest-xdist workers (0: in this process), each test
+# file whole on one worker, longest first (tests/conftest.py).
+TEST_WORKERS ?= 2
 
 .PHONY: setup system-deps test test-fast demo bench clean lint
 
@@ -26,7 +29,7 @@ system-deps:
 
 test: setup
 	$(BIN)/python -m proxy.warmup
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not prom and not redis and not slow" $(PYTEST_ARGS)

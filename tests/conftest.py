@@ -4,7 +4,6 @@ promaccel servers over real HTTP, each on a free loopback port, always stopped a
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,11 +13,106 @@ from typing import Any
 import pytest
 
 from loadtests.gen import CI_SPEC, FleetSpec
-from tests.servers import ROOT, Promaccel, ProxyPool, RedisServer
+from tests.servers import ROOT, Promaccel, ProxyPool, RedisServer, built_tsdb, serving_copy
 # Hybrid fleets (backends holding slices of the CI fleet): see tests/hybrid.py.
 from tests.hybrid import amp_down, hybrid, hybrid_slices, hybrid_throttled  # noqa: E402,F401
 
 DATA_ROOT = Path(os.environ.get("PROMACCEL_TEST_DATA", ROOT / ".cache" / "testdata"))
+
+
+def _share_httpx_tls_context() -> None:
+    """Every `httpx.post()`/`httpx.get()` and every `httpx.Client()` builds a new default SSL
+    context, loading certifi's CA bundle: ~40 ms of CPU each, thousands of times a session,
+    although the suite only speaks plain HTTP on the loopback. Build that default context once
+    per process and hand the same one to every client (an SSLContext is meant to be shared);
+    any other `verify`/`cert` still gets its own. Connections, pools and timeouts are untouched."""
+    import functools
+
+    try:
+        from httpx._transports import default as transports
+    except ImportError:  # another httpx layout: nothing to share, only slower
+        return
+    original = getattr(transports, "create_ssl_context", None)
+    if original is None or getattr(original, "_promaccel_shared", False):
+        return
+    made: dict[bool, Any] = {}
+
+    @functools.wraps(original)
+    def create_ssl_context(verify: Any = True, cert: Any = None, trust_env: bool = True) -> Any:
+        if verify is not True or cert is not None:
+            return original(verify=verify, cert=cert, trust_env=trust_env)
+        if trust_env not in made:
+            made[trust_env] = original(verify=verify, cert=cert, trust_env=trust_env)
+        return made[trust_env]
+
+    create_ssl_context._promaccel_shared = True  # type: ignore[attr-defined]
+    transports.create_ssl_context = create_ssl_context  # type: ignore[assignment]
+
+
+_share_httpx_tls_context()
+
+
+# --- parallel runs: `make test` runs pytest -n 2 --dist loadfile ------------------------------
+#
+# With --dist loadfile each test file is one unit of work, run whole and in order on one xdist
+# worker: its module fixtures start once, and a test that builds on the one before it (a warm
+# cache after a cold query) still finds it. On top of xdist's loadfile (pytest_xdist_make_scheduler
+# below): files in SPLIT_BY_TEST hold independent tests that are units each (the equivalence
+# matrix: one promaccel per cell), and units go out longest first so the workers finish
+# together. UNIT_COST is the seconds a file took in a two-worker run on the 2-core machine (per
+# test for SPLIT_BY_TEST files), for the files over ~5 s; any other file counts 0.03 s per test.
+# Only the order depends on these numbers, never what runs. Session fixtures (Prometheus, Redis,
+# promaccel) start once per worker that needs them; cached data under .cache/testdata is built
+# under a file lock and served from a per-worker copy (tests/servers.py: built_tsdb,
+# serving_copy).
+
+SPLIT_BY_TEST = {"tests/test_equivalence_matrix.py"}
+UNIT_COST: dict[str, float] = {
+    "tests/test_hybrid.py": 240, "tests/test_cache_integration.py": 160, "tests/test_bench.py": 60,
+    "tests/test_amp.py": 45, "tests/test_instant_split.py": 45, "tests/test_hybrid_routing.py": 30,
+    "tests/test_serialize.py": 28, "tests/test_equivalence_matrix.py": 25, "tests/test_arrowcodec.py": 20,
+    "tests/test_binop_prometheus.py": 19, "tests/test_passthrough_equivalence.py": 18,
+    "tests/test_planned_equivalence.py": 16, "tests/test_clients.py": 16, "tests/test_bad_requests.py": 14,
+    "tests/test_gen.py": 12, "tests/test_overlap.py": 8, "tests/test_step_reuse.py": 8, "tests/test_demo.py": 8,
+    "tests/test_cache_redis.py": 7, "tests/test_timesplit.py": 6, "tests/test_planner.py": 6,
+}
+
+
+def _unit_of(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return nodeid if path in SPLIT_BY_TEST else path
+
+
+def _unit_cost(unit: str, tests: int) -> float:
+    return UNIT_COST.get(unit.split("::", 1)[0], 0.03 * tests)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """--dist loadfile, with SPLIT_BY_TEST files split and the longest units first. (xdist's
+    loadgroup would do the split with markers, but it renames nodeids, which pytest 9 ignores.)"""
+    if config.getoption("dist", "no") != "loadfile":
+        return None
+    try:
+        from xdist.scheduler import LoadScopeScheduling
+    except ImportError:
+        return None
+
+    class FileUnits(LoadScopeScheduling):  # type: ignore[misc,valid-type]
+        ordered = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit_of(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self.ordered:  # first call: schedule() has just filled the queue
+                units = sorted(self.workqueue.items(), key=lambda u: _unit_cost(u[0], len(u[1])), reverse=True)
+                self.workqueue.clear()
+                self.workqueue.update(units)
+                self.ordered = True
+            super()._assign_work_unit(node)
+
+    return FileUnits(config, log)
 
 
 @dataclass
@@ -38,15 +132,14 @@ class PromServer:
 
 @pytest.fixture(scope="session")
 def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromServer]:
-    from loadtests.load import build_tsdb, start_prometheus, stop_prometheus
+    from loadtests.load import start_prometheus, stop_prometheus
 
     built = DATA_ROOT / "ci"
-    build_tsdb(CI_SPEC, str(built))
-    # Each session serves its own copy (3 MB): Prometheus locks its data directory, and two
-    # test sessions on one machine must not share one.
+    built_tsdb(CI_SPEC, built)
+    # Each session (each xdist worker) serves its own copy (3 MB): Prometheus locks its data
+    # directory, and two test sessions on one machine must not share one.
     work = tmp_path_factory.mktemp("prometheus")
-    data_dir = work / "data"
-    shutil.copytree(built, data_dir, ignore=shutil.ignore_patterns("lock", "wal", "chunks_head", "queries.active"))
+    data_dir = serving_copy(built, work / "data")
     log = work / "prometheus.log"
     proc = start_prometheus(str(data_dir), log_path=str(log))
     try:

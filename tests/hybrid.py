@@ -3,8 +3,8 @@
 The CI fleet (`loadtests.gen.CI_SPEC`: 16 nodes x 4 GPUs, 2026-10-31T18:00Z .. 2026-11-01T00:00Z)
 is generated once per slice with a `loadtests.load.Selection` (time windows, metric names)
 and loaded with promtool into its own TSDB under `.cache/testdata/hybrid/<scenario>-<backend>`
-(rebuilt only when the generator, the spec or the selection changes). The reference is the
-session's `prom` fixture: the same generation, everything.
+(rebuilt only when the generator, the spec or the selection changes; each session serves a
+copy of it). The reference is the session's `prom` fixture: the same generation, everything.
 
 Scenarios (T = start + 3 h = 2026-10-31T21:00Z; local is primary in each):
 
@@ -47,9 +47,9 @@ import orjson
 import pytest
 
 from loadtests.gen import CI_SPEC, FleetSpec, iso_utc
-from loadtests.load import Selection, build_tsdb, start_prometheus, stop_prometheus
+from loadtests.load import Selection, start_prometheus, stop_prometheus
 from proxy.amp_endpoint import TEST_ACCESS_KEY, TEST_SECRET_KEY
-from tests.servers import ROOT, Promaccel, free_port, require, stop, wait_http
+from tests.servers import ROOT, Promaccel, built_tsdb, free_port, require, serving_copy, stop, wait_http
 
 DATA_ROOT = Path(os.environ.get("PROMACCEL_TEST_DATA", ROOT / ".cache" / "testdata"))
 
@@ -192,7 +192,7 @@ class Scenario:
 
 def build_slice(spec: SliceSpec) -> tuple[Path, dict[str, Any]]:
     data_dir = DATA_ROOT / "hybrid" / f"{spec.scenario}-{spec.backend}"
-    manifest = build_tsdb(SPEC, str(data_dir), select=spec.select)
+    manifest = built_tsdb(SPEC, data_dir, select=spec.select)
     return data_dir, manifest
 
 
@@ -227,7 +227,9 @@ def hybrid_slices(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tup
     running: dict[tuple[str, str], SliceServer] = {}
     try:
         for spec in SLICES:
-            data_dir, manifest = build_slice(spec)
+            built, manifest = build_slice(spec)
+            # its own copy, as `prom` does: Prometheus locks its data directory
+            data_dir = serving_copy(built, logs / f"{spec.scenario}-{spec.backend}")
             proc = start_prometheus(str(data_dir), log_path=str(logs / f"{spec.scenario}-{spec.backend}.log"))
             running[spec.key] = SliceServer(spec, proc.url, data_dir, proc, manifest)  # type: ignore[attr-defined]
         yield running

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from loadtests.services import RedisServer, free_port, stop, wait_http  # noqa: F401 (re-exported for tests)
 
@@ -29,6 +30,28 @@ def require(binary: str) -> str:
         pytest.fail(f"{binary} is missing: run `make test`, which installs Debian's "
                     f"{'redis-server' if binary.startswith('redis') else 'prometheus'} package")
     return path
+
+
+def built_tsdb(spec: Any, data_dir: Path, **kw: Any) -> dict[str, Any]:
+    """`loadtests.load.build_tsdb` under an exclusive file lock beside `data_dir`: test
+    sessions and xdist workers on one machine share the cached builds under .cache/testdata,
+    and two of them finding one missing at once must not build it both (one builds, the
+    others wait and find it built)."""
+    import fcntl
+
+    from loadtests.load import build_tsdb
+
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(data_dir.with_name(data_dir.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return build_tsdb(spec, str(data_dir), **kw)
+
+
+def serving_copy(built: Path, dest: Path) -> Path:
+    """A copy of a built TSDB for one Prometheus to serve: Prometheus locks (and compacts) its
+    data directory, so each session and each xdist worker serves its own copy (a few MB)."""
+    shutil.copytree(built, dest, ignore=shutil.ignore_patterns("lock", "wal", "chunks_head", "queries.active"))
+    return dest
 
 
 @dataclass
