@@ -16,7 +16,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.servers import free_port, stop
+from tests.servers import free_port, port_block, stop
 
 
 def _binary(name: str) -> str:
@@ -36,9 +36,11 @@ def _port_free(port: int) -> bool:
 
 
 def free_cluster_port(taken: Collection[int] = ()) -> int:
-    """A free port whose cluster bus port (+10000) is free too."""
+    """A free port whose cluster bus port (+10000) is free too (both in this xdist worker's
+    port block when it is wide enough: tests/servers.py)."""
+    low, high = port_block()
     for _ in range(200):
-        port = free_port()
+        port = free_port(low, high - 10000) if high - low > 10200 else free_port()
         if port + 10000 <= 65535 and port not in taken and port + 10000 not in taken and _port_free(port + 10000):
             return port
     for port in range(20000, 55535):  # ephemeral range mostly above 55535: scan below it

@@ -9,15 +9,78 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadtests.services import RedisServer, free_port, stop, wait_http  # noqa: F401 (re-exported for tests)
+import loadtests.load
+import loadtests.services
+from loadtests.services import RedisServer, stop, wait_http  # noqa: F401 (re-exported for tests)
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+# --- ports --------------------------------------------------------------------------------------
+#
+# A server is started on a port picked a moment (for promaccel, seconds) before it binds it.
+# With bind(0) the kernel may hand that same port to anyone meanwhile: another xdist worker
+# picking a port for its own server (which then answers the first one's health check: a
+# promaccel test talking to the other worker's Prometheus), or a client's outgoing connection.
+# So the suite picks its ports below the kernel's ephemeral range (never used for bind(0) or
+# outgoing connections), each xdist worker from its own block.
+
+PORTS_FROM = 10000
+_recent: list[int] = []
+
+
+def port_block() -> tuple[int, int]:
+    """[low, high) of the ports this process hands out: its xdist worker's share of
+    [PORTS_FROM, start of the ephemeral range)."""
+    try:
+        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
+    span = (ephemeral - PORTS_FROM) // count
+    return PORTS_FROM + index * span, PORTS_FROM + (index + 1) * span
+
+
+def port_bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(low: int | None = None, high: int | None = None) -> int:
+    """A loopback port nothing listens on, from this worker's block (or [low, high)), not one
+    handed out lately by this process; bind(0) only when the block is too small."""
+    import random
+
+    block_low, block_high = port_block()
+    low, high = low or block_low, high or block_high
+    if high - low >= 200:
+        for _ in range(500):
+            port = random.randrange(low, high)
+            if port not in _recent and port_bindable(port):
+                _recent.append(port)
+                del _recent[:-256]
+                return port
+    return _kernel_free_port()
+
+
+_kernel_free_port = loadtests.load.free_port
+# Servers that loadtests starts for the suite in this process (start_prometheus without a
+# port, RedisServer.start) take their ports from here too.
+loadtests.load.free_port = free_port  # type: ignore[assignment]
+loadtests.services.free_port = free_port  # type: ignore[attr-defined]
 
 
 def require(binary: str) -> str:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import urllib.parse
 from typing import Any
 
@@ -20,9 +19,9 @@ AWKWARD = 'sum by (Hostname) (rate(DCGM_FI_DEV_GPU_UTIL{Hostname=~"gpu-node-0+1|
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    from tests.servers import free_port  # this xdist worker's own ports
+
+    return free_port()
 
 
 async def _echo_server(seen: list[dict[str, Any]], delay_s: float = 0.0) -> tuple[web.AppRunner, str]:

@@ -14,7 +14,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -681,9 +680,9 @@ PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    from tests.servers import free_port  # this xdist worker's own ports
+
+    return free_port()
 
 
 class _Prom:
