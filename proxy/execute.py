@@ -658,13 +658,12 @@ class Executor:
             else:
                 rest.append(k)
         if rest:
-            for k, payload in zip(rest, await self.store().get_many(rest)):
-                if payload is None:
-                    continue
-                try:
-                    found[k.digest] = QueryResult.from_ipc_bytes(payload)
-                except Exception:  # noqa: BLE001 -- an undecodable entry is a miss
+            got = [(k, p) for k, p in zip(rest, await self.store().get_many(rest)) if p is not None]
+            for (k, _), r in zip(got, _decode_payloads([p for _, p in got])):
+                if isinstance(r, Exception):  # an undecodable entry is a miss
                     METRICS.cache_errors.labels("decode").inc()
+                else:
+                    found[k.digest] = r
         for s, keys in candidates:
             for k in keys:
                 r = found.get(k.digest)

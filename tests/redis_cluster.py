@@ -16,7 +16,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.servers import free_port, port_block, stop
+from tests.servers import free_port, port_bindable, port_block, stop
 
 
 def _binary(name: str) -> str:
@@ -26,25 +26,16 @@ def _binary(name: str) -> str:
     return path
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def free_cluster_port(taken: Collection[int] = ()) -> int:
     """A free port whose cluster bus port (+10000) is free too (both in this xdist worker's
     port block when it is wide enough: tests/servers.py)."""
     low, high = port_block()
     for _ in range(200):
         port = free_port(low, high - 10000) if high - low > 10200 else free_port()
-        if port + 10000 <= 65535 and port not in taken and port + 10000 not in taken and _port_free(port + 10000):
+        if port + 10000 <= 65535 and port not in taken and port + 10000 not in taken and port_bindable(port + 10000):
             return port
     for port in range(20000, 55535):  # ephemeral range mostly above 55535: scan below it
-        if port not in taken and _port_free(port) and _port_free(port + 10000):
+        if port not in taken and port_bindable(port) and port_bindable(port + 10000):
             return port
     raise RuntimeError("no free port pair for a Redis Cluster node")
 
