@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from shardplanner.regex import RegexError
+from shardplanner.regex import matcher as regex_matcher
 from shardplanner.routing import ALL_METRICS, BackendHolding, resolve_window
 
 from .params import parse_prom_duration_ms
@@ -70,8 +72,8 @@ class HoldsConfig(_Strict):
             if pattern == "*":
                 continue
             try:
-                re.compile(pattern)
-            except re.error as exc:
+                regex_matcher(pattern)
+            except RegexError as exc:
                 raise ValueError(f"metrics pattern {pattern!r} is not a valid regex: {exc}") from None
         resolve_window(self.window_spec(), int(time.time() * 1000))  # ValueError: a clear message
         return self
@@ -246,6 +248,13 @@ class LimitsConfig(_Strict):
     # Most samples a query may touch, estimated by the planner (nodes x planner.series_per_node
     # x points); over it: 422 saying so. 0: no limit (the estimate is a heuristic: opt in).
     max_samples: int = Field(default=0, ge=0)
+    # Most backend calls one query may make, after coalescing (a join across stores, a
+    # query too wide for one call...); over it: 422 naming the limit. AMP bills each call's
+    # samples. 0: no limit.
+    max_backend_calls: int = Field(default=256, ge=0)
+    # Most new cache entries one query may write: the rest of its pieces are answered but not
+    # kept (a ten-year range would otherwise leave thousands of keys for cache.ttl). 0: no limit.
+    max_new_cache_keys: int = Field(default=2_048, ge=0)
 
 
 class ListenConfig(_Strict):

@@ -66,6 +66,7 @@ import numpy.typing as npt
 from starlette.responses import Response, StreamingResponse
 
 from shardplanner.explain import explain as explain_plan
+from shardplanner.explain import reason_code
 from shardplanner.plan import Piece, Plan, PlannerSettings, QueryRequest
 from shardplanner.planner import _pin as pin_query
 from shardplanner.planner import plan as make_plan
@@ -226,6 +227,9 @@ class Fetch:
     time_ms: int | None
     units: tuple[Unit, ...] = field(default=(), compare=False)
     route: str = ""
+    # A range call over instant units that lie on its step grid (an instant query's
+    # sub-windows): its answer at each unit's time is that unit's instant answer.
+    instants: bool = False
 
 
 @dataclass(frozen=True)
@@ -259,19 +263,35 @@ def coalesce(pieces: Sequence[Piece], target_calls: int, max_points: int = 11_00
 
 def coalesce_units(units: Sequence[Unit], target_calls: int, max_points: int = 11_000) -> list[Fetch]:
     """Group contiguous range units (same query, shard, role and grid) into about
-    `target_calls` fetches in all, none longer than `max_points` steps; instant units are
-    fetched one by one."""
+    `target_calls` fetches in all, none longer than `max_points` steps. Instant units of the
+    same query at evenly spaced times (the sub-windows of `max_over_time(x[30d])`) become
+    range calls over those times (`Fetch.instants`): one call instead of one per time; a lone
+    instant unit is fetched by itself."""
     groups: dict[tuple[str, str | None, int, int, str], list[Unit]] = {}
     fetches: list[Fetch] = []
+    instants: dict[tuple[str, str | None, int, str], list[Unit]] = {}
     for u in units:
         if not u.is_range:
-            fetches.append(Fetch(u.query, u.role, u.shard_index, None, None, None, u.time_ms, (u,), u.route))
+            if u.route.startswith("split:"):
+                fetches.append(Fetch(u.query, u.role, u.shard_index, None, None, None, u.time_ms, (u,), u.route))
+            else:
+                instants.setdefault((u.query, u.role, u.shard_index, u.route), []).append(u)
             continue
         assert u.step_ms is not None
         # A unit whose route changes along its range (split_time) is fetched by itself.
         groups.setdefault((u.query, u.role, u.shard_index, u.step_ms,
                            u.route if not u.route.startswith("split:") else f"{u.route}#{u.start_ms}"),
                           []).append(u)
+    for (query, role, shard_index, route), members in instants.items():
+        for run, step in _even_runs(members):
+            if step is None:
+                u = run[0]
+                fetches.append(Fetch(query, role, shard_index, None, None, None, u.time_ms, (u,), route))
+                continue
+            for i in range(0, len(run), max_points):
+                chunk = run[i:i + max_points]
+                fetches.append(Fetch(query, role, shard_index, chunk[0].time_ms, chunk[-1].time_ms, step, None,
+                                     tuple(chunk), route, instants=True))
     if not groups:
         return fetches
     per_group = max(1, target_calls // len(groups))
@@ -298,6 +318,33 @@ def coalesce_units(units: Sequence[Unit], target_calls: int, max_points: int = 1
                     fetches.append(Fetch(query, role, shard_index, chunk[0].start_ms, chunk[-1].end_ms,
                                          step, None, tuple(chunk), chunk[0].route))
     return fetches
+
+
+def _even_runs(units: list[Unit]) -> list[tuple[list[Unit], int | None]]:
+    """Instant units (one query) in runs of evenly spaced times, oldest first, with their
+    spacing; a unit in no run of two or more comes alone with spacing None."""
+    ordered = sorted(units, key=lambda u: u.time_ms or 0)
+    runs: list[tuple[list[Unit], int | None]] = []
+    run: list[Unit] = []
+    step: int | None = None
+    for u in ordered:
+        t = u.time_ms or 0
+        if run and t == (run[-1].time_ms or 0):
+            runs.append(([u], None))  # the same instant twice: its own call
+            continue
+        if len(run) >= 2 and step is not None and t - (run[-1].time_ms or 0) == step:
+            run.append(u)
+            continue
+        if len(run) == 1:
+            step = t - (run[0].time_ms or 0)
+            run.append(u)
+            continue
+        if run:
+            runs.append((run, step if len(run) > 1 else None))
+        run, step = [u], None
+    if run:
+        runs.append((run, step if len(run) > 1 else None))
+    return runs
 
 
 def _within_points(chunk: list[Unit], step: int, max_points: int) -> list[list[Unit]]:
@@ -709,8 +756,12 @@ class Executor:
         if fetched_at_ms < self._invalidated_at_ms:
             return  # fetched before an invalidation through this process
         entries: list[tuple[Unit, QueryResult, bytes | None]] = []
+        budget = CALL_BUDGET.get()
         for u, r in zip(units, results):
             if not u.storable or u.key is None or u.footprint is None or r.warnings:
+                continue
+            if budget is not None and not budget.new_key():
+                METRICS.cache_skipped.labels("max_new_cache_keys").inc()
                 continue
             baseline = None
             if self.revalidator is not None and _digest_backend(u) is not None:
@@ -821,6 +872,7 @@ class Executor:
                    timeout_ms: int | None) -> Response:
         tally = [0]
         SAMPLES_TALLY.set(tally)
+        CALL_BUDGET.set(_Budget(self.config.limits.max_backend_calls, self.config.limits.max_new_cache_keys))
         response = await self._run_query(req, pairs, headers, path, timeout_ms)
         if tally[0]:
             response.headers["X-Promaccel-Samples-Processed"] = str(tally[0])
@@ -833,7 +885,7 @@ class Executor:
         plan = await self._plan(req)
         METRICS.pieces.observe(len(plan.pieces))
         mode = "sharded" if plan.sharded else ("split" if plan.time_split else "whole")
-        METRICS.planned.labels(mode, plan.notes[0][:60] if plan.notes and not plan.sharded else "").inc()
+        METRICS.planned.labels(mode, "" if plan.sharded else reason_code(plan.notes)).inc()
         unmergeable = any(k in UNMERGEABLE_PARAMS for k, _ in pairs)
         ctx = self._context(req, pairs, headers) if self.cache_enabled and not unmergeable else None
         router = self._router(req, plan)
@@ -858,7 +910,7 @@ class Executor:
             except AmbiguousTies:
                 # Ties at the k-th place: Prometheus's pick depends on its heap over all
                 # series, so run the query unsharded (time pieces are still exact).
-                METRICS.planned.labels("unsharded_rerun", "topk tie at the k-th place").inc()
+                METRICS.planned.labels("unsharded_rerun", "topk_tie").inc()
                 plan = make_plan(plan.request, replace(self.settings, shards=1), {})
                 result, status = await self._execute(plan, extra, timeout_s, ctx, router)
         except PieceFailed as failed:
@@ -1059,6 +1111,9 @@ class Executor:
         slot_of = {s.unit: s for s in missing}
         fetches = coalesce_units([s.unit for s in missing], self.primary.cfg.max_parallel,
                                  self.config.limits.max_points)
+        budget = CALL_BUDGET.get()
+        if budget is not None:
+            budget.check(len(fetches))  # before any call is made: a 422 naming the limit
         try:
             async with asyncio.timeout(timeout_s):
                 async with asyncio.TaskGroup() as tg:
@@ -1096,6 +1151,14 @@ class Executor:
                     segments.append((s.order, f.shard_index, f.role, _fit(s, r)))
                 continue
             result = results[i]
+            if f.instants:
+                # A range call over instant units: each unit's answer is the call's at its time.
+                parts = self._cut(f, f.units, result)
+                assert parts is not None  # _call checked that the answer is a matrix
+                results[i] = None  # type: ignore[call-overload]
+                for s, part in zip(covered, parts):
+                    segments.append((s.order, f.shard_index, f.role, part))
+                continue
             first = min(covered, key=lambda s: s.order)
             if f.step_ms is not None:
                 lo = min(s.piece.start_ms or 0 for s in covered)
@@ -1201,6 +1264,9 @@ class Executor:
         amp = backend.cfg.kind == "amp" and not any(k == "stats" for k, _ in form)
         if amp:
             form = [*form, ("stats", "all")]
+        budget = CALL_BUDGET.get()
+        if budget is not None:
+            budget.charge()  # every call counts, retries of a route's parts included
         reply = await backend.request("POST", path, form=form, timeout_s=timeout_s, limited=True, endpoint=path)
         if _needs_range_form(backend, path, reply):
             return await self._ask_range_form(backend, form, timeout_s)
@@ -1349,6 +1415,9 @@ class Executor:
             return [result for _ in units]
         if result.result_type != "matrix":
             return None
+        if f.instants:
+            parts = split_time(result, [(u.time_ms or 0, u.time_ms or 0) for u in units])
+            return [_instant_of(part, f.query, u.time_ms or 0) for u, part in zip(units, parts)]
         if len(units) == 1 and (units[0].start_ms, units[0].end_ms) == (f.start_ms, f.end_ms):
             return [result]
         return split_time(result, [(u.start_ms or 0, u.end_ms or 0) for u in units])
@@ -1666,6 +1735,40 @@ def _aggregate_locally(node: Any, inner: QueryResult, time_ms: int | None) -> Qu
 _SAMPLES = re.compile(rb'"totalQueryableSamples":\s*(\d+)')
 # Samples processed by AMP for the current request (a one-element list per request).
 SAMPLES_TALLY: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("samples_tally", default=None)
+
+
+class _Budget:
+    """One query's allowance of backend calls (limits.max_backend_calls) and of new cache
+    entries (limits.max_new_cache_keys); 0 means no limit. Shared by every task of the query
+    (a context variable set when the query starts)."""
+
+    def __init__(self, max_calls: int, max_keys: int) -> None:
+        self.max_calls, self.max_keys = max_calls, max_keys
+        self.calls = self.keys = 0
+
+    def check(self, more: int) -> None:
+        """422 if `more` calls would go over the limit (nothing is charged)."""
+        if self.max_calls and self.calls + more > self.max_calls:
+            raise PromError(
+                "execution",
+                f"this query needs more than {self.max_calls} backend calls "
+                f"({self.calls} made, {more} more planned; limits.max_backend_calls): "
+                "narrow the time range or simplify the query",
+            )
+
+    def charge(self) -> None:
+        self.check(1)
+        self.calls += 1
+
+    def new_key(self) -> bool:
+        """Whether one more new cache entry may be written."""
+        if self.max_keys and self.keys >= self.max_keys:
+            return False
+        self.keys += 1
+        return True
+
+
+CALL_BUDGET: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar("call_budget", default=None)
 
 
 _RANGE_ONLY = b"only supported for range type queries"

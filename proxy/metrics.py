@@ -92,6 +92,9 @@ class _Metrics:
         self.cache_errors = Counter(
             "promaccel_cache_errors_total", "Cache operations that failed (bypassed)", ["op"], registry=r
         )
+        self.cache_skipped = Counter(
+            "promaccel_cache_skipped_total", "Fetched pieces not stored, by reason", ["reason"], registry=r
+        )
         # Piece store (proxy/cache.py) and request coalescing (proxy/singleflight.py).
         # `store` is "memory" or "redis"; cache_errors' `op` is get, put, delete,
         # generation, invalidate or bump.

@@ -20,7 +20,40 @@ from typing import Any
 from shardplanner.plan import Piece, Plan, ShardSpec
 from shardplanner.serialize import quote_string
 
-__all__ = ["explain", "explain_text"]
+__all__ = ["REASON_CODES", "explain", "explain_text", "reason_code"]
+
+# Why a query was planned as it was, as a short code from this fixed list: the `reason` label
+# of promaccel_queries_planned_total. A note's text can hold a client's metric names or
+# numbers, so it never becomes a label value (unbounded cardinality in /metrics).
+_NOTE_CODES: tuple[tuple[str, str], ...] = (
+    ("unparsable by planner", "unparsable"),
+    ("too complex to plan", "too_complex"),
+    ("not a range-query expression", "not_range_expression"),
+    ("not sharded: auto:", "auto_small"),
+    ("not sharded: max_pieces", "max_pieces"),
+    ("not sharded: no known values", "no_shard_values"),
+    ("not sharded: fewer than two known values", "no_shard_values"),
+    ("not sharded: a selector has no plain metric name", "no_metric_name"),
+    ("not sharded: no shard label configured", "no_shard_label"),
+    ("not sharded: selectors resolve to different shard labels", "mixed_shard_labels"),
+    ("not sharded: no series selectors", "no_selectors"),
+    ("not sharded:", "not_shardable"),
+    ("not split in time:", "not_split"),
+    ("time split coarsened", "coarsened"),
+    ("shards reduced", "shards_reduced"),
+    ("auto:", "auto"),
+    ("@ start()/end() pinned", "pinned"),
+)
+# "topk_tie": the proxy's rerun of a sharded topk/bottomk tied at the k-th place.
+REASON_CODES = frozenset({"", "other", "topk_tie", *(code for _, code in _NOTE_CODES)})
+
+
+def reason_code(notes: tuple[str, ...] | list[str]) -> str:
+    """The fixed code of a plan's first note ("" without notes, "other" if unknown)."""
+    if not notes:
+        return ""
+    head = notes[0]
+    return next((code for prefix, code in _NOTE_CODES if head.startswith(prefix)), "other")
 
 
 def _matcher(spec: ShardSpec) -> str:

@@ -46,11 +46,11 @@ Pieces are ordered by time, then shard index, then role ("sum" before "count").
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import cast
 
+from shardplanner import regex as _regex
 from shardplanner import rules
 from shardplanner.ast import (
     Agg,
@@ -77,7 +77,7 @@ from shardplanner.plan import (
     QueryRequest,
     ShardSpec,
 )
-from shardplanner.promql import CannotParse, parse
+from shardplanner.promql import CannotParse, TooComplex, parse
 from shardplanner.serialize import to_promql
 from shardplanner.shards import make_shards
 from shardplanner.timesplit import count_pieces, count_windows, split_range, split_window
@@ -105,6 +105,8 @@ def plan(
     """Plan ``req``. Deterministic: the same inputs give the same plan, piece for piece."""
     try:
         expr = parse(req.query)
+    except TooComplex as exc:
+        return _single(req, req.query, notes=(f"too complex to plan ({exc}): forwarded unplanned",))
     except CannotParse:
         return _single(req, req.query, notes=("unparsable by planner",))
 
@@ -288,12 +290,19 @@ def shard_label_for(expr: Expr, shard_labels: Sequence[tuple[str, str]]) -> tupl
     return found.pop(), ""
 
 
-@functools.lru_cache(maxsize=128)
-def _metric_pattern(pattern: str) -> re.Pattern[str]:
+def _metric_pattern(pattern: str) -> _regex.Matcher:
     try:
-        return re.compile(pattern)
-    except re.error:
-        return re.compile(r"(?!)")  # a broken pattern matches nothing
+        return _regex.matcher(pattern)
+    except _regex.RegexError:
+        return _NOTHING  # a broken pattern matches nothing
+
+
+class _MatchesNothing:
+    def fullmatch(self, text: str) -> None:
+        return None
+
+
+_NOTHING = _MatchesNothing()
 
 
 def _time_pieces(
@@ -514,15 +523,11 @@ def _matches(m: Matcher, value: str) -> bool:
     if m.op in ("=", "!="):
         return (value == m.value) == (m.op == "=")
     try:
-        hit = _label_regex(m.value).fullmatch(value) is not None
-    except re.error:
+        # RE2, as Prometheus: a client regex never runs on a backtracking engine.
+        hit = _regex.fullmatch(m.value, value)
+    except _regex.RegexError:
         return True  # cannot tell: count it
     return hit == (m.op == "=~")
-
-
-@functools.lru_cache(maxsize=256)
-def _label_regex(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern)
 
 
 def estimate_samples(
@@ -594,7 +599,6 @@ def _auto_shard_count(
     per_piece = est[0]
     n = min(-(-per_piece // max(settings.max_samples_per_piece, 1)), settings.shards)
     if n < 2:
-        # No number in the first 60 characters: the executor's metric label is the note's head.
         notes.append(
             "not sharded: auto: every piece within max_samples_per_piece "
             f"(about {per_piece} of {settings.max_samples_per_piece} samples)"

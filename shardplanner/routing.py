@@ -46,7 +46,6 @@ read (Prometheus 2 includes it, Prometheus 3 does not): conservative either way.
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -67,6 +66,7 @@ from shardplanner.ast import (
 )
 from shardplanner.plan import Piece
 from shardplanner.promql import CannotParse, parse
+from shardplanner.regex import RegexError, matcher
 from shardplanner.serialize import to_promql
 from shardplanner.timesplit import first_grid_point_at_or_after
 
@@ -124,8 +124,8 @@ class BackendHolding:
         for p in self.metrics:
             if p != ALL_METRICS:
                 try:
-                    _compiled(p)
-                except re.error as exc:
+                    matcher(p)
+                except RegexError as exc:
                     raise ValueError(
                         f"backend {self.name!r}: bad metric pattern {p!r}: {exc}"
                     ) from None
@@ -145,17 +145,12 @@ class BackendHolding:
             return True
         if metric is None:
             return False
-        return any(_compiled(p).fullmatch(metric) for p in self.metrics)
+        return any(matcher(p).fullmatch(metric) is not None for p in self.metrics)
 
     def describe(self) -> str:
         """`amp holds DCGM_.*, kube_.* since 2026-10-01T00:00:00Z`."""
         window = _window_text(self.since_ms, self.until_ms)
         return f"{self.name} holds {', '.join(self.metrics)} {window}"
-
-
-@functools.lru_cache(maxsize=256)
-def _compiled(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern)
 
 
 # --- window specs (config -> absolute ms) --------------------------------------------------

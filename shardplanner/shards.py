@@ -34,7 +34,7 @@ subset of Go RE2 and Python ``re`` syntax: literals are escaped with :func:`rege
 (Go's ``regexp.QuoteMeta`` set), character classes escape every ASCII non-alphanumeric
 character (an escaped ASCII punctuation or control character is itself in both engines),
 ``(?s:.*)`` is "any rest", and ``\\x00`` is the only numeric escape. Hence
-:func:`series_in_shard` can check a partition with Python's ``re.fullmatch``.
+:func:`series_in_shard` checks a partition with RE2 (``shardplanner.regex``), as Prometheus does.
 
 If no scheme fits within the byte bound at N shards, N is reduced; fewer than two known
 values means no sharding (an empty list).
@@ -42,13 +42,12 @@ values means no sharding (an empty list).
 
 from __future__ import annotations
 
-import functools
 import itertools
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
 from shardplanner.plan import ShardSpec
+from shardplanner.regex import fullmatch
 
 __all__ = [
     "MAX_MATCHER_BYTES",
@@ -102,13 +101,8 @@ def make_shards(
 
 def series_in_shard(labels: Mapping[str, str], spec: ShardSpec) -> bool:
     """Whether a series with ``labels`` is selected by ``spec`` (for tests and explain)."""
-    matched = _compiled(spec.matcher_value).fullmatch(labels.get(spec.label, "")) is not None
+    matched = fullmatch(spec.matcher_value, labels.get(spec.label, ""))
     return matched if spec.matcher_op == "=~" else not matched
-
-
-@functools.lru_cache(maxsize=256)
-def _compiled(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern)
 
 
 def _chunks(known: Sequence[str], count: int) -> list[list[str]]:
