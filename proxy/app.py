@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import orjson
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -28,7 +28,7 @@ from .binop import go_quote
 from .config import Config
 from .errors import PromError
 from .execute import Executor
-from .forms import first_values, read_pairs
+from .forms import client_gone, first_values, read_pairs
 from .compress import FastGZipMiddleware
 from .memory import tune_malloc
 from .metadata import fan_out, metric_names
@@ -332,6 +332,12 @@ def create_app(config: Config) -> FastAPI:
     async def not_found(request: Request) -> Response:
         return _error(PromError("not_found", f"unknown path {request.url.path!r}: promaccel serves the "
                                 "Prometheus HTTP API under /api/v1/"))
+
+    @app.exception_handler(ClientDisconnect)
+    async def disconnected(request: Request, exc: ClientDisconnect) -> Response:
+        # A specific handler (unlike the catch-all below, after which Starlette re-raises for
+        # uvicorn to log): a client that went away is not promaccel's error, nothing to log.
+        return _error(client_gone())
 
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception) -> Response:

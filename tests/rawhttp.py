@@ -59,20 +59,12 @@ def read_until_closed(sock: socket.socket, limit_s: float) -> tuple[bytes, float
         sock.settimeout(left)
         try:
             chunk = sock.recv(65536)
-        except socket.timeout:
-            break
-        except ConnectionResetError:
+        except (TimeoutError, ConnectionResetError):
             break
         if not chunk:
             break
         chunks.append(chunk)
     return b"".join(chunks), time.monotonic() - t0
-
-
-def is_closed(sock: socket.socket, wait_s: float) -> bool:
-    """Whether the peer closes within `wait_s` (anything it sends meanwhile is read and dropped)."""
-    data, took = read_until_closed(sock, wait_s)
-    return took < wait_s
 
 
 @dataclass
@@ -86,7 +78,7 @@ class Recorder:
     redirect: bool = False
 
     @classmethod
-    def start(cls) -> "Recorder":
+    def start(cls) -> Recorder:
         recorder: Recorder
 
         class Handler(BaseHTTPRequestHandler):

@@ -7,10 +7,9 @@ intended endpoint's, never pprof, federate or query output."""
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Iterator
 from typing import Any
-
-import urllib.parse
 
 import orjson
 import pytest
