@@ -9,23 +9,26 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import re
 import time
+import urllib.parse
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import orjson
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import __version__
 from .backend import Backend, BackendReply
+from .binop import go_quote
 from .config import Config
 from .errors import PromError
 from .execute import Executor
-from .forms import first_values, read_pairs
+from .forms import client_gone, first_values, read_pairs
 from .compress import FastGZipMiddleware
 from .memory import tune_malloc
 from .metadata import fan_out, metric_names
@@ -43,6 +46,13 @@ JSON = "application/json"
 GRAFANA_HEADERS = ("x-dashboard-uid", "x-panel-id", "x-grafana-org-id", "x-query-group-id", "x-datasource-uid")
 
 PROMETHEUS_COMPAT_VERSION = "2.42.0"
+
+# Relays never put client text into a backend path unchecked (a double-encoded `..%252F`
+# once reached /debug/pprof through a backend's redirect): /api/v1/status/<what> relays only
+# Prometheus 2.42's own pages (buildinfo has its own handler), and /api/v1/label/<name>/values
+# only names Prometheus accepts (model.LabelNameRE), with the same 400 Prometheus gives.
+STATUS_PAGES = frozenset({"config", "flags", "runtimeinfo", "tsdb", "walreplay"})
+LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
 def _reply(reply: BackendReply, extra_headers: dict[str, str] | None = None) -> Response:
@@ -267,7 +277,10 @@ def create_app(config: Config) -> FastAPI:
 
     @route("/api/v1/label/{name}/values", ("GET",))
     async def label_values(request: Request) -> Response:
-        return await relay(request, request.url.path, "values")
+        name = request.path_params["name"]  # percent-decoded once, as Go's router does
+        if not LABEL_NAME.fullmatch(name):
+            raise PromError("bad_data", f"invalid label name: {go_quote(name)}")
+        return await relay(request, f"/api/v1/label/{urllib.parse.quote(name, safe='')}/values", "values")
 
     @route("/api/v1/status/buildinfo", ("GET",))
     async def buildinfo(request: Request) -> Response:
@@ -294,7 +307,10 @@ def create_app(config: Config) -> FastAPI:
 
     @route("/api/v1/status/{what}", ("GET",))
     async def status(request: Request) -> Response:
-        return await relay(request, request.url.path)
+        what = request.path_params["what"]
+        if what not in STATUS_PAGES:
+            return await not_found(request)
+        return await relay(request, f"/api/v1/status/{urllib.parse.quote(what, safe='')}")
 
     @app.get("/-/healthy", include_in_schema=False)
     async def healthy() -> Response:
@@ -316,6 +332,12 @@ def create_app(config: Config) -> FastAPI:
     async def not_found(request: Request) -> Response:
         return _error(PromError("not_found", f"unknown path {request.url.path!r}: promaccel serves the "
                                 "Prometheus HTTP API under /api/v1/"))
+
+    @app.exception_handler(ClientDisconnect)
+    async def disconnected(request: Request, exc: ClientDisconnect) -> Response:
+        # A specific handler (unlike the catch-all below, after which Starlette re-raises for
+        # uvicorn to log): a client that went away is not promaccel's error, nothing to log.
+        return _error(client_gone())
 
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception) -> Response:

@@ -10,7 +10,11 @@ added latency. AMP backends keep httpx's API (its auth flow signs every request)
 
 Errors are translated here, once: connection failures -> PromError "unavailable" (503),
 timeouts -> PromError "timeout" (503). A backend's own HTTP answer, error or not, is returned
-as a `BackendReply` for the caller to relay (4xx/422 relayed as is).
+as a `BackendReply` for the caller to relay (4xx/422 relayed as is) -- except a redirect:
+redirects are never followed (a backend's 301 for a path with `..` once led a relay to
+/debug/pprof), and a 3xx is PromError "unavailable" (502) naming the backend, never its URL.
+Paths are checked before they go out (`check_path`): callers build them from fixed text and
+validated parts only, and a dot segment or an encoded slash is refused here as well.
 
 AMP backends (`kind: amp`): every request is SigV4-signed (`_SigV4Auth` over
 `sigv4.SigV4Signer`), and AMP's throttling answers (429, and 503) are retried after
@@ -100,6 +104,16 @@ def _retry_after_s(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
+def check_path(path: str) -> None:
+    """Refuse a backend path that could leave the endpoint it names: every caller builds its
+    path from fixed text and validated parts, so this is a second line, and a bug if it fires."""
+    lowered = path.lower()
+    segments = urllib.parse.unquote(path).split("/")
+    if (not path.startswith("/") or "?" in path or "#" in path or "\\" in path or "%2f" in lowered
+            or "%5c" in lowered or "%25" in path or "." in segments or ".." in segments or "" in segments[1:]):
+        raise PromError("internal", f"promaccel refused to send the backend path {path!r}")
+
+
 def _make_client(cfg: BackendConfig) -> httpx.AsyncClient:
     limits = httpx.Limits(
         max_connections=cfg.max_connections,
@@ -127,6 +141,7 @@ def _make_client(cfg: BackendConfig) -> httpx.AsyncClient:
         # Loopback and in-cluster backends: compression costs more CPU than it saves.
         headers={"Accept-Encoding": "identity", "User-Agent": "promaccel"},
         trust_env=False,
+        follow_redirects=False,  # httpx's default; explicit: a 3xx is an error (module docstring)
     )
 
 
@@ -166,7 +181,8 @@ class _DirectAiohttp:
                       headers: Mapping[str, str] | None, timeout_s: float) -> BackendReply:
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self.cfg.connect_timeout / 1000)
         async with self.session().request(method, self.base + path, params=list(params) if params else None,
-                                          data=body, headers=headers, timeout=timeout) as resp:
+                                          data=body, headers=headers, timeout=timeout,
+                                          allow_redirects=False) as resp:
             content = await resp.read()
             retry_after = resp.headers.get("retry-after")
             return BackendReply(
@@ -212,6 +228,7 @@ class Backend:
     ) -> BackendReply:
         """One call with retries on connection errors and 502/503/504 (never on 4xx); for AMP,
         429/503 are retried on their own budget (`throttle_retries`) within the deadline."""
+        check_path(path)
         throttle = self.cfg.kind == "amp"
         budget_s = timeout_s if timeout_s is not None else self.cfg.timeout / 1000
         deadline = time.monotonic() + budget_s
@@ -225,6 +242,10 @@ class Backend:
                 if exc.kind == "timeout" or attempt >= self.cfg.retries:
                     raise
             else:
+                if 300 <= reply.status < 400:
+                    raise PromError(
+                        "unavailable", f"backend {self.name!r} answered {endpoint} with a redirect (HTTP "
+                        f"{reply.status}); promaccel does not follow backend redirects", status=502)
                 if throttle and reply.status in THROTTLE_STATUSES:
                     delay = self._throttle_delay(throttled, reply)
                     left = deadline - time.monotonic()

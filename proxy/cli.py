@@ -67,9 +67,11 @@ def worker_app() -> Any:
     """uvicorn's app factory in each worker of `serve --workers N`: the app of the command
     line the parent passed in $PROMACCEL_WORKER_ARGV."""
     from .app import create_app
+    from .server import configure
 
     args = _parser().parse_args(json.loads(os.environ[WORKER_ARGV_ENV]))
     cfg = _config(args)
+    configure(cfg.listen)  # this worker's server limits (its protocol class is its own)
     _setup(args, cfg)
     return create_app(cfg)
 
@@ -89,11 +91,12 @@ def _serve(args: argparse.Namespace, argv: list[str]) -> int:
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     backends = ", ".join(f"{b.name}={b.url}" for b in cfg.backends)
     cache = cfg.cache.redis_url and "redis" or "in-process"
+    from .server import configure
+
+    # http: uvicorn's httptools protocol with header size and read deadlines (proxy/server.py);
+    # timeout_keep_alive from listen.keep_alive_timeout.
     common: dict[str, Any] = dict(
-        host=host, port=port, log_level="warning", access_log=False, loop="auto", http="auto",
-        # Longer than clients' idle keep-alive (Grafana's Go client: 90 s), so promaccel never
-        # closes a connection a client is about to reuse.
-        timeout_keep_alive=120,
+        host=host, port=port, log_level="warning", access_log=False, loop="auto", **configure(cfg.listen),
     )
     if args.workers == 1:
         from .app import create_app

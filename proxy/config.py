@@ -260,6 +260,18 @@ class LimitsConfig(_Strict):
 class ListenConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=9091, ge=0, le=65535)
+    # Server limits (proxy/server.py). A request's line and headers: at most max_header_bytes
+    # (else 431 and close), complete within header_timeout of the connection opening or of the
+    # request's first byte; its body complete within body_timeout of the headers (else 408 and
+    # close). Idle keep-alive connections close after keep_alive_timeout (longer than Grafana's
+    # Go client keeps them idle, 90 s, so promaccel never closes one about to be reused).
+    # max_concurrency: uvicorn's limit_concurrency, open connections (idle ones included) or
+    # running requests beyond which a request gets 503.
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024, le=64 * 1024 * 1024)
+    header_timeout: DurationMs = Field(default=30_000, gt=0)
+    body_timeout: DurationMs = Field(default=60_000, gt=0)
+    keep_alive_timeout: DurationMs = Field(default=120_000, gt=0)
+    max_concurrency: int = Field(default=1024, ge=1)
 
 
 class Config(_Strict):

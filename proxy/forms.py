@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from urllib.parse import parse_qsl
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from .errors import PromError, bad_data
 
@@ -30,11 +30,14 @@ async def read_pairs(request: Request, max_body_bytes: int) -> Pairs:
                 raise bad_data("invalid Content-Length header") from None
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_body_bytes:
-                raise _too_large(max_body_bytes)
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > max_body_bytes:
+                    raise _too_large(max_body_bytes)
+                chunks.append(chunk)
+        except ClientDisconnect:
+            raise client_gone() from None
         body = b"".join(chunks)
         if body and ctype == FORM_TYPE:
             try:
@@ -52,6 +55,13 @@ def _too_large(limit: int) -> PromError:
         f"request body too large: promaccel accepts at most {limit} bytes "
         "(limits.max_body_bytes)",
     )
+
+
+def client_gone() -> PromError:
+    """The client went away (or missed listen.body_timeout) before its body was complete:
+    nobody reads the answer; 499 like Prometheus's "client closed connection", no traceback."""
+    return PromError("canceled", "the client closed the connection before sending the whole request body",
+                     status=499)
 
 
 def first_values(pairs: Pairs) -> dict[str, str]:

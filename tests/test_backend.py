@@ -34,6 +34,11 @@ async def _echo_server(seen: list[dict[str, Any]], delay_s: float = 0.0) -> tupl
         return web.Response(body=b'{"status":"success","data":[]}', status=status, content_type="application/json",
                             headers={"Retry-After": "1"} if status == 503 else None)
 
+    return await _serve(handler)
+
+
+async def _serve(handler: Any) -> tuple[web.AppRunner, str]:
+    """`handler` for every path, on a loopback port of this worker's."""
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handler)
     runner = web.AppRunner(app)
@@ -117,3 +122,57 @@ def test_503_is_retried_then_returned_with_retry_after(transport: str) -> None:
 
     status, headers, calls = asyncio.run(run())
     assert status == 503 and headers == {"retry-after": "1"} and calls == 3
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS + ["httpx-aiohttp"])
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_redirects_are_refused_not_followed(transport: str, status: int) -> None:
+    """A backend's redirect is an error naming the backend (never its URL), and its target is
+    never asked: a 301 for a path with `..` once led a relay to /debug/pprof/cmdline."""
+    async def run() -> tuple[list[str], PromError | None]:
+        seen: list[str] = []
+
+        async def handler(request: web.Request) -> web.Response:
+            seen.append(request.path)
+            if request.path == "/secret":
+                return web.Response(body=b"SECRET")
+            return web.Response(status=status, headers={"Location": "/secret"})
+
+        runner, url = await _serve(handler)
+        b = Backend(BackendConfig(name="moved", url=url,
+                                  transport="aiohttp" if transport == "httpx-aiohttp" else transport))
+        if transport == "httpx-aiohttp":
+            b._direct = None  # httpx over httpx-aiohttp's transport, as AMP backends are called
+        failure = None
+        try:
+            await b.request("GET", "/api/v1/labels", endpoint="/api/v1/labels")
+        except PromError as exc:
+            failure = exc
+        finally:
+            await b.aclose()
+            await runner.cleanup()
+        return seen, failure
+
+    seen, failure = asyncio.run(run())
+    assert seen == ["/api/v1/labels"]  # asked once: no retry, no redirect followed
+    assert failure is not None and failure.status == 502 and failure.kind == "unavailable"
+    assert failure.message == (f"backend 'moved' answered /api/v1/labels with a redirect (HTTP {status}); "
+                               "promaccel does not follow backend redirects")
+
+
+@pytest.mark.parametrize("path", [
+    "/api/v1/status/../../debug/pprof/cmdline", "/api/v1/status/..%2F..%2Fdebug", "/api/v1/label/a%2fb/values",
+    "/api/v1/label/%2e%2e/values", "/api/v1/label/a%252Fb/values", "/api/v1//labels", "/api/v1/labels/",
+    "/api/v1/query?x=1", "api/v1/query", "/api/v1/status/.", "/api/v1/label/a%5Cb/values", "/api/v1/a\\b",
+])
+def test_paths_that_could_leave_their_endpoint_are_refused(path: str) -> None:
+    async def run() -> None:
+        b = Backend(BackendConfig(name="p", url=f"http://127.0.0.1:{_free_port()}"))
+        try:
+            await b.request("GET", path)
+        finally:
+            await b.aclose()
+
+    with pytest.raises(PromError) as err:
+        asyncio.run(run())
+    assert err.value.kind == "internal" and "refused to send the backend path" in err.value.message

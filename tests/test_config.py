@@ -139,3 +139,27 @@ def test_backend_names_unique_and_one_primary(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="at most one backend may be primary"):
         _cfg(tmp_path, "backends: [{name: a, url: 'http://127.0.0.1:1', primary: true},"
                        " {name: b, url: 'http://127.0.0.1:2', primary: true}]\n")
+
+
+def test_server_limits(tmp_path: Path) -> None:
+    """listen: server limits (proxy/server.py): defaults, durations, the example file's values,
+    and bad values named."""
+    from proxy.server import LimitedHttpToolsProtocol, configure
+
+    listen = load_config(None, backends=["http://127.0.0.1:9090"]).listen
+    assert (listen.max_header_bytes, listen.header_timeout, listen.body_timeout, listen.keep_alive_timeout,
+            listen.max_concurrency) == (65536, 30_000, 60_000, 120_000, 1024)
+    example = load_config(str(Path(__file__).resolve().parent.parent / "config" / "promaccel.example.yaml")).listen
+    assert example.model_dump(exclude={"host", "port"}) == listen.model_dump(exclude={"host", "port"})
+    path = _write(tmp_path, "backends: [{url: 'http://x'}]\nlisten: {header_timeout: 1.5, body_timeout: 2m, "
+                  "keep_alive_timeout: 5s, max_header_bytes: 8192, max_concurrency: 10}\n")
+    args = configure(load_config(path).listen)
+    assert args == {"http": LimitedHttpToolsProtocol, "timeout_keep_alive": 5.0, "limit_concurrency": 10}
+    assert (LimitedHttpToolsProtocol.header_timeout_s, LimitedHttpToolsProtocol.body_timeout_s,
+            LimitedHttpToolsProtocol.max_header_bytes) == (1.5, 120.0, 8192)
+    configure(listen)  # back to the defaults for this process
+    for bad, key in [("max_header_bytes: 100", "listen.max_header_bytes"), ("header_timeout: 0", "listen.header_timeout"),
+                     ("body_timeout: soon", "listen.body_timeout"), ("max_concurrency: 0", "listen.max_concurrency"),
+                     ("keep_alive_timeout: -1", "listen.keep_alive_timeout")]:
+        with pytest.raises(ConfigError, match=key):
+            load_config(_write(tmp_path, f"backends: [{{url: 'http://x'}}]\nlisten: {{{bad}}}\n"))

@@ -1,0 +1,224 @@
+"""Limits of the HTTP server (uvicorn with httptools): header size, read deadlines, concurrency.
+
+uvicorn bounds neither the size of a request's headers nor the time a client may take to
+send them or its body: a 64 MB header was accepted (+108 MB RSS), and connections sending a
+byte now and then (or nothing) stayed open indefinitely. `LimitedHttpToolsProtocol` adds, per
+connection (`listen:` in the config):
+
+- `max_header_bytes`: the bytes received for a request line and its headers; over it: 431
+  and the connection is closed. Counted per received chunk (no per-byte Python work); the
+  exact size is only computed when the chunks say the limit may be passed. A request that
+  starts inside a chunk with the end of the previous one (pipelining) is counted from the
+  next chunk, so the bound may be passed by at most one read (256 KiB).
+- `header_timeout`: the headers must be complete this long after the connection opened or
+  the request's first byte arrived; else 408 (when any byte came; silently when none did)
+  and close. An idle connection between requests is uvicorn's keep-alive timeout.
+- `body_timeout`: the body must be complete this long after the headers; else 408 when the
+  app has not answered yet, and close. The app's `receive` then reports a disconnect, which
+  it answers as a client that went away (proxy/forms.py: 499, no traceback).
+- `max_concurrency` is uvicorn's `limit_concurrency` (open connections or running requests,
+  idle keep-alive connections included); over it a request gets Prometheus-style 503 JSON.
+
+The hot path pays a few attribute checks per received chunk, one overridden callback per
+request, and a timer only when a request's headers or body do not arrive in one read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httptools
+import orjson
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from .config import ListenConfig
+
+# Phases of the request being read on a connection.
+_IDLE = 0  # between requests (and before a connection's first byte, with the head timer armed)
+_HEAD = 1  # request line and headers
+_BODY = 2  # body
+
+
+class _Refused(Exception):
+    """Raised from a parser callback to stop parsing a request already answered and closed."""
+
+
+def _error_response(status: int, error_type: str, message: str, default_headers: list[tuple[bytes, bytes]]) -> bytes:
+    body = orjson.dumps({"status": "error", "errorType": error_type, "error": message})
+    head = [STATUS_LINE[status]]
+    for name, value in default_headers:
+        head += [name, b": ", value, b"\r\n"]
+    head += [b"content-type: application/json\r\ncontent-length: ", str(len(body)).encode(),
+             b"\r\nconnection: close\r\n\r\n", body]
+    return b"".join(head)
+
+
+async def _busy(scope: Any, receive: Any, send: Any) -> None:
+    """The ASGI app of a request over max_concurrency."""
+    body = orjson.dumps({"status": "error", "errorType": "unavailable",
+                         "error": "promaccel is at its concurrency limit (listen.max_concurrency): retry later"})
+    await send({"type": "http.response.start", "status": 503, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class LimitedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the limits of the module docstring."""
+
+    # Set once per process by `configure` (the serving process, or each worker of
+    # `serve --workers N`), before the first connection.
+    max_header_bytes = 64 * 1024
+    header_timeout_s = 30.0
+    body_timeout_s = 60.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # uvicorn's limit_concurrency, checked in on_headers_complete: uvicorn's own check
+        # answers text/plain, ours Prometheus-style JSON.
+        self.max_concurrency, self.limit_concurrency = self.limit_concurrency, None
+        self._phase = _IDLE
+        self._head_bytes = 0
+        self._head_t0 = 0.0
+        self._deadline: asyncio.TimerHandle | None = None
+        self._refused = False
+
+    # --- connection ----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        # A connection that sends nothing is closed at header_timeout.
+        self._start_head()
+        self._arm(self._head_t0 + self.header_timeout_s)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        # uvicorn's data_received, with the phase bookkeeping around the parser.
+        if self._phase != _BODY:
+            if self._phase == _IDLE:
+                self._start_head()
+            self._head_bytes += len(data)
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            if self._refused:
+                return  # answered and closed from a callback
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+            return
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+                return  # the connection belongs to the WebSocket protocol now
+            self._unsupported_upgrade_warning()  # served as plain HTTP: limits as usual
+        if self._phase == _HEAD:
+            if self._head_bytes > self.max_header_bytes:
+                self._refuse_header_size()
+            elif self._deadline is None:
+                self._arm(self._head_t0 + self.header_timeout_s)
+        elif self._phase == _BODY and self._deadline is None:
+            self._arm(self.loop.time() + self.body_timeout_s)
+
+    # --- parser callbacks ------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self._phase == _IDLE:  # a request starting in the chunk that ended the previous one
+            self._start_head()
+        super().on_message_begin()
+
+    def on_headers_complete(self) -> None:
+        if self._head_bytes > self.max_header_bytes and self._exact_head_bytes() > self.max_header_bytes:
+            self._refuse_header_size()
+            raise _Refused
+        self._phase = _BODY
+        self._disarm()
+        limit = self.max_concurrency
+        if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
+            self.logger.warning("Exceeded concurrency limit (listen.max_concurrency).")
+            app, self.app = self.app, _busy
+            try:
+                super().on_headers_complete()
+            finally:
+                self.app = app
+        else:
+            super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._phase = _IDLE
+        self._disarm()
+        super().on_message_complete()
+
+    # --- limits ----------------------------------------------------------------------------
+
+    def _start_head(self) -> None:
+        self._phase = _HEAD
+        self._head_bytes = 0
+        self._head_t0 = self.loop.time()
+
+    def _exact_head_bytes(self) -> int:
+        """Request line and headers as received (give or take the spaces around colons)."""
+        return len(self.url) + 16 + sum(len(n) + len(v) + 4 for n, v in self.headers)
+
+    def _arm(self, when: float) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_at(when, self._expired)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _refuse(self, status: int, error_type: str, message: str) -> None:
+        self._refused = True
+        self._disarm()
+        if not self.transport.is_closing():
+            self.transport.write(_error_response(status, error_type, message, self.server_state.default_headers))
+            self.transport.close()
+
+    def _refuse_header_size(self) -> None:
+        self._refuse(431, "bad_data", f"request header fields too large: promaccel accepts at most "
+                     f"{self.max_header_bytes} bytes of request line and headers (listen.max_header_bytes)")
+
+    def _expired(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle
+        if self._phase == _HEAD:
+            if cycle is not None and not cycle.response_complete:
+                # A pipelined request's headers while the previous answer is still being made:
+                # its deadline runs from that answer's end.
+                self._head_t0 = self.loop.time()
+                self._arm(self._head_t0 + self.header_timeout_s)
+                return
+            if self._head_bytes == 0:
+                self.transport.close()  # nothing was asked: nothing to answer
+                return
+            self._refuse(408, "timeout", f"request headers not received within {self.header_timeout_s:g}s "
+                         "(listen.header_timeout)")
+        elif self._phase == _BODY:
+            if cycle is None or cycle.response_started:
+                self.transport.close()
+                return
+            self._refuse(408, "timeout", f"request body not received within {self.body_timeout_s:g}s "
+                         "(listen.body_timeout)")
+            # The app waiting for the body sees a disconnect (as it would once the close is
+            # processed), and whatever it answers is dropped.
+            cycle.disconnected = True
+            cycle.message_event.set()
+
+
+def configure(listen: ListenConfig) -> dict[str, Any]:
+    """Apply `listen:`'s limits to this process's protocol class; uvicorn.run's arguments."""
+    cls = LimitedHttpToolsProtocol
+    cls.max_header_bytes = listen.max_header_bytes
+    cls.header_timeout_s = listen.header_timeout / 1000
+    cls.body_timeout_s = listen.body_timeout / 1000
+    return {"http": cls, "timeout_keep_alive": listen.keep_alive_timeout / 1000,
+            "limit_concurrency": listen.max_concurrency}
