@@ -105,7 +105,9 @@ def _serve(args: argparse.Namespace, argv: list[str]) -> int:
 
     host, port = cfg.listen.host, cfg.listen.port
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    backends = ", ".join(f"{b.name}={b.url}" for b in cfg.backends)
+    # Never a credential: URLs cannot hold any (config), and basic_auth shows as a marker.
+    backends = ", ".join(f"{b.name}={b.display_url}{' (basic auth)' if b.basic_auth else ''}"
+                         for b in cfg.backends)
     cache = cfg.cache.redis_url and "redis" or "in-process"
     common: dict[str, Any] = dict(
         host=host, port=port, log_level="warning", access_log=False, loop="auto", http="auto",
