@@ -34,6 +34,7 @@ from .memory import tune_malloc
 from .metadata import fan_out, metric_names
 from .metrics import METRICS
 from .params import format_duration_ms, parse_instant, parse_optional_time, parse_range
+from .tenancy import Tenancy, use as use_tenant
 from shardplanner.ast import Selector
 from shardplanner.plan import QueryRequest
 from shardplanner.promql import CannotParse, parse
@@ -126,6 +127,7 @@ def create_app(config: Config) -> FastAPI:
     primary = backends[0]
     executor = Executor(config, backends)
     max_body = config.limits.max_body_bytes
+    tenancy = Tenancy(config.tenancy.forward_headers, config.tenancy.hash_key())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -148,10 +150,13 @@ def create_app(config: Config) -> FastAPI:
     def route(path: str, methods: tuple[str, ...] = ("GET", "POST")) -> Callable[[Handler], Handler]:
         def deco(fn: Handler) -> Handler:
             async def wrapped(request: Request) -> Response:
-                try:
-                    return await fn(request)
-                except PromError as exc:
-                    return _error(exc)
+                # tenancy.forward_headers of this request reach every backend call made for
+                # it, and scope its cache keys (proxy/tenancy.py).
+                with use_tenant(tenancy.of(request.headers)):
+                    try:
+                        return await fn(request)
+                    except PromError as exc:
+                        return _error(exc)
             app.add_api_route(path, wrapped, methods=list(methods), include_in_schema=False)
             return fn
         return deco

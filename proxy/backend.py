@@ -16,6 +16,12 @@ redirects are never followed (a backend's 301 for a path with `..` once led a re
 Paths are checked before they go out (`check_path`): callers build them from fixed text and
 validated parts only, and a dot segment or an encoded slash is refused here as well.
 
+Backend credentials: `backends[].basic_auth` is sent as an Authorization header by both
+transports (its password is registered for log redaction); a backend URL never holds
+credentials (config refuses them). The client headers named in `tenancy.forward_headers`
+(proxy/tenancy.py, set per request by the HTTP surface) are added to every call to a
+`kind: prometheus` backend, never to AMP.
+
 AMP backends (`kind: amp`): every request is SigV4-signed (`_SigV4Auth` over
 `sigv4.SigV4Signer`), and AMP's throttling answers (429, and 503) are retried after
 Retry-After plus exponential backoff with full jitter, at most `throttle_retries` times and
@@ -26,6 +32,7 @@ returned for the caller to relay.
 from __future__ import annotations
 
 import asyncio
+import base64
 import email.utils
 import random
 import time
@@ -39,7 +46,8 @@ import httpx
 from .config import BackendConfig
 from .errors import PromError
 from .metrics import METRICS
-from .sigv4 import SigV4Signer, install_log_redaction, signer_for
+from .sigv4 import SigV4Signer, install_log_redaction, register_secret, signer_for
+from .tenancy import current as forwarded_headers
 
 RETRY_STATUSES = frozenset({502, 503, 504})
 # AMP answers 429 (ThrottlingException) when a workspace's query rate is exceeded and 503
@@ -114,6 +122,20 @@ def check_path(path: str) -> None:
         raise PromError("internal", f"promaccel refused to send the backend path {path!r}")
 
 
+def _default_headers(cfg: BackendConfig) -> dict[str, str]:
+    """Headers on every call: identity encoding, our User-Agent, and basic auth if configured
+    (its password and the header value are registered for log redaction)."""
+    headers = {"Accept-Encoding": "identity", "User-Agent": "promaccel"}
+    if cfg.basic_auth is not None:
+        password = cfg.basic_auth.read_password()
+        value = "Basic " + base64.b64encode(f"{cfg.basic_auth.username}:{password}".encode()).decode()
+        register_secret(password)
+        register_secret(value.split(" ", 1)[1])
+        install_log_redaction()
+        headers["Authorization"] = value
+    return headers
+
+
 def _make_client(cfg: BackendConfig) -> httpx.AsyncClient:
     limits = httpx.Limits(
         max_connections=cfg.max_connections,
@@ -139,7 +161,7 @@ def _make_client(cfg: BackendConfig) -> httpx.AsyncClient:
         timeout=timeout,
         auth=auth,
         # Loopback and in-cluster backends: compression costs more CPU than it saves.
-        headers={"Accept-Encoding": "identity", "User-Agent": "promaccel"},
+        headers=_default_headers(cfg),
         trust_env=False,
         follow_redirects=False,  # httpx's default; explicit: a 3xx is an error (module docstring)
     )
@@ -163,6 +185,7 @@ class _DirectAiohttp:
     def __init__(self, cfg: BackendConfig) -> None:
         self.cfg = cfg
         self.base = cfg.url.rstrip("/")
+        self._headers = _default_headers(cfg)
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -171,8 +194,7 @@ class _DirectAiohttp:
         if self._session is None or self._loop is not loop or self._session.closed:
             connector = aiohttp.TCPConnector(limit=self.cfg.max_connections, keepalive_timeout=30.0)
             self._session = aiohttp.ClientSession(
-                connector=connector, trust_env=False,
-                headers={"Accept-Encoding": "identity", "User-Agent": "promaccel"},
+                connector=connector, trust_env=False, headers=self._headers,
             )
             self._loop = loop
         return self._session
@@ -208,6 +230,8 @@ class Backend:
         self._client = _make_client(cfg)
         self._direct = _DirectAiohttp(cfg) if cfg.transport == "aiohttp" and cfg.kind != "amp" else None
         self._sem = asyncio.Semaphore(cfg.max_parallel)
+        # tenancy.forward_headers go to Prometheus-compatible backends only, never to AMP.
+        self._forwards = cfg.kind != "amp"
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -286,10 +310,13 @@ class Backend:
         endpoint: str,
     ) -> BackendReply:
         body: bytes | None = None
-        if form is not None:
-            body = urllib.parse.urlencode(list(form)).encode()
+        forwarded = forwarded_headers() if self._forwards else ()
+        if form is not None or forwarded:
             hdrs = dict(headers or {})
-            hdrs["Content-Type"] = "application/x-www-form-urlencoded"
+            hdrs.update(forwarded)  # the client's tenancy.forward_headers (proxy/tenancy.py)
+            if form is not None:
+                body = urllib.parse.urlencode(list(form)).encode()
+                hdrs["Content-Type"] = "application/x-www-form-urlencoded"
             headers = hdrs
         t0 = time.perf_counter()
         try:

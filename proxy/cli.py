@@ -22,6 +22,12 @@ from typing import Any
 from .config import Config, ConfigError, load_config
 
 WORKER_ARGV_ENV = "PROMACCEL_WORKER_ARGV"
+# Libraries that log requests, answers or credentials at DEBUG/INFO (botocore logs the STS
+# answer with the temporary secret key and session token, and the web identity token it
+# sends): kept at WARNING unless PROMACCEL_DEBUG_LIBRARIES=1 (or --debug-libraries).
+DEBUG_LIBRARIES_ENV = "PROMACCEL_DEBUG_LIBRARIES"
+QUIET_LIBRARIES = ("botocore", "boto3", "s3transfer", "urllib3", "requests", "requests_aws4auth",
+                   "aiohttp", "httpx", "httpx_aiohttp", "httpcore", "hpack", "h2", "h11")
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -47,12 +53,20 @@ def _config(args: argparse.Namespace) -> Config:
 
 def _setup(args: argparse.Namespace, cfg: Config) -> None:
     """Logging and the compiled codec, in the serving process (each worker)."""
+    from .sigv4 import install_log_redaction
+
+    # Before any record is made: every record is redacted as it is created (sigv4.py).
+    install_log_redaction()
     logging.basicConfig(
         level=getattr(logging, (args.log_level or cfg.log_level).upper()),
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
-    # One line per backend call at INFO would drown the access log.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    install_log_redaction()  # and the filter on basicConfig's handler
+    if not (getattr(args, "debug_libraries", False) or _env_flag(DEBUG_LIBRARIES_ENV)):
+        # Their DEBUG output carries request and answer bodies (botocore: STS credentials);
+        # one line per backend call at INFO (httpx) would drown the access log.
+        for name in QUIET_LIBRARIES:
+            logging.getLogger(name).setLevel(logging.WARNING)
     # numba's compiler logs every pass at DEBUG: megabytes per kernel.
     logging.getLogger("numba").setLevel(logging.WARNING)
     from .warmup import warm_up
@@ -61,6 +75,10 @@ def _setup(args: argparse.Namespace, cfg: Config) -> None:
     took = warm_up()
     if took > 2:
         print(f"compiled the query hot path in {took:.0f}s (first start only)", flush=True)
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def worker_app() -> Any:
@@ -89,7 +107,9 @@ def _serve(args: argparse.Namespace, argv: list[str]) -> int:
 
     host, port = cfg.listen.host, cfg.listen.port
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    backends = ", ".join(f"{b.name}={b.url}" for b in cfg.backends)
+    # Never a credential: URLs cannot hold any (config), and basic_auth shows as a marker.
+    backends = ", ".join(f"{b.name}={b.display_url}{' (basic auth)' if b.basic_auth else ''}"
+                         for b in cfg.backends)
     cache = cfg.cache.redis_url and "redis" or "in-process"
     from .server import configure
 
@@ -137,6 +157,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--shards", help="node shards per query: a number or 'auto'")
     s.add_argument("--shard-label", action="append", help="METRIC_REGEX=LABEL (repeatable)")
     s.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    s.add_argument("--debug-libraries", action="store_true",
+                   help="let botocore, urllib3, aiohttp, httpx and httpcore log below WARNING too "
+                   f"(default: pinned to WARNING; also ${DEBUG_LIBRARIES_ENV}=1). Their lines are "
+                   "redacted like promaccel's own, but they log request and answer bodies")
     s.add_argument("--workers", type=int, default=int(os.environ.get("PROMACCEL_WORKERS", "1") or 1),
                    help="worker processes sharing the listening socket (default 1, or "
                    "$PROMACCEL_WORKERS); give them a Redis cache to share (--redis)")

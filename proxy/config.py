@@ -6,15 +6,18 @@ Durations are Prometheus durations ("30s", "1h30m") or numbers of seconds.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import time
 from datetime import date, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, field_validator,
+                      model_validator)
 
 from shardplanner.regex import RegexError
 from shardplanner.regex import matcher as regex_matcher
@@ -83,7 +86,47 @@ class HoldsConfig(_Strict):
                 if v is not None}
 
 
+class BasicAuthConfig(_Strict):
+    """HTTP basic auth to a backend: `username` and either `password` or `password_file`
+    (a file whose content, trailing newline stripped, is the password; read when the backend
+    is set up, so a mounted Kubernetes secret works). The password is a `SecretStr`: the
+    config's repr, errors and logs show `**********`."""
+
+    username: str = Field(min_length=1)
+    password: SecretStr | None = None
+    password_file: str | None = None
+
+    @model_validator(mode="after")
+    def _one_password(self) -> "BasicAuthConfig":
+        if (self.password is None) == (self.password_file is None):
+            raise ValueError("give exactly one of password and password_file")
+        if ":" in self.username:
+            raise ValueError("username must not contain ':' (basic auth separates it from the password)")
+        if self.password_file is not None:
+            self.read_password()  # a clear error now rather than on the first query
+        return self
+
+    def read_password(self) -> str:
+        if self.password is not None:
+            return self.password.get_secret_value()
+        assert self.password_file is not None
+        try:
+            return Path(self.password_file).read_text().rstrip("\r\n")
+        except OSError as exc:
+            raise ValueError(f"cannot read password_file {self.password_file!r}: {exc.strerror}") from None
+
+
+def url_fingerprint(url: str, extra: str = "") -> str:
+    """A short stable hash of a credential-free backend URL (plus `extra`, e.g. the basic-auth
+    user): part of cache keys, so a changed URL changes keys without writing the URL."""
+    return hashlib.sha256(f"{url}\0{extra}".encode()).hexdigest()[:12]
+
+
 class BackendConfig(_Strict):
+    """One backend. `url` must not hold credentials (`http://user:pass@host` is refused with
+    a ConfigError pointing at `basic_auth`): the URL goes into the start-up banner and, as a
+    hash, into cache keys, and neither may carry a password."""
+
     name: str = "default"
     kind: Literal["prometheus", "amp"] = "prometheus"
     url: str
@@ -108,6 +151,22 @@ class BackendConfig(_Strict):
     holds: HoldsConfig | list[HoldsConfig] | None = None
     primary: bool = False
     priority: int = 0
+    # Prometheus-compatible backends behind basic auth (Mimir, Cortex, Thanos behind a
+    # gateway); sent as an Authorization header on every call. Not for kind amp (SigV4).
+    basic_auth: BasicAuthConfig | None = None
+
+    @property
+    def ident(self) -> str:
+        """The backend in cache keys and route ids: name and a hash of the URL (and the
+        basic-auth user, whose view may differ), never the URL or a credential."""
+        user = self.basic_auth.username if self.basic_auth is not None else ""
+        return f"{self.name}#{url_fingerprint(self.url, user)}"
+
+    @property
+    def display_url(self) -> str:
+        """The URL for banners and messages: scheme, host, port and path only."""
+        parts = urlsplit(self.url)
+        return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
 
     def holdings(self, now_ms: int) -> list[BackendHolding]:
         specs = self.holds if isinstance(self.holds, list) else [self.holds]
@@ -122,8 +181,20 @@ class BackendConfig(_Strict):
     @classmethod
     def _url(cls, v: str) -> str:
         if not (v.startswith("http://") or v.startswith("https://")):
-            raise ValueError(f"backend url must start with http:// or https://, got {v!r}")
+            shown = v.rpartition("@")[2] if "@" in v else v
+            raise ValueError(f"backend url must start with http:// or https://, got {shown!r}")
+        if "@" in urlsplit(v).netloc:
+            raise ValueError(
+                "backend url must not hold credentials (user:password@): give them as "
+                "basic_auth: {username: ..., password_file: ...} (or password)"
+            )
         return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _auth_kind(self) -> "BackendConfig":
+        if self.basic_auth is not None and self.kind == "amp":
+            raise ValueError("basic_auth is not for kind amp: AMP requests are SigV4-signed")
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -257,6 +328,66 @@ class LimitsConfig(_Strict):
     max_new_cache_keys: int = Field(default=2_048, ge=0)
 
 
+# Headers promaccel sets itself or that describe the connection, never forwarded.
+_NOT_FORWARDABLE = frozenset({
+    "host", "content-length", "content-type", "content-encoding", "transfer-encoding", "connection",
+    "keep-alive", "te", "trailer", "upgrade", "proxy-authorization", "accept-encoding", "user-agent",
+    "cookie", "x-amz-date", "x-amz-security-token", "x-amz-content-sha256",
+})
+
+
+class TenancyConfig(_Strict):
+    """Client headers passed through to the backends (multi-tenant Cortex/Mimir/Thanos
+    backends: `X-Scope-OrgID`; per-user auth at the backend: `Authorization`).
+
+    Exactly these headers go to every `kind: prometheus` backend on every call made for the
+    request (query, query_range and their planned pieces, series/labels/metadata relays,
+    shard-value discovery) and key the cache and request coalescing (a keyed BLAKE2b hash of
+    their values: two tenants never share a cache entry or a backend call). They are never
+    sent to `kind: amp` backends (one AWS identity; Authorization is SigV4). Empty (the
+    default): no client header reaches a backend and none is part of a cache key; everyone
+    gets promaccel's own identity at the backend.
+
+    `hash_key_file`: a file holding the key of that hash (any bytes; share it between
+    promaccel instances that share a Redis cache). Without it a fixed key is used: fine for
+    tenant ids, but give one when `Authorization` is forwarded, so that a Redis reader cannot
+    test guessed passwords against the hashes in the keys."""
+
+    forward_headers: list[str] = Field(default_factory=list)
+    hash_key_file: str | None = None
+
+    @field_validator("forward_headers")
+    @classmethod
+    def _headers(cls, v: list[str]) -> list[str]:
+        out: list[str] = []
+        for name in v:
+            low = name.strip().lower()
+            if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9a-z-]+", low):
+                raise ValueError(f"{name!r} is not an HTTP header name")
+            if low in _NOT_FORWARDABLE:
+                raise ValueError(f"header {name!r} cannot be forwarded (promaccel or the connection sets it)")
+            if low not in out:
+                out.append(low)
+        return out
+
+    @field_validator("hash_key_file")
+    @classmethod
+    def _key_file(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                data = Path(v).read_bytes()
+            except OSError as exc:
+                raise ValueError(f"cannot read hash_key_file {v!r}: {exc.strerror}") from None
+            if len(data.strip()) < 16:
+                raise ValueError(f"hash_key_file {v!r} must hold at least 16 bytes")
+        return v
+
+    def hash_key(self) -> bytes:
+        if self.hash_key_file is None:
+            return b"promaccel-tenancy-v2"
+        return Path(self.hash_key_file).read_bytes().strip()[:64]
+
+
 class ListenConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=9091, ge=0, le=65535)
@@ -280,7 +411,19 @@ class Config(_Strict):
     cache: CacheConfig = Field(default_factory=CacheConfig)
     planner: PlannerConfig = Field(default_factory=PlannerConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    tenancy: TenancyConfig = Field(default_factory=TenancyConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @model_validator(mode="after")
+    def _tenancy(self) -> "Config":
+        if "authorization" in self.tenancy.forward_headers:
+            clash = [b.name for b in self.backends if b.basic_auth is not None]
+            if clash:
+                raise ValueError(
+                    "tenancy.forward_headers has authorization, but backend(s) "
+                    f"{', '.join(map(repr, clash))} send their own basic_auth: one Authorization "
+                    "header per request")
+        return self
 
     @field_validator("backends")
     @classmethod

@@ -21,9 +21,11 @@ Caching (issue 5; the store is `proxy/cache.py`):
   `start mod step`) inside one epoch-aligned split interval -- or, where a piece is not
   inside one cell (no split, a coarsened split, an instant piece), exactly the piece. Key:
   `CacheKey.for_piece` of the cell (or piece): piece PromQL (shard matcher and pinned `@`
-  included), start/end/step, step offset, shard, lookback, route (backend name and URL, plus
-  any extra client parameter other than `timeout`) and the tenant scope (a slow salted hash
-  of the client's Authorization / X-Scope-OrgID headers; the raw header is never stored).
+  included), start/end/step, step offset, shard, lookback, route (backend name and a hash of
+  its URL -- `BackendConfig.ident`, never the URL or a credential -- plus any extra client
+  parameter other than `timeout`) and the tenant scope (`proxy/tenancy.py`: a keyed hash of
+  the client headers in `tenancy.forward_headers`, the headers that reach the backend; ""
+  when none is configured: client headers then change neither keys nor answers).
 - The edge pieces of a sliding window cover only part of a cell. A partial piece looks up
   its cell (cropped to the piece on a hit) and its own exact range. When missing, a partial
   piece of an *old* cell (all it reads is older than `cache.max_freshness`) of a query that
@@ -40,9 +42,9 @@ Caching (issue 5; the store is `proxy/cache.py`):
 - Request coalescing, three layers, so N clients refreshing one dashboard cost one client's
   backend calls: a unit some other request is fetching right now is awaited from that call
   (`_inflight`, keyed by the unit's cache key); identical backend calls (same path, form and
-  tenant) share one call (`SingleFlight`); and a call over old data that finished moments
-  ago answers an identical call for a few seconds (`_recent_calls`), which closes the gap
-  between a request's lookup and its own call.
+  tenant scope, with the cache on or off) share one call (`SingleFlight`); and a call over
+  old data that finished moments ago answers an identical call for a few seconds
+  (`_recent_calls`), which closes the gap between a request's lookup and its own call.
 - Warnings, failures, timeouts: a unit whose answer carries a warning is never stored, nor
   one from a call that failed (the store's put is never reached); the store itself never
   raises, so a Redis outage costs hits, never answers.
@@ -52,8 +54,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import functools
-import hashlib
 import logging
 import re
 import time
@@ -87,6 +87,7 @@ from .params import InstantParams, RangeParams
 from .pieces import slice_time, split_time, subsample
 from .revalidate import Revalidator
 from .singleflight import SingleFlight
+from .tenancy import scope as tenant_scope
 from .ties import topk_ambiguous
 
 log = logging.getLogger("promaccel.execute")
@@ -107,8 +108,6 @@ LANDING_GRACE_S = 2.0
 # between a request's cache lookup and its own call, when an identical call finished in
 # between (its put may not have landed yet).
 RECENT_CALL_S = 5.0
-# Client headers that scope what a caller may see (their hash is part of every key).
-SCOPE_HEADERS = ("authorization", "x-scope-orgid")
 
 
 # Answers above this many samples are encoded in chunks as they are sent: a 20 MB answer
@@ -144,21 +143,6 @@ def _seconds(ms: int) -> str:
     ms = abs(ms)
     whole, frac = divmod(ms, 1000)
     return f"{sign}{whole}.{frac:03d}" if frac else f"{sign}{whole}"
-
-
-@functools.lru_cache(maxsize=4096)
-def _scope_hash(material: bytes) -> str:
-    # Slow and salted: the hash lands in Redis (inside every key's canonical form), and a
-    # Basic-auth header must not be recoverable from it by brute force.
-    return hashlib.pbkdf2_hmac("sha256", material, b"promaccel-tenant-scope-v1", 20_000).hex()[:32]
-
-
-def tenant_scope(headers: Mapping[str, str]) -> str:
-    """The tenant/auth scope of a request: "" without scope headers, else a hash of them."""
-    parts = [f"{h}\0{headers.get(h)}" for h in SCOPE_HEADERS if headers.get(h)]
-    if not parts:
-        return ""
-    return "t1:" + _scope_hash("\0\0".join(parts).encode("utf-8", "surrogateescape"))
 
 
 def cell_of(start_ms: int, step_ms: int, interval_ms: int) -> tuple[int, int]:
@@ -366,15 +350,21 @@ class ShardValues:
 
     Stale values are still a correct partition (the last shard is the complement of the
     listed values), so a refresh happens in the background and never blocks a query once
-    values are known."""
+    values are known. Values are kept per tenant scope (proxy/tenancy.py): discovery runs
+    with the requesting tenant's forwarded headers (a refresh task inherits them), so one
+    tenant's label values never shape (or show up in the explain output of) another's
+    queries; at most MAX_ENTRIES (scope, label) pairs are kept, oldest dropped first."""
+
+    MAX_ENTRIES = 4096
 
     def __init__(self, backend: Backend, ttl_ms: int) -> None:
         self.backend = backend
         self.ttl_s = ttl_ms / 1000
-        self._values: dict[str, tuple[float, tuple[str, ...]]] = {}
-        self._refreshing: dict[str, asyncio.Task[None]] = {}
+        self._values: dict[tuple[str, str], tuple[float, tuple[str, ...]]] = {}
+        self._refreshing: dict[tuple[str, str], asyncio.Task[None]] = {}
 
     async def _fetch(self, label: str) -> None:
+        key = (tenant_scope(), label)
         try:
             reply = await self.backend.request(
                 "GET", f"/api/v1/label/{label}/values", timeout_s=10, endpoint="/api/v1/label/:name/values"
@@ -383,22 +373,27 @@ class ShardValues:
                 import orjson
 
                 data = orjson.loads(reply.body).get("data") or []
-                self._values[label] = (time.monotonic(), tuple(sorted(str(v) for v in data)))
+                self._values.pop(key, None)
+                self._values[key] = (time.monotonic(), tuple(sorted(str(v) for v in data)))
+                while len(self._values) > self.MAX_ENTRIES:
+                    del self._values[next(iter(self._values))]
         except (PromError, ValueError) as exc:
             log.warning("could not discover values of shard label %s: %s", label, exc)
 
     async def get(self, labels: Sequence[str]) -> dict[str, tuple[str, ...]]:
-        missing = [lb for lb in labels if lb not in self._values]
+        scope = tenant_scope()
+        missing = [lb for lb in labels if (scope, lb) not in self._values]
         if missing:
             await asyncio.gather(*(self._fetch(lb) for lb in missing))
         now = time.monotonic()
         for lb in labels:
-            entry = self._values.get(lb)
-            if entry and now - entry[0] > self.ttl_s and lb not in self._refreshing:
-                task = asyncio.create_task(self._fetch(lb))
-                self._refreshing[lb] = task
-                task.add_done_callback(lambda _t, lb=lb: self._refreshing.pop(lb, None))
-        return {lb: self._values[lb][1] for lb in labels if lb in self._values}
+            key = (scope, lb)
+            entry = self._values.get(key)
+            if entry and now - entry[0] > self.ttl_s and key not in self._refreshing:
+                task = asyncio.create_task(self._fetch(lb))  # inherits the tenant (contextvar)
+                self._refreshing[key] = task
+                task.add_done_callback(lambda _t, key=key: self._refreshing.pop(key, None))
+        return {lb: self._values[(scope, lb)][1] for lb in labels if (scope, lb) in self._values}
 
 
 class Executor:
@@ -517,8 +512,8 @@ class Executor:
 
     def _context(self, req: QueryRequest, pairs: Pairs, headers: Mapping[str, str]) -> _Ctx:
         extras = sorted((k, v) for k, v in pairs if k not in PLANNED_PARAMS and k not in UNKEYED_PARAMS)
-        route = (f"{self.primary.name}={self.primary.cfg.url}", *(f"{k}={v}" for k, v in extras))
-        return _Ctx(tenant_scope(headers), route, wall_ms(), req.lookback_ms)
+        route = (self.primary.cfg.ident, *(f"{k}={v}" for k, v in extras))
+        return _Ctx(tenant_scope(), route, wall_ms(), req.lookback_ms)
 
     def _router(self, req: QueryRequest, plan: Plan) -> Router | None:
         """Per-request routing state (hybrid fleets only)."""
@@ -532,7 +527,7 @@ class Executor:
         except CannotParse:
             query = req.query
         router = Router(holdings_of(self.backends, wall_ms()), query, req.lookback_ms,
-                        {b.name: b.cfg.url for b in self.backends})
+                        {b.name: b.cfg.ident for b in self.backends})
         router.by_piece = plan.merge.combine_time
         router.edge_ms = edge_ms(query if not isinstance(query, str) else None, req.lookback_ms)
         return router
@@ -1045,7 +1040,7 @@ class Executor:
                 status = self._count(slots)
                 return json_response(slots[0].result, {"X-Promaccel-Pieces": "1", "X-Cache": status})
         unit = slots[0].unit if slots and slots[0].unit.storable else None
-        tenant = ctx.tenant if ctx is not None else ""
+        tenant = ctx.tenant if ctx is not None else tenant_scope()
         key = ("whole", path, tuple(pairs), tenant, backend.name)
         reply: BackendReply | None = self._recent_call(key) if unit is not None else None
         if reply is not None:
@@ -1187,7 +1182,7 @@ class Executor:
             assert f.time_ms is not None
             path = "/api/v1/query"
             form = [("query", f.query), ("time", _seconds(f.time_ms)), *extra]
-        tenant = ctx.tenant if ctx is not None else ""
+        tenant = ctx.tenant if ctx is not None else tenant_scope()
         key = ("piece", path, tuple(form), tenant, f.route)
         recent = self._recent_call(key)
         if recent is not None:

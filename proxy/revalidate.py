@@ -14,6 +14,12 @@ another proxy (each proxy revalidates what it stored); a change that keeps both 
 the sum of every selector's samples (a value moved between two series of one selector).
 A digest that fails (backend down) leaves the entry alone until the next pass; a piece
 whose baseline digest fails is not cached at all.
+
+Tenancy (`tenancy.forward_headers`): a record remembers the forwarded headers of the
+request that stored the piece (in memory, never persisted) and the background pass takes
+its digests with them, so a tenant's piece is checked against that tenant's view; records
+of different tenants are kept apart. A change drops the entries of every tenant over that
+window (the invalidation is by metric and time), which costs hits, never correctness.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from dataclasses import dataclass
 import orjson
 from prometheus_client import Counter
 
+from . import tenancy
 from .backend import Backend
 from .errors import PromError
 from .metrics import METRICS
@@ -55,6 +62,9 @@ class Record:
     end_ms: int
     recorded_at: float
     backend: str = ""  # "" : the default backend
+    # The tenant the piece was fetched for (tenancy.forward_headers and their scope): its
+    # digests are taken with the same headers. Kept in process memory only.
+    tenant: tenancy.Tenant = tenancy.NO_TENANT
 
 
 def _seconds(ms: int) -> str:
@@ -98,7 +108,7 @@ class Revalidator:
         self.interval_s = interval_ms / 1000
         self.max_age_s = max_age_ms / 1000
         self.max_entries = max_entries
-        self._records: OrderedDict[tuple[str, int], Record] = OrderedDict()
+        self._records: OrderedDict[tuple[str, int, str], Record] = OrderedDict()
         self._sem = asyncio.Semaphore(DIGEST_PARALLEL)
         self._task: asyncio.Task[None] | None = None
         self._pending: set[asyncio.Task[bool]] = set()
@@ -112,6 +122,7 @@ class Revalidator:
     async def digest(self, query: str, time_ms: int, timeout_s: float = 30.0, backend: str = "") -> bytes | None:
         target = self.backends.get(backend, self.backend) if backend else self.backend
         try:
+            # With the current tenant's headers (run_pass sets each record's own).
             async with self._sem:
                 reply = await target.request(
                     "POST", "/api/v1/query", form=[("query", query), ("time", _seconds(time_ms))],
@@ -131,7 +142,8 @@ class Revalidator:
 
     def record(self, query: str, time_ms: int, baseline: bytes, metrics: tuple[str, ...],
                start_ms: int, end_ms: int, backend: str = "") -> None:
-        key = (query, time_ms)
+        who = tenancy.snapshot()  # record() runs in the storing request's context
+        key = (query, time_ms, who.scope)
         old = self._records.pop(key, None)
         if old is not None and old.baseline != baseline:
             # The same data digested twice with different answers: whatever was cached with
@@ -141,7 +153,8 @@ class Revalidator:
             task = asyncio.get_running_loop().create_task(self._drop(old))
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
-        self._records[key] = Record(query, time_ms, baseline, metrics, start_ms, end_ms, time.monotonic(), backend)
+        self._records[key] = Record(query, time_ms, baseline, metrics, start_ms, end_ms, time.monotonic(), backend,
+                                    who)
         while len(self._records) > self.max_entries:
             self._records.popitem(last=False)
 
@@ -180,7 +193,7 @@ class Revalidator:
         for key in [k for k, r in self._records.items() if now - r.recorded_at > self.max_age_s]:
             del self._records[key]
         records = list(self._records.values())
-        answers = await asyncio.gather(*(self.digest(r.query, r.time_ms, backend=r.backend) for r in records))
+        answers = await asyncio.gather(*(self._digest_as(r) for r in records))
         changed = 0
         for rec, answer in zip(records, answers):
             if answer is None:
@@ -194,11 +207,16 @@ class Revalidator:
             REVALIDATIONS.labels("changed").inc()
             self.stats["changed"] += 1
             changed += 1
-            if self._records.get((rec.query, rec.time_ms)) is rec and await self._drop(rec):
+            key = (rec.query, rec.time_ms, rec.tenant.scope)
+            if self._records.get(key) is rec and await self._drop(rec):
                 # Dropped: the next fetch of these pieces records a new baseline. Kept when
                 # the store could not be reached, so the next pass tries again.
-                del self._records[(rec.query, rec.time_ms)]
+                del self._records[key]
         return changed
+
+    async def _digest_as(self, rec: Record) -> bytes | None:
+        with tenancy.use(rec.tenant):  # gather runs this in a task of its own: no leak
+            return await self.digest(rec.query, rec.time_ms, backend=rec.backend)
 
     async def _drop(self, rec: Record) -> bool:
         try:

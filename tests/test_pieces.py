@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.arrowcodec import QueryResult
-from proxy.execute import Unit, cell_of, coalesce_units, tenant_scope
+from proxy.execute import Unit, cell_of, coalesce_units
 from proxy.footprint import digest_query, footprint
 from proxy.merge import concat
 from proxy.pieces import slice_time, split_time
@@ -178,15 +178,6 @@ def test_digest_query_shape() -> None:
     assert q is not None
     assert 'count_over_time(x{Hostname=~"a|b"}[' in q and "sum_over_time(y[" in q
     assert "offset" not in q
-
-
-def test_tenant_scope_hashes_headers() -> None:
-    assert tenant_scope({}) == ""
-    a = tenant_scope({"authorization": "Basic dXNlcjpwdw=="})
-    b = tenant_scope({"authorization": "Basic b3RoZXI6cHc="})
-    c = tenant_scope({"x-scope-orgid": "team-a"})
-    assert a and b and c and len({a, b, c}) == 3
-    assert "dXNlcjpwdw" not in a and a == tenant_scope({"authorization": "Basic dXNlcjpwdw=="})
 
 
 def test_empty_result_split() -> None:
