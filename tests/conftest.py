@@ -75,6 +75,8 @@ UNIT_COST: dict[str, float] = {
     "tests/test_planned_equivalence.py": 16, "tests/test_clients.py": 16, "tests/test_bad_requests.py": 14,
     "tests/test_gen.py": 12, "tests/test_overlap.py": 8, "tests/test_step_reuse.py": 8, "tests/test_demo.py": 8,
     "tests/test_cache_redis.py": 7, "tests/test_timesplit.py": 6, "tests/test_planner.py": 6,
+    "tests/test_secrets_logging.py": 20, "tests/test_server_limits.py": 12, "tests/test_security.py": 12,
+    "tests/test_tenancy.py": 8, "tests/test_backend_auth.py": 6, "tests/test_relay_paths.py": 5,
 }
 
 
