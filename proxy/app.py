@@ -1,6 +1,6 @@
-"""The HTTP surface: Prometheus's API, thin routes over the executor.
+"""The HTTP surface: Prometheus's API, thin routes over the query service.
 
-Routes only parse and validate (as Prometheus does) and hand a request to `Executor`;
+Routes only parse and validate (as Prometheus does) and hand a request to `QueryService`;
 they never talk to a backend themselves except to relay the metadata endpoints.
 """
 
@@ -27,7 +27,8 @@ from .backend import Backend, BackendReply
 from .binop import go_quote
 from .config import Config
 from .errors import PromError
-from .execute import Executor
+from .pipeline import QueryService
+from .responses import response_of
 from .forms import client_gone, first_values, read_pairs
 from .compress import FastGZipMiddleware
 from .memory import tune_malloc
@@ -125,7 +126,7 @@ def create_app(config: Config) -> FastAPI:
     tune_malloc()
     backends = [Backend(b) for b in config.backends]
     primary = backends[0]
-    executor = Executor(config, backends)
+    executor = QueryService(config, backends)
     max_body = config.limits.max_body_bytes
     tenancy = Tenancy(config.tenancy.forward_headers, config.tenancy.hash_key())
 
@@ -165,7 +166,7 @@ def create_app(config: Config) -> FastAPI:
     async def query(request: Request) -> Response:
         pairs = await read_pairs(request, max_body)
         p = parse_instant(first_values(pairs), now_ms=int(time.time() * 1000))
-        return await executor.instant(p, pairs, request.headers)
+        return response_of(await executor.instant(p, pairs, request.headers))
 
     @route("/api/v1/query_range")
     async def query_range(request: Request) -> Response:
@@ -178,7 +179,7 @@ def create_app(config: Config) -> FastAPI:
                 f"the query range of {format_duration_ms(p.end_ms - p.start_ms)} exceeds the limit of "
                 f"{format_duration_ms(limit)} (limits.max_query_range): narrow the time range",
             )
-        return await executor.range(p, pairs, request.headers)
+        return response_of(await executor.range(p, pairs, request.headers))
 
     @route("/api/v1/explain")
     async def explain(request: Request) -> Response:

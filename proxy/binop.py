@@ -70,16 +70,12 @@ import numpy.typing as npt
 
 from proxy.arrowcodec import QueryResult
 from proxy.errors import PromError
+from shardplanner.analysis import is_scalar_expr
 from shardplanner.ast import (
     ARITHMETIC_OPS,
     COMPARISON_OPS,
     SET_OPS,
     Binary,
-    Call,
-    Expr,
-    Number,
-    Paren,
-    Unary,
 )
 
 __all__ = ["BinopError", "evaluate_binary", "go_atan2", "go_pow", "go_quote", "is_scalar_expr"]
@@ -91,7 +87,6 @@ Key = tuple[tuple[str, str], ...]
 
 # shouldDropMetricName: atan2 is not in Prometheus's list, so `a atan2 b` keeps __name__.
 _DROP_NAME = frozenset({"+", "-", "*", "/", "%", "^"})
-_SCALAR_FUNCS = frozenset({"scalar", "time", "pi"})
 
 _DUP_LABELSET = "vector cannot contain metrics with the same labelset"
 _ONE_TO_ONE_DUP = "multiple matches for labels: many-to-one matching must be explicit (group_left/group_right)"
@@ -109,20 +104,6 @@ class BinopError(PromError):
 # --------------------------------------------------------------------------------------
 # Public entry point
 # --------------------------------------------------------------------------------------
-
-
-def is_scalar_expr(node: Expr) -> bool:
-    """Whether PromQL types `node` as a scalar (so its range answer is a per-step scalar)."""
-    match node:
-        case Number():
-            return True
-        case Paren() | Unary():
-            return is_scalar_expr(node.expr)
-        case Binary():
-            return is_scalar_expr(node.lhs) and is_scalar_expr(node.rhs)
-        case Call():
-            return node.func in _SCALAR_FUNCS
-    return False
 
 
 def evaluate_binary(node: Binary, lhs: QueryResult | float, rhs: QueryResult | float) -> QueryResult | float:

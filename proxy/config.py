@@ -217,7 +217,7 @@ _REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
 class CacheConfig(_Strict):
     """Results cache (issue 5). Durations in ms inside; see README's configuration reference.
 
-    Read by proxy/cache.py (store), proxy/execute.py (what is cached when) and proxy/app.py
+    Read by proxy/cache.py (store), proxy/pipeline/ (what is cached when) and proxy/app.py
     (admin endpoints)."""
 
     enabled: bool = True

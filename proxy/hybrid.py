@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from shardplanner.ast import Expr, MatrixSel, Selector, Subquery, children
+from shardplanner.ast import Expr
 from shardplanner.routing import DEFAULT_LOOKBACK_MS, BackendHolding, Route, route_piece
 
 from .errors import PromError
@@ -57,25 +57,6 @@ def route_id(route: Route, urls: Mapping[str, str]) -> str:
     if route.kind == "split_time":
         return "split:" + ",".join(f"{who(p.backends)}@{p.start_ms}-{p.end_ms}" for p in route.parts)
     raise ValueError("an unroutable route has no id")
-
-
-def edge_ms(expr: Expr | None, lookback_ms: int) -> int:
-    """The longest time span one evaluation reads back: a selector's lookback or range, plus
-    the ranges of the subqueries around it (`max_over_time(rate(x[5m])[30m:1m])` reads
-    35 m). Unknown (an unparsed query): the lookback plus one hour."""
-    if expr is None:
-        return lookback_ms + 3_600_000
-
-    def span(node: Expr) -> int:
-        if isinstance(node, Selector):
-            return lookback_ms
-        if isinstance(node, MatrixSel):
-            return node.range_ms
-        if isinstance(node, Subquery):
-            return node.range_ms + span(node.expr)
-        return max((span(c) for c in children(node)), default=0)
-
-    return max(span(expr), lookback_ms)
 
 
 def missing_warning(backend: str, why: str) -> str:

@@ -89,10 +89,45 @@ def merge(
             raise MergeConflict(f"passthrough with {len(pieces)} pieces")
         return pieces[0][1]
     if recipe.kind == "concat":
-        return concat([r for _, r in pieces])
+        merged = concat([r for _, r in pieces])
+        if recipe.op in ("topk", "bottomk") and merged.result_type == "vector":
+            return _in_topk_order(merged, recipe)
+        return merged
     if recipe.kind == "aggregate":
         return aggregate(pieces, recipe, time_ms=time_ms)
     raise MergeConflict(f"unknown merge kind {recipe.kind!r}")
+
+
+def _in_topk_order(result: QueryResult, recipe: MergeRecipe) -> QueryResult:
+    """An instant `topk/bottomk by (g) (k, ...)` whose groups were evaluated whole in their
+    shards, in Prometheus's order: group by group, each group's winners by value (topk
+    descending, bottomk ascending, NaN last: Prometheus reverses its heap), ties by label set.
+    Groups come in the order of their group labels (Prometheus: of their first input series,
+    which for a fleet's uniform series is the same)."""
+    n = result.n_series
+    if n < 2 or result.n_samples != n:
+        return result
+    by = tuple(sorted(set(recipe.grouping)))
+    drop = frozenset(recipe.grouping) | {"__name__"}
+    keys = result.canonical_keys()
+    values = result.value
+
+    def rank(i: int) -> tuple[object, ...]:
+        d = result.labels[i]
+        if recipe.without:
+            group = tuple(sorted(kv for kv in d.items() if kv[0] not in drop))
+        else:
+            group = tuple((k, d[k]) for k in by if k in d)
+        v = float(values[i])
+        nan = math.isnan(v)
+        return (group, nan, 0.0 if nan else (-v if recipe.op == "topk" else v), keys[i])
+
+    order = sorted(range(n), key=rank)
+    if order == list(range(n)):
+        return result
+    idx = np.asarray(order, dtype=np.int64)
+    return QueryResult("vector", [result.labels[i] for i in order], result.offsets.copy(), result.t_ms[idx],
+                       result.value[idx], result.warnings, result.infos)
 
 
 def _notes(results: Sequence[QueryResult]) -> tuple[list[str], list[str]]:

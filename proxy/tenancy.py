@@ -11,7 +11,7 @@ refresh) -- carries them without the executor passing them around. `proxy/backen
 `scope()` is the cache and coalescing scope of the current request: "" when no forwarded
 header is present (always, when none is configured), else a keyed BLAKE2b hash of the
 forwarded names and values (microseconds; cached). Cache keys, the single-flight keys and
-the recent-call keys in proxy/execute.py include it, so two tenants never share an entry or
+the recent-call keys in proxy/pipeline/ include it, so two tenants never share an entry or
 a backend call; the raw values are never stored.
 """
 

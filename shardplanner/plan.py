@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from shardplanner.ast import Expr
+
 MergeKind = Literal["passthrough", "concat", "aggregate"]
 AggOp = Literal["sum", "min", "max", "count", "group", "avg", "topk", "bottomk"]
 
@@ -140,3 +142,6 @@ class Plan:
     # planner cannot estimate it (a metric without a shard label, no known label values).
     estimated_samples: int | None = None
     estimated_series: int | None = None
+    # The query's tree with `@ start()`/`@ end()` pinned to absolute times; None when the
+    # planner could not parse it. One parse per request: routing and analysis read this.
+    expr: Expr | None = field(default=None, compare=False)

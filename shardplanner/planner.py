@@ -117,14 +117,14 @@ def plan(
 
     if req.is_range and isinstance(unparen(pinned), MatrixSel | Subquery | String):
         # Prometheus rejects these as range queries: one backend call gives its own error.
-        return _single(req, req.query, notes=("not a range-query expression",))
+        return _single(req, req.query, notes=("not a range-query expression",), expr=pinned)
 
     shard = _shard_decision(pinned, settings, notes)
     window = _instant_window(req, pinned, settings, notes) if not req.is_range else None
     times = _time_pieces(req, pinned, settings, notes)
 
     roles: tuple[str | None, ...] = (None,)
-    if shard is not None and shard.agg is not None and shard.agg.op == "avg":
+    if shard is not None and shard.mode == "aggregate" and shard.agg is not None and shard.agg.op == "avg":
         roles = _ROLE_ORDER
     n_time = len(times) if window is None else len(window.windows)
     steps = _steps(req.start_ms, req.end_ms, req.step_ms) if req.is_range else 1
@@ -192,18 +192,19 @@ def plan(
         notes=tuple(notes),
         estimated_samples=None if estimate is None else estimate[0],
         estimated_series=None if estimate is None else estimate[1],
+        expr=pinned,
     )
 
 
 # --- stage helpers -------------------------------------------------------------------------
 
 
-def _single(req: QueryRequest, query: str, notes: tuple[str, ...] = ()) -> Plan:
+def _single(req: QueryRequest, query: str, notes: tuple[str, ...] = (), expr: Expr | None = None) -> Plan:
     if req.is_range:
         piece = Piece(query, start_ms=req.start_ms, end_ms=req.end_ms, step_ms=req.step_ms)
     else:
         piece = Piece(query, time_ms=req.time_ms)
-    return Plan(request=req, pieces=(piece,), merge=MergeRecipe("passthrough"), notes=notes)
+    return Plan(request=req, pieces=(piece,), merge=MergeRecipe("passthrough"), notes=notes, expr=expr)
 
 
 def _whole_query_bounds(req: QueryRequest) -> tuple[int, int]:
@@ -231,7 +232,7 @@ def _pin(expr: Expr, start_ms: int, end_ms: int) -> Expr:
 class _Shard:
     label: str
     mode: str  # "concat" | "aggregate"
-    agg: Agg | None = None  # the top aggregation, for mode "aggregate"
+    agg: Agg | None = None  # the top aggregation ("aggregate"; "concat": a topk/bottomk by the label)
 
 
 def _shard_decision(expr: Expr, settings: PlannerSettings, notes: list[str]) -> _Shard | None:
@@ -244,7 +245,10 @@ def _shard_decision(expr: Expr, settings: PlannerSettings, notes: list[str]) -> 
         return None
     top = unparen(expr)
     if rules.is_shard_local(top, label):
-        return _Shard(label, "concat")
+        # topk/bottomk by the shard label: whole groups per shard, concatenated; the merge
+        # keeps Prometheus's order of an instant answer (per group, by value).
+        ordered = top if isinstance(top, Agg) and top.op in ("topk", "bottomk") else None
+        return _Shard(label, "concat", ordered)
     if (
         isinstance(top, Agg)
         and top.op in rules.MERGEABLE_AGGREGATIONS
@@ -636,6 +640,9 @@ def _merge_recipe(shard: _Shard | None, window: _Window | None, n_pieces: int) -
     if n_pieces == 1:
         return MergeRecipe("passthrough")
     if shard is None or shard.mode == "concat":
+        if shard is not None and shard.agg is not None:  # topk/bottomk by the shard label
+            agg = shard.agg
+            return MergeRecipe("concat", op=cast(AggOp, agg.op), grouping=agg.grouping or (), without=agg.without)
         return MergeRecipe("concat")
     agg = shard.agg
     assert agg is not None

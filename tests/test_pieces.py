@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.arrowcodec import QueryResult
-from proxy.execute import Unit, cell_of, coalesce_units
-from proxy.footprint import digest_query, footprint
+from proxy.pipeline.units import Unit, cell_of, coalesce_units
+from shardplanner.footprint import digest_query, footprint
 from proxy.merge import concat
 from proxy.pieces import slice_time, split_time
 from shardplanner.timesplit import split_range

@@ -17,7 +17,7 @@ from proxy import compress
 from proxy.arrowcodec import QueryResult
 from proxy.compress import FastGZipMiddleware
 from proxy.config import CacheConfig
-from proxy.execute import _decode_payloads
+from proxy.pipeline.cache_read import decode_payloads as _decode_payloads
 
 BIG = b'{"status":"success","data":[' + b'[1793404800,"245.125"],' * 40_000 + b"[0,\"1\"]]}"
 
@@ -120,7 +120,7 @@ def test_cache_compression_setting() -> None:
 
 
 def test_puts_are_grouped_by_samples() -> None:
-    from proxy.execute import _groups_by_samples
+    from proxy.pipeline.cache_write import groups_by_samples as _groups_by_samples
 
     def e(n: int) -> tuple[None, QueryResult, None]:
         return (None, _result(n_series=1, points=n), None)

@@ -22,7 +22,6 @@ or a query the planner cannot parse has no known footprint: such pieces are not 
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, replace
 
 from shardplanner.ast import Expr, MatrixSel, Selector, Subquery, children
@@ -48,10 +47,9 @@ class _Unknown(Exception):
     pass
 
 
-@functools.lru_cache(maxsize=4096)
 def _parsed(query: str) -> Expr | None:
     try:
-        return parse(query)
+        return parse(query)  # cached by text
     except CannotParse:
         return None
 

@@ -1,0 +1,97 @@
+"""One backend call for a piece, decoded: the Prometheus and AMP protocol quirks in one place.
+
+AMP bills by samples processed: its calls carry `stats=all`, and the count is kept per
+backend in /metrics and per answer (X-Promaccel-Samples-Processed). AMP refuses instant
+queries that read 32 days or more: they are asked as a one-step range query. Every call is
+charged to the query's budget (limits.max_backend_calls).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from shardplanner.analysis import is_scalar_expr
+from shardplanner.promql import CannotParse, parse
+
+from ..arrowcodec import CodecError, QueryResult, Undecodable, decode_prometheus_json
+from ..backend import Backend, BackendReply
+from ..errors import PromError
+from ..forms import Pairs
+from ..metrics import METRICS
+from .budget import BUDGET, SAMPLES_TALLY
+from .values import PieceFailed
+
+_SAMPLES = re.compile(rb'"totalQueryableSamples":\s*(\d+)')
+_RANGE_ONLY = b"only supported for range type queries"
+
+
+def seconds(ms: int) -> str:
+    """Milliseconds as the seconds Prometheus's API takes ("1700000000.5", exact)."""
+    sign = "-" if ms < 0 else ""
+    ms = abs(ms)
+    whole, frac = divmod(ms, 1000)
+    return f"{sign}{whole}.{frac:03d}" if frac else f"{sign}{whole}"
+
+
+class Asker:
+    """`await ask(backend, path, form, timeout_s)` -> the decoded answer; a backend's error
+    answer raises PieceFailed (relayed as it is)."""
+
+    async def __call__(self, backend: Backend, path: str, form: Pairs, timeout_s: float) -> QueryResult:
+        amp = backend.cfg.kind == "amp" and not any(k == "stats" for k, _ in form)
+        if amp:
+            form = [*form, ("stats", "all")]
+        budget = BUDGET.get()
+        if budget is not None:
+            budget.charge()  # every call counts, retries of a route's parts included
+        reply = await backend.request("POST", path, form=form, timeout_s=timeout_s, limited=True, endpoint=path)
+        if needs_range_form(backend, path, reply):
+            return await self.range_form(backend, form, timeout_s)
+        if not reply.ok:
+            raise PieceFailed(reply)
+        if amp:
+            m = _SAMPLES.search(reply.body, max(0, len(reply.body) - 4096))
+            if m is not None:
+                n = int(m.group(1))
+                METRICS.samples_processed.labels(backend.name).inc(n)
+                tally = SAMPLES_TALLY.get()
+                if tally is not None:
+                    tally[0] += n
+        try:
+            return decode_prometheus_json(reply.body)
+        except Undecodable:
+            raise
+        except CodecError as exc:
+            raise PromError("internal", f"could not decode a backend answer: {exc}") from exc
+
+    async def range_form(self, backend: Backend, form: Pairs, timeout_s: float) -> QueryResult:
+        """AMP refuses instant queries that read 32 days or more ("only supported for range
+        type queries"): ask the same query as a range query over the single step `time`,
+        whose answer at that step is the instant query's."""
+        t = next(v for k, v in form if k == "time")
+        query = next(v for k, v in form if k == "query")
+        ranged = [(k, v) for k, v in form if k != "time"] + [("start", t), ("end", t), ("step", "60")]
+        METRICS.planned.labels("amp_range_form", "").inc()
+        result = await self(backend, "/api/v1/query_range", ranged, timeout_s)
+        return instant_of(result, query, int(round(float(t) * 1000)))
+
+
+def needs_range_form(backend: Backend, path: str, reply: BackendReply) -> bool:
+    return (backend.cfg.kind == "amp" and path.endswith("/api/v1/query") and reply.status == 422
+            and _RANGE_ONLY in reply.body)
+
+
+def instant_of(result: QueryResult, query: str, t_ms: int) -> QueryResult:
+    """A one-step range answer as the instant answer at `t_ms` (scalar-typed queries give a
+    scalar)."""
+    try:
+        scalar = is_scalar_expr(parse(query))
+    except CannotParse:
+        scalar = False
+    if scalar:
+        v = float(result.value[0]) if len(result.value) else float("nan")
+        return QueryResult.scalar(t_ms, v, warnings=list(result.warnings), infos=list(result.infos))
+    return QueryResult("vector", result.labels, result.offsets, np.full(len(result.t_ms), t_ms, dtype=np.int64),
+                       result.value, result.warnings, result.infos)

@@ -1,0 +1,179 @@
+"""Reading cached pieces: one batched lookup per query (landing zone first, then the store),
+decoded once for lookups that joined one read, off the event loop when large; zooming out
+from a finer step's cells."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from ..arrowcodec import QueryResult
+from ..cache import CacheKey, PieceStore
+from ..config import Config
+from ..errors import PromError
+from ..hybrid import Router
+from ..metrics import METRICS
+from ..pieces import slice_time, subsample
+from .landing import Landing
+from .slots import SlotMaker
+from .units import Slot, cell_of
+from .values import CacheCtx
+
+log = logging.getLogger("promaccel.cache")
+
+# Cached payloads of one lookup above this many bytes are decoded in a worker thread.
+DECODE_IN_THREAD_BYTES = 256 * 1024
+
+
+class CacheReader:
+    def __init__(self, config: Config, store: Callable[[], PieceStore], landing: Landing, slots: SlotMaker) -> None:
+        self.config = config
+        self.store = store
+        self.landing = landing
+        self.slots = slots
+        # Payloads shared by joined lookups, decoded once: digest -> (payload, answer).
+        self._decoded: dict[str, tuple[bytes, QueryResult]] = {}
+
+    async def lookup(self, slots: Sequence[Slot]) -> None:
+        """Fill the slots that the landing zone or the store can answer (one get_many)."""
+        wanted: dict[str, CacheKey] = {}
+        for s in slots:
+            if s.keys:
+                s.status = "miss"
+                for k in s.keys:
+                    wanted.setdefault(k.digest, k)
+        if not wanted:
+            return
+        found: dict[str, QueryResult] = {}
+        for digest in wanted:
+            landed = self.landing.landed(digest)
+            if landed is not None:
+                found[digest] = landed
+        rest = [k for d, k in wanted.items() if d not in found]
+        if rest:
+            payloads = await self.store().get_many(rest)
+            # Lookups that joined one read (50 users on one dashboard) get the very same
+            # payload object: decode it once. Keyed by digest, checked by identity, kept a
+            # moment (the joined lookups resume together).
+            decoded = self._decoded
+            loop = asyncio.get_running_loop()
+            todo: list[tuple[CacheKey, bytes]] = []
+            for k, payload in zip(rest, payloads):
+                if payload is None:
+                    continue
+                memo = decoded.get(k.digest)
+                if memo is not None and memo[0] is payload:
+                    found[k.digest] = memo[1]
+                else:
+                    todo.append((k, payload))
+            # A warm 24 h panel reads megabytes: decode off the event loop (Arrow's
+            # decompression releases the GIL), so other requests go on meanwhile.
+            if sum(len(p) for _, p in todo) > DECODE_IN_THREAD_BYTES:
+                outcomes = await asyncio.to_thread(decode_payloads, [p for _, p in todo])
+            else:
+                outcomes = decode_payloads([p for _, p in todo])
+            for (k, payload), r in zip(todo, outcomes):
+                if isinstance(r, Exception):  # an undecodable entry is a miss
+                    METRICS.cache_errors.labels("decode").inc()
+                    log.warning("cached piece %s does not decode (%s): treated as a miss", k.digest[:16], r)
+                    continue
+                found[k.digest] = r
+                entry = decoded[k.digest] = (payload, r)
+                loop.call_later(0.5, lambda d=k.digest, e=entry: decoded.get(d) is e and decoded.pop(d))
+        for s in slots:
+            for k in s.keys:
+                r = found.get(k.digest)
+                if r is None:
+                    continue
+                p = s.piece
+                if p.is_range:
+                    if r.result_type != "matrix":
+                        continue
+                    assert p.start_ms is not None and p.end_ms is not None
+                    if (k.start_ms, k.end_ms) != (p.start_ms, p.end_ms):
+                        r = slice_time(r, p.start_ms, p.end_ms)
+                s.result, s.status = r, "hit"
+                break
+
+    async def lookup_finer(self, slots: Sequence[Slot], ctx: CacheCtx, router: Router | None) -> None:
+        """Zooming out: a missing range piece at step S is answered by the cached cell of the
+        same query at a finer step s (s divides S; `cache.reuse_finer_steps`), subsampled.
+        Exact: a range query's value at t does not depend on its step (the planner pins
+        `@ start()`/`end()` into the query text, which is part of the key), and the finer
+        grid `start mod s` holds every point `start + k*S`. One extra batched lookup, only
+        for pieces that missed."""
+        interval = self.slots.split_interval_ms
+        if not interval:
+            return
+        wanted: dict[str, CacheKey] = {}
+        candidates: list[tuple[Slot, list[CacheKey]]] = []
+        for s in slots:
+            p = s.piece
+            if s.result is not None or not s.keys or not p.is_range:
+                continue
+            assert p.start_ms is not None and p.end_ms is not None and p.step_ms is not None
+            keys: list[CacheKey] = []
+            for fine in self.config.cache.reuse_finer_steps:
+                if fine >= p.step_ms or p.step_ms % fine:
+                    continue
+                c0, c1 = cell_of(p.start_ms, fine, interval)
+                if p.start_ms < c0 or p.end_ms > c1:
+                    continue
+                try:
+                    u = self.slots.unit(replace(p, step_ms=fine), c0, c1, ctx, router)
+                except PromError:
+                    continue
+                if u.key is not None and u.storable:
+                    keys.append(u.key)
+                    wanted.setdefault(u.key.digest, u.key)
+            if keys:
+                candidates.append((s, keys))
+        if not wanted:
+            return
+        found: dict[str, QueryResult] = {}
+        rest = []
+        for digest, k in wanted.items():
+            landed = self.landing.landed(digest)
+            if landed is not None:
+                found[digest] = landed
+            else:
+                rest.append(k)
+        if rest:
+            got = [(k, p) for k, p in zip(rest, await self.store().get_many(rest)) if p is not None]
+            for (k, _), r in zip(got, decode_payloads([p for _, p in got])):
+                if isinstance(r, Exception):  # an undecodable entry is a miss
+                    METRICS.cache_errors.labels("decode").inc()
+                else:
+                    found[k.digest] = r
+        for s, keys in candidates:
+            for k in keys:
+                r = found.get(k.digest)
+                if r is None or r.result_type != "matrix":
+                    continue
+                p = s.piece
+                assert p.start_ms is not None and p.end_ms is not None and p.step_ms is not None
+                s.result, s.status = subsample(r, p.start_ms, p.end_ms, p.step_ms), "hit"
+                METRICS.cache_finer_step.inc()
+                break
+
+    def count(self, slots: Sequence[Slot]) -> str:
+        """X-Cache value for an answer; counts the query in promaccel_cache_lookups_total."""
+        keyed = sum(1 for s in slots if s.keys)
+        hits = sum(1 for s in slots if s.status == "hit")
+        status = "HIT" if slots and hits == len(slots) else "PARTIAL" if hits else "MISS"
+        if keyed:
+            METRICS.cache.labels(status.lower()).inc()
+        return status
+
+
+def decode_payloads(payloads: Sequence[bytes]) -> list[QueryResult | Exception]:
+    """Cached pieces back to results; a payload that does not decode gives its exception."""
+    out: list[QueryResult | Exception] = []
+    for payload in payloads:
+        try:
+            out.append(QueryResult.from_ipc_bytes(payload))
+        except Exception as exc:  # noqa: BLE001 -- reported by the caller as a miss
+            out.append(exc)
+    return out

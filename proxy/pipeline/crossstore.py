@@ -1,0 +1,204 @@
+"""Cross-store evaluation: a query no single backend can answer (a join of metrics that live in
+different stores). The largest subtrees one backend can answer run as queries of their own
+(planned, cached, sharded like any query), and promaccel evaluates the binary operators and
+aggregations above them on the decoded answers. Anything else above them is a 422 naming the
+metrics, the backends and the operator -- never a guess."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from shardplanner.analysis import ABSENT_LIKE, absent_like, pinned_at
+from shardplanner.ast import Agg, Binary, Call, Number, Paren, Selector, transform
+from shardplanner.plan import QueryRequest
+from shardplanner.serialize import to_promql
+
+from ..arrowcodec import QueryResult
+from ..backend import Backend
+from ..binop import BinopError, evaluate_binary
+from ..errors import PromError
+from ..merge import concat, merge
+from ..metrics import METRICS
+from .planning import Planner
+from .routing import merges, router_for
+from .stage import Stage
+from .values import Answer, PieceFailed, Query
+
+_LOCAL_AGGS = frozenset({"sum", "min", "max", "count", "group", "avg", "topk", "bottomk"})
+_ABSENT_LIKE = ABSENT_LIKE
+
+
+class CrossStore:
+    """Stage: evaluate the operators above per-store subqueries."""
+
+    def __init__(self, planner: Planner, backends: Sequence[Backend], run: Stage[Query, Answer]) -> None:
+        self.planner = planner
+        self.backends = backends
+        self.run = run  # the planned path (merge and below) for each subquery
+
+    async def __call__(self, q: Query) -> Answer:
+        assert q.whole is not None and q.plan is not None
+        whole = q.whole
+        expr = q.plan.expr
+        if q.unmergeable or expr is None:
+            raise PromError("execution", whole.reason)
+        counter = [0]
+        try:
+            async with asyncio.timeout(q.timeout_s):
+                result = await self._evaluate(expr, q.req, q, counter)
+        except TimeoutError:
+            raise PromError("timeout", f"query timed out after {q.timeout_s:g}s") from None
+        except PieceFailed as failed:
+            return Answer(reply=failed.reply, headers={"X-Promaccel-Pieces": str(counter[0])})
+        if not isinstance(result, QueryResult):
+            raise PromError("execution", whole.reason)
+        METRICS.planned.labels("cross_store", "").inc()
+        return Answer(result=result, headers={"X-Promaccel-Pieces": str(counter[0]), "X-Cache": "MISS"},
+                      arrow=q.want_arrow)
+
+    async def _evaluate(self, node: Any, req: QueryRequest, q: Query, counter: list[int]) -> QueryResult | float:
+        router = q.router
+        assert router is not None and q.whole is not None
+        while isinstance(node, Paren):
+            node = node.expr
+        if isinstance(node, Number):
+            return node.value
+        if req.is_range:
+            assert req.start_ms is not None and req.end_ms is not None and req.step_ms is not None
+            r = router.range_route(req.start_ms, req.end_ms, req.step_ms, node)
+        else:
+            assert req.time_ms is not None
+            r = router.instant_route(req.time_ms, node)
+        pinned = pinned_at(node) if merges(r) else None
+        if pinned is not None:
+            # `sum(x @ T)` is the same at every step: `sum(x)` at T. Asked that way, the
+            # overlap merge sees the backends' gaps around T (with `@` every step of its
+            # probe would read the same instant).
+            free = transform(node, lambda n: replace(n, at=None) if isinstance(n, Selector) else n)
+            at_t = QueryRequest(query=to_promql(free), time_ms=pinned, lookback_ms=req.lookback_ms)
+            value = await self._evaluate(free, at_t, q, counter)
+            if isinstance(value, QueryResult):
+                return _restamp(value, req)
+        if r.kind != "unroutable" and not (merges(r) and absent_like(node)):
+            # A scalar-typed side (scalar(x), time()) comes back as a one-series matrix for a
+            # range query; evaluate_binary knows it is a scalar from the expression.
+            sub = replace(req, query=to_promql(node))
+            plan = await self.planner.plan(sub)
+            counter[0] += len(plan.pieces)
+            answer = await self.run(replace(q, req=sub, plan=plan, router=router_for(self.backends, sub, plan),
+                                            whole=None))
+            assert answer.result is not None
+            return answer.result
+        if isinstance(node, Binary):
+            lhs, rhs = await asyncio.gather(
+                self._evaluate(node.lhs, req, q, counter),
+                self._evaluate(node.rhs, req, q, counter),
+            )
+            try:
+                return evaluate_binary(node, lhs, rhs)
+            except BinopError as exc:
+                raise PromError("execution", exc.message) from None
+        if isinstance(node, Call) and node.func in _ABSENT_LIKE and len(node.args) == 1:
+            # absent()/scalar() over backends that are merged: the merge cannot see that an
+            # "absent" from a backend in an outage is wrong, so the argument is merged first
+            # and the function applied here, on the merged series.
+            arg = node.args[0]
+            inner_expr = Call("count_over_time", (arg,)) if node.func == "absent_over_time" else arg
+            inner = await self._evaluate(inner_expr, req, q, counter)
+            if isinstance(inner, QueryResult):
+                return _absent_or_scalar(node, inner, req)
+        if isinstance(node, Agg) and node.op in _LOCAL_AGGS and (node.param is None or isinstance(node.param, Number)):
+            inner = await self._evaluate(node.expr, req, q, counter)
+            if isinstance(inner, QueryResult):
+                return _aggregate_locally(node, inner, req.time_ms)
+        raise PromError("execution", q.whole.reason)
+
+
+def _restamp(value: QueryResult, req: QueryRequest) -> QueryResult:
+    """An instant answer (evaluated at a pinned time) as the answer at every step of `req`."""
+    grid = _grid(req)
+    n = value.n_series
+    if value.result_type == "scalar":
+        v = float(value.value[0]) if len(value.value) else float("nan")
+        if not req.is_range:
+            return QueryResult.scalar(int(grid[0]), v)
+        return QueryResult("matrix", [{}], np.array([0, len(grid)], dtype=np.int64), grid, np.full(len(grid), v))
+    values = value.value[value.offsets[:-1]] if n else np.zeros(0)
+    rtype = "matrix" if req.is_range else "vector"
+    offsets = np.arange(n + 1, dtype=np.int64) * len(grid)
+    out = QueryResult(rtype, list(value.labels), offsets, np.tile(grid, n), np.repeat(values, len(grid)),
+                      list(value.warnings), list(value.infos))
+    if rtype == "matrix" and n > 1:
+        out = concat([out])  # Prometheus sorts range answers by labels
+    return out
+
+
+def _grid(req: QueryRequest) -> npt.NDArray[np.int64]:
+    if req.is_range:
+        assert req.start_ms is not None and req.end_ms is not None and req.step_ms is not None
+        return np.arange(req.start_ms, req.end_ms + 1, req.step_ms, dtype=np.int64)
+    assert req.time_ms is not None
+    return np.array([req.time_ms], dtype=np.int64)
+
+
+def _absent_or_scalar(node: Any, inner: QueryResult, req: QueryRequest) -> QueryResult:
+    """absent(v) / absent_over_time(m) (with `inner` = count_over_time(m)) / scalar(v) of a
+    merged answer, as Prometheus computes them."""
+    from shardplanner.ast import MatrixSel, Selector
+
+    grid = _grid(req)
+    if node.func == "scalar":
+        counts = np.zeros(len(grid), dtype=np.int64)
+        values = np.full(len(grid), np.nan)
+        pos = np.searchsorted(grid, inner.t_ms)
+        np.add.at(counts, pos, 1)
+        values[pos] = inner.value  # kept only where exactly one series has a sample
+        values[counts != 1] = np.nan
+        if not req.is_range:
+            return QueryResult.scalar(int(grid[0]), float(values[0]))
+        return QueryResult("matrix", [{}], np.array([0, len(grid)], dtype=np.int64), grid, values)
+    # absent: 1 at the steps where the argument has no series; labels from its selector's
+    # equality matchers (a label given twice is left out), as Prometheus does.
+    sel = node.args[0]
+    if isinstance(sel, MatrixSel):
+        sel = sel.selector
+    labels: dict[str, str] = {}
+    if isinstance(sel, Selector) and not sel.or_matchers:
+        seen: dict[str, int] = {}
+        for m in sel.matchers:
+            seen[m.name] = seen.get(m.name, 0) + 1
+        for m in sel.matchers:
+            if m.op == "=" and m.name != "__name__" and seen[m.name] == 1 and m.value:
+                labels[m.name] = m.value
+    t = grid[~np.isin(grid, inner.t_ms)]
+    rtype = "matrix" if req.is_range else "vector"
+    if len(t) == 0:
+        return QueryResult.empty(rtype)
+    return QueryResult(rtype, [labels], np.array([0, len(t)], dtype=np.int64), t, np.ones(len(t)))
+
+
+def _aggregate_locally(node: Any, inner: QueryResult, time_ms: int | None) -> QueryResult:
+    """`op by/without (...) (inner)` on a decoded answer, with the re-aggregation kernels of
+    the merge: each series is its own partial (count: ones summed; avg: sum / count)."""
+    from shardplanner.plan import MergeRecipe
+
+    if node.without:
+        # `without` drops the metric name too (the kernels group by the remaining labels).
+        labels = [{k: v for k, v in d.items() if k != "__name__"} for d in inner.labels]
+        inner = QueryResult(inner.result_type, labels, inner.offsets, inner.t_ms, inner.value,
+                            inner.warnings, inner.infos)
+    ones = QueryResult(inner.result_type, inner.labels, inner.offsets, inner.t_ms,
+                       np.ones_like(inner.value), inner.warnings, inner.infos)
+    param = float(node.param.value) if node.param is not None else None
+    recipe = MergeRecipe("aggregate", op=node.op, grouping=node.grouping or (), without=node.without, param=param)
+    if node.op == "count":
+        return merge([(None, ones)], replace(recipe, op="sum"), time_ms=time_ms)
+    if node.op == "avg":
+        return merge([("sum", inner), ("count", ones)], recipe, time_ms=time_ms)
+    return merge([(None, inner)], recipe, time_ms=time_ms)

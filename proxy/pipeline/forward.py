@@ -1,0 +1,102 @@
+"""A query the planner left whole: its cached answer, or the backend's bytes relayed untouched."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from ..arrowcodec import encode_prometheus_json
+from ..backend import Backend, BackendReply
+from ..cache import wall_ms
+from ..metrics import METRICS
+from ..singleflight import SingleFlight
+from ..tenancy import scope as tenant_scope
+from .ask import Asker, needs_range_form
+from .budget import BUDGET
+from .cache_read import CacheReader
+from .cache_write import CacheWriter
+from .landing import Landing
+from .slots import SlotMaker
+from .stage import Stage
+from .units import Unit
+from .values import Answer, PieceFailed, Query
+
+fetch_log = logging.getLogger("promaccel.fetch")
+JSON = "application/json"
+
+
+def forwards_whole(q: Query) -> bool:
+    """Nothing was rewritten (one piece, the client's query and times): the client's bytes go
+    out unchanged and the backend's come back unchanged."""
+    plan = q.plan
+    assert plan is not None
+    if q.want_arrow or (q.whole is not None and q.whole.kind != "single"):
+        return False
+    if q.unmergeable:
+        return True
+    if len(plan.pieces) != 1 or plan.merge.kind != "passthrough":
+        return False
+    piece = plan.pieces[0]
+    return piece.query == plan.request.query and piece.start_ms == plan.request.start_ms \
+        and piece.end_ms == plan.request.end_ms and piece.time_ms == plan.request.time_ms
+
+
+class Forward:
+    """Stage: a query left whole goes to its backend as the client sent it."""
+
+    def __init__(self, backends: Mapping[str, Backend], primary: Backend, slots: SlotMaker, reader: CacheReader,
+                 writer: CacheWriter, landing: Landing, flight: SingleFlight[tuple[Any, ...], Any], ask: Asker,
+                 next: Stage[Query, Answer]) -> None:
+        self.by_name = backends
+        self.primary = primary
+        self.slots = slots
+        self.reader = reader
+        self.writer = writer
+        self.landing = landing
+        self.flight = flight
+        self.ask = ask
+        self.next = next
+
+    async def __call__(self, q: Query) -> Answer:
+        if not forwards_whole(q):
+            return await self.next(q)
+        assert q.plan is not None
+        backend = self.by_name[q.whole.backend] if q.whole is not None else self.primary
+        ctx = q.cache
+        slots = self.slots.slots(q.plan, ctx, q.router) if ctx is not None and not q.unmergeable else []
+        if slots and slots[0].keys:
+            await self.reader.lookup(slots)
+            if slots[0].result is not None:
+                status = self.reader.count(slots)
+                return Answer(result=slots[0].result, headers={"X-Promaccel-Pieces": "1", "X-Cache": status})
+        unit = slots[0].unit if slots and slots[0].unit.storable else None
+        tenant = ctx.tenant if ctx is not None else tenant_scope()
+        key = ("whole", q.path, tuple(q.pairs), tenant, backend.name)
+        reply: BackendReply | None = self.landing.recent_call(key) if unit is not None else None
+        if reply is not None:
+            METRICS.coalesced.labels("recent").inc()
+        else:
+            reply = await self.flight.do(key, lambda: self._forward(key, q, unit, backend))
+        status = self.reader.count(slots)
+        return Answer(reply=reply, headers={"X-Promaccel-Pieces": "1", "X-Cache": status})
+
+    async def _forward(self, key: tuple[Any, ...], q: Query, unit: Unit | None, backend: Backend) -> BackendReply:
+        baselines = await self.writer.baselines([unit], q.timeout_s) if unit is not None else {}
+        fetched_at = wall_ms()
+        fetch_log.debug("fetch %s whole from %s", q.path, backend.name)
+        budget = BUDGET.get()
+        if budget is not None:
+            budget.charge()
+        reply = await backend.request("POST", q.path, form=q.pairs, timeout_s=q.timeout_s, limited=True,
+                                      endpoint=q.path)
+        if needs_range_form(backend, q.path, reply) and any(k == "time" for k, _ in q.pairs):
+            try:
+                result = await self.ask.range_form(backend, q.pairs, q.timeout_s)
+            except PieceFailed as failed:
+                return failed.reply
+            reply = BackendReply(200, encode_prometheus_json(result), JSON)
+        if unit is not None and reply.ok:
+            self.landing.remember_call(key, reply, fetched_at)
+            self.writer.spawn(self.writer.keep_whole(reply.body, unit, fetched_at, baselines))
+        return reply

@@ -1,0 +1,88 @@
+"""Request coalescing state: what this process has fetched or is fetching right now.
+
+Three layers, so N clients refreshing one dashboard cost one client's backend calls:
+- the landing zone: units fetched whose put to the store has not landed yet (plus a short
+  grace), served from memory meanwhile;
+- in flight: units some request is fetching right now; others await that call;
+- recent calls: a finished call over old data answers an identical call for a few seconds,
+  closing the gap between a request's lookup and its own call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from ..arrowcodec import QueryResult
+from ..cache import wall_ms
+
+# How long fetched units stay in the landing zone after their put finished.
+LANDING_GRACE_S = 2.0
+# How long a finished backend call over old data answers identical calls.
+RECENT_CALL_S = 5.0
+RECENT_CALLS_MAX = 64
+RECENT_CALL_MAX_BYTES = 4 << 20
+
+
+class Landing:
+    def __init__(self) -> None:
+        # digest -> (answer, fetched_at_ms), until the put landed (plus the grace).
+        self.landing: dict[str, tuple[QueryResult, int]] = {}
+        # digest -> the answer of the call fetching it right now.
+        self.inflight: dict[str, asyncio.Future[QueryResult]] = {}
+        # flight key -> (answer, fetched_at_ms, expiry)
+        self._recent: dict[tuple[Any, ...], tuple[Any, int, float]] = {}
+        # Anything fetched before this must not be served or stored any more.
+        self.invalidated_at_ms = 0
+
+    def landed(self, digest: str | None) -> QueryResult | None:
+        """A unit fetched by this process whose put has not landed yet (or just did)."""
+        entry = self.landing.get(digest) if digest is not None else None
+        if entry is None or entry[1] < self.invalidated_at_ms:
+            return None
+        return entry[0]
+
+    def land(self, digest: str, result: QueryResult, fetched_at_ms: int) -> None:
+        self.landing[digest] = (result, fetched_at_ms)
+
+    def unland_later(self, landed: list[tuple[str, QueryResult]]) -> None:
+        asyncio.get_running_loop().call_later(LANDING_GRACE_S, self._unland, landed)
+
+    def _unland(self, landed: list[tuple[str, QueryResult]]) -> None:
+        for digest, r in landed:
+            entry = self.landing.get(digest)
+            if entry is not None and entry[0] is r:
+                del self.landing[digest]
+
+    def recent_call(self, key: tuple[Any, ...]) -> Any:
+        entry = self._recent.get(key)
+        if entry is None:
+            return None
+        if entry[2] < time.monotonic() or entry[1] < self.invalidated_at_ms:
+            del self._recent[key]
+            return None
+        return entry[0]
+
+    def remember_call(self, key: tuple[Any, ...], answer: Any, fetched_at_ms: int) -> None:
+        # Big answers are not kept: holding a 50 MB answer for seconds after its query is
+        # done costs more memory (20 heavy queries at once) than the duplicate call it
+        # might save; dashboard panels' calls are far smaller.
+        first = answer[0] if isinstance(answer, tuple) else answer
+        body = getattr(first, "body", None)
+        size = len(body) if body is not None else 16 * getattr(first, "n_samples", 0)
+        if size > RECENT_CALL_MAX_BYTES:
+            return
+        now = time.monotonic()
+        if len(self._recent) >= RECENT_CALLS_MAX:
+            for k in [k for k, e in self._recent.items() if e[2] < now]:
+                del self._recent[k]
+            if len(self._recent) >= RECENT_CALLS_MAX:
+                return
+        self._recent[key] = (answer, fetched_at_ms, now + RECENT_CALL_S)
+
+    def forget_all(self) -> None:
+        """An invalidation: nothing fetched before now is served or stored any more."""
+        self.invalidated_at_ms = wall_ms()
+        self.landing.clear()
+        self._recent.clear()

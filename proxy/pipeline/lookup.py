@@ -1,0 +1,179 @@
+"""The planned path below the merge: cached pieces, coalescing, and the fan-out of the rest.
+
+    Lookup    slots and their cached cells (landing zone, store, a finer step's cells)
+    Coalesce  pieces being fetched by another request are awaited from that call; the rest
+              grouped into as few backend calls as run well in parallel
+    FanOut    the calls, in parallel under the query's one deadline; any failure cancels the
+              siblings and becomes the answer
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from ..arrowcodec import QueryResult, Undecodable
+from ..config import Config
+from ..errors import PromError
+from ..metrics import METRICS
+from ..pieces import slice_time
+from .budget import BUDGET
+from .cache_read import CacheReader
+from .fetch import Fetcher
+from .landing import Landing
+from .slots import SlotMaker
+from .stage import Stage
+from .units import Fetch, Slot, coalesce_units, fit
+from .values import PieceFailed, Query
+
+# (merge order, shard index, role, answer) of one piece
+Segment = tuple[tuple[int, str, int], int, str | None, QueryResult]
+
+
+@dataclass(frozen=True)
+class Pieces:
+    segments: list[Segment]
+    status: str  # X-Cache: HIT | PARTIAL | MISS
+
+
+@dataclass(frozen=True)
+class Work:
+    q: Query
+    slots: list[Slot]
+
+
+@dataclass(frozen=True)
+class Calls:
+    q: Query
+    fetches: list[Fetch]
+    waits: list[asyncio.Future[QueryResult]]
+
+
+class Lookup:
+    """Stage: each piece's cache unit and its cached answer."""
+
+    def __init__(self, config: Config, slots: SlotMaker, reader: CacheReader, next: Stage[Work, list[Segment]]) -> None:
+        self.config = config
+        self.slots = slots
+        self.reader = reader
+        self.next = next
+
+    async def __call__(self, q: Query) -> Pieces:
+        assert q.plan is not None
+        slots = self.slots.slots(q.plan, q.cache, q.router)
+        await self.reader.lookup(slots)
+        if q.cache is not None and self.config.cache.reuse_finer_steps:
+            await self.reader.lookup_finer(slots, q.cache, q.router)
+        segments = await self.next(Work(q, slots))
+        return Pieces(segments, self.reader.count(slots))
+
+
+class Coalesce:
+    """Stage: wait for pieces in flight elsewhere; group the missing ones into calls."""
+
+    def __init__(self, config: Config, target_calls: int, landing: Landing,
+                 next: Stage[Calls, tuple[list[QueryResult], list[QueryResult]]]) -> None:
+        self.config = config
+        self.target_calls = target_calls
+        self.landing = landing
+        self.next = next
+
+    async def __call__(self, w: Work) -> list[Segment]:
+        waits: list[tuple[Slot, asyncio.Future[QueryResult]]] = []
+        missing: list[Slot] = []
+        for s in w.slots:
+            if s.result is not None:
+                continue
+            digest = s.unit.key.digest if s.unit.key is not None else None
+            landed = self.landing.landed(digest)
+            if landed is not None:
+                s.result, s.status = fit(s, landed), "hit"
+            elif digest is not None and digest in self.landing.inflight:
+                waits.append((s, self.landing.inflight[digest]))
+            else:
+                missing.append(s)
+        if waits:
+            METRICS.coalesced.labels("piece").inc(len(waits))
+        slot_of = {s.unit: s for s in missing}
+        fetches = coalesce_units([s.unit for s in missing], self.target_calls, self.config.limits.max_points)
+        budget = BUDGET.get()
+        if budget is not None:
+            budget.check(len(fetches))  # before any call is made: a 422 naming the limit
+        results, shared = await self.next(Calls(w.q, fetches, [fut for _, fut in waits]))
+        # Segments to merge: each cached or shared piece, and each fetched answer cut to
+        # its pieces.
+        segments: list[Segment] = [
+            (s.order, s.unit.shard_index, s.piece.role, s.result) for s in w.slots if s.result is not None
+        ]
+        for (s, _), r in zip(waits, shared):
+            segments.append((s.order, s.unit.shard_index, s.piece.role, fit(s, r)))
+        for i, f in enumerate(fetches):
+            covered = [slot_of[u] for u in f.units]
+            if f.instants:
+                # A range call over instant units: each unit's answer is the call's at its time.
+                parts = Fetcher.cut(f, f.units, results[i])
+                assert parts is not None  # the call checked that the answer is a matrix
+                for s, part in zip(covered, parts):
+                    segments.append((s.order, f.shard_index, f.role, part))
+                continue
+            # The call's answer was cut into its units to be stored: merge those (they live
+            # until their put lands anyway) and let the whole answer go now (a 24 h answer
+            # of 3 M samples is ~50 MB a copy).
+            landed = [self.landing.landed(u.key.digest if u.key is not None else None) for u in f.units]
+            if f.step_ms is not None and len(f.units) > 1 and all(r is not None for r in landed):
+                results[i] = None  # type: ignore[call-overload]
+                for s, r in zip(covered, landed):
+                    assert r is not None
+                    segments.append((s.order, f.shard_index, f.role, fit(s, r)))
+                continue
+            result = results[i]
+            first = min(covered, key=lambda s: s.order)
+            if f.step_ms is not None:
+                lo = min(s.piece.start_ms or 0 for s in covered)
+                hi = max(s.piece.end_ms or 0 for s in covered)
+                if (f.start_ms, f.end_ms) != (lo, hi):
+                    result = slice_time(result, lo, hi)
+            segments.append((first.order, f.shard_index, f.role, result))
+        del results
+        segments.sort(key=lambda seg: seg[0])
+        return segments
+
+
+class FanOut:
+    """Stage: every call (and every wait for another request's call) under one deadline."""
+
+    def __init__(self, fetcher: Fetcher) -> None:
+        self.fetcher = fetcher
+
+    async def __call__(self, c: Calls) -> tuple[list[QueryResult], list[QueryResult]]:
+        q = c.q
+        try:
+            async with asyncio.timeout(q.timeout_s):
+                async with asyncio.TaskGroup() as tg:
+                    tasks = [tg.create_task(self.fetcher.fetch(f, q.extra, q.timeout_s, q.cache, q.router))
+                             for f in c.fetches]
+                    shared = [tg.create_task(_wait(fut)) for fut in c.waits]
+        except* PieceFailed as group:
+            raise _first(group.exceptions) from None
+        except* PromError as group:
+            raise _first(group.exceptions) from None
+        except* Undecodable as group:
+            raise _first(group.exceptions) from None
+        except* TimeoutError:
+            raise PromError(
+                "timeout", f"query timed out after {q.timeout_s:g}s ({len(c.fetches)} backend calls)"
+            ) from None
+        return [t.result() for t in tasks], [t.result() for t in shared]
+
+
+async def _wait(fut: asyncio.Future[QueryResult]) -> QueryResult:
+    # shield: a request giving up (deadline, client gone) must not cancel the shared call.
+    return await asyncio.shield(fut)
+
+
+def _first(excs: tuple[BaseException, ...]) -> BaseException:
+    # Relay the backend's verdict over our own errors, so a bad query reads like Prometheus.
+    for e in excs:
+        if isinstance(e, PieceFailed):
+            return e
+    return excs[0]

@@ -1,0 +1,73 @@
+"""The top of the planned path: the merge of the pieces, and what a failed piece becomes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+from ..arrowcodec import Undecodable
+from ..backend import Backend
+from ..errors import PromError
+from ..merge import merge
+from ..metrics import METRICS
+from ..ties import topk_ambiguous
+from .lookup import Pieces
+from .planning import Planner
+from .stage import Stage
+from .values import AmbiguousTies, Answer, PieceFailed, Query
+
+
+class Fallback:
+    """Stage: a piece's backend error is the answer (relayed as the backend gave it); an
+    answer the merge cannot model (native histograms) is asked whole from one backend."""
+
+    def __init__(self, backends: Mapping[str, Backend], primary: Backend, next: Stage[Query, Answer]) -> None:
+        self.by_name = backends
+        self.primary = primary
+        self.next = next
+
+    async def __call__(self, q: Query) -> Answer:
+        assert q.plan is not None
+        try:
+            return await self.next(q)
+        except PieceFailed as failed:
+            return Answer(reply=failed.reply, headers={"X-Promaccel-Pieces": str(len(q.plan.pieces))})
+        except Undecodable:
+            if q.whole is not None and q.whole.kind != "single":
+                raise PromError("execution", "this answer's shape (e.g. native histograms) cannot be merged "
+                                f"across backends ({q.whole.key()})") from None
+            backend = self.by_name[q.whole.backend] if q.whole is not None else self.primary
+            reply = await backend.request("POST", q.path, form=q.pairs, timeout_s=q.timeout_s, limited=True,
+                                          endpoint=q.path)
+            return Answer(reply=reply, headers={"X-Promaccel-Pieces": "1"})
+
+
+class Merge:
+    """Stage: concat / re-aggregate the pieces in one deterministic order; a sharded topk
+    tied at the k-th place is run again unsharded (Prometheus's pick depends on its heap over
+    all series, which no sharded plan can replay; time pieces are still exact)."""
+
+    def __init__(self, planner: Planner, next: Stage[Query, Pieces]) -> None:
+        self.planner = planner
+        self.next = next
+
+    async def __call__(self, q: Query) -> Answer:
+        try:
+            return await self._merged(q)
+        except AmbiguousTies:
+            assert q.plan is not None
+            METRICS.planned.labels("unsharded_rerun", "topk_tie").inc()
+            return await self._merged(replace(q, plan=self.planner.unsharded(q.plan)))
+
+    async def _merged(self, q: Query) -> Answer:
+        plan = q.plan
+        assert plan is not None
+        pieces = await self.next(q)
+        segments = pieces.segments
+        if plan.sharded and plan.merge.kind == "aggregate" and plan.merge.op in ("topk", "bottomk") and topk_ambiguous(
+                [(shard, r) for _, shard, _, r in segments], plan.merge):
+            raise AmbiguousTies()
+        # Deterministic merge order: shard index, then role, then time.
+        merged = merge([(role, r) for _, _, role, r in segments], plan.merge, time_ms=plan.request.time_ms)
+        return Answer(result=merged, headers={"X-Promaccel-Pieces": str(len(plan.pieces)), "X-Cache": pieces.status},
+                      arrow=q.want_arrow)

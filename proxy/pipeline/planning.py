@@ -1,0 +1,148 @@
+"""Planning: shard-label values, planner settings from the config, and the Plan stage."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+import orjson
+
+from shardplanner.explain import reason_code
+from shardplanner.plan import Plan as QueryPlan
+from shardplanner.plan import PlannerSettings, QueryRequest
+from shardplanner.planner import plan as make_plan
+from shardplanner.planner import samples_limit_message
+
+from ..backend import Backend
+from ..cache import wall_ms
+from ..config import Config
+from ..errors import PromError
+from ..metrics import METRICS
+from ..tenancy import scope as tenant_scope
+from .stage import Stage
+from .values import UNKEYED_PARAMS, PLANNED_PARAMS, Answer, CacheCtx, Query
+
+log = logging.getLogger("promaccel.plan")
+
+
+def planner_settings(config: Config) -> PlannerSettings:
+    pc, cc = config.planner, config.cache
+    auto_shards = pc.shards == "auto"  # then max_parallel is the cap (planner formula)
+    split = pc.split_interval
+    if "split_interval" not in pc.model_fields_set and cc.enabled:
+        # The cache only helps a range query that is cut on epoch-aligned boundaries.
+        split = cc.split_interval
+    return PlannerSettings(
+        split_interval_ms=split,
+        shards=pc.max_parallel if auto_shards else int(pc.shards),
+        auto_shards=auto_shards,
+        max_samples_per_piece=pc.max_samples_per_piece,
+        series_per_node=pc.series_per_node,
+        scrape_interval_ms=pc.scrape_interval,
+        shard_labels=tuple(pc.shard_labels.items()),
+        min_range_to_split_ms=pc.min_range_to_split,
+        max_pieces=pc.max_pieces,
+        split_instant_windows=pc.split_instant_windows,
+        closed_range_windows=pc.range_windows == "closed",
+    )
+
+
+class ShardValues:
+    """Shard-label values discovered through /api/v1/label/<name>/values, cached with a TTL.
+
+    Stale values are still a correct partition (the last shard is the complement of the
+    listed values), so a refresh happens in the background and never blocks a query once
+    values are known. Values are kept per tenant scope (proxy/tenancy.py): discovery runs
+    with the requesting tenant's forwarded headers (a refresh task inherits them), so one
+    tenant's label values never shape (or show up in the explain output of) another's
+    queries; at most MAX_ENTRIES (scope, label) pairs are kept, oldest dropped first."""
+
+    MAX_ENTRIES = 4096
+
+    def __init__(self, backend: Backend, ttl_ms: int) -> None:
+        self.backend = backend
+        self.ttl_s = ttl_ms / 1000
+        self._values: dict[tuple[str, str], tuple[float, tuple[str, ...]]] = {}
+        self._refreshing: dict[tuple[str, str], asyncio.Task[None]] = {}
+
+    async def _fetch(self, label: str) -> None:
+        key = (tenant_scope(), label)
+        try:
+            reply = await self.backend.request(
+                "GET", f"/api/v1/label/{label}/values", timeout_s=10, endpoint="/api/v1/label/:name/values"
+            )
+            if reply.ok:
+                data = orjson.loads(reply.body).get("data") or []
+                self._values.pop(key, None)
+                self._values[key] = (time.monotonic(), tuple(sorted(str(v) for v in data)))
+                while len(self._values) > self.MAX_ENTRIES:
+                    del self._values[next(iter(self._values))]
+        except (PromError, ValueError) as exc:
+            log.warning("could not discover values of shard label %s: %s", label, exc)
+
+    async def get(self, labels: Sequence[str]) -> dict[str, tuple[str, ...]]:
+        scope = tenant_scope()
+        missing = [lb for lb in labels if (scope, lb) not in self._values]
+        if missing:
+            await asyncio.gather(*(self._fetch(lb) for lb in missing))
+        now = time.monotonic()
+        for lb in labels:
+            key = (scope, lb)
+            entry = self._values.get(key)
+            if entry and now - entry[0] > self.ttl_s and key not in self._refreshing:
+                task = asyncio.create_task(self._fetch(lb))  # inherits the tenant (contextvar)
+                self._refreshing[key] = task
+                task.add_done_callback(lambda _t, key=key: self._refreshing.pop(key, None))
+        return {lb: self._values[(scope, lb)][1] for lb in labels if (scope, lb) in self._values}
+
+
+class Planner:
+    """Plans a request: the shard-label values it needs (discovered, cached), the pure
+    planner, and limits.max_samples."""
+
+    def __init__(self, config: Config, primary: Backend) -> None:
+        self.config = config
+        self.settings = planner_settings(config)
+        self.shard_values = ShardValues(primary, config.planner.shard_values_ttl)
+
+    async def plan(self, req: QueryRequest) -> QueryPlan:
+        values: Mapping[str, Sequence[str]] = {}
+        max_samples = self.config.limits.max_samples
+        if self.settings.shards > 1 or max_samples:
+            labels = sorted({label for _, label in self.settings.shard_labels})
+            values = await self.shard_values.get(labels)
+        plan = make_plan(req, self.settings, values)
+        refusal = samples_limit_message(plan, max_samples)  # limits.max_samples (0: off)
+        if refusal is not None:
+            raise PromError("execution", refusal)
+        return plan
+
+    def unsharded(self, plan: QueryPlan) -> QueryPlan:
+        """The same request planned without shards (a topk tie at the k-th place)."""
+        return make_plan(plan.request, replace(self.settings, shards=1), {})
+
+    def cache_ctx(self, q: Query, primary: Backend) -> CacheCtx:
+        extras = sorted((k, v) for k, v in q.pairs if k not in PLANNED_PARAMS and k not in UNKEYED_PARAMS)
+        route = (primary.cfg.ident, *(f"{k}={v}" for k, v in extras))
+        return CacheCtx(tenant_scope(), route, wall_ms(), q.req.lookback_ms)
+
+
+class Plan:
+    """Stage: parse (once: cached by text), shard-label values, the plan; the cache context."""
+
+    def __init__(self, planner: Planner, primary: Backend, cache_enabled: bool, next: Stage[Query, Answer]) -> None:
+        self.planner = planner
+        self.primary = primary
+        self.cache_enabled = cache_enabled
+        self.next = next
+
+    async def __call__(self, q: Query) -> Answer:
+        plan = await self.planner.plan(q.req)
+        METRICS.pieces.observe(len(plan.pieces))
+        mode = "sharded" if plan.sharded else ("split" if plan.time_split else "whole")
+        METRICS.planned.labels(mode, "" if plan.sharded else reason_code(plan.notes)).inc()
+        ctx = self.planner.cache_ctx(q, self.primary) if self.cache_enabled and not q.unmergeable else None
+        return await self.next(replace(q, plan=plan, cache=ctx))

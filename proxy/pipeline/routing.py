@@ -1,0 +1,71 @@
+"""Hybrid fleets: which backends hold what each piece reads, decided per request."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from shardplanner.analysis import absent_like, edge_ms, pinned_at
+from shardplanner.plan import Plan, QueryRequest
+from shardplanner.routing import Route as PieceRoute
+
+from ..backend import Backend
+from ..cache import wall_ms
+from ..errors import PromError
+from ..hybrid import Router, holdings_of
+from .stage import Stage
+from .values import UNMERGEABLE_PARAMS, Answer, Query
+
+
+def router_for(backends: Sequence[Backend], req: QueryRequest, plan: Plan) -> Router:
+    """Per-request routing state, over the plan's pinned tree (the query text if unparsed)."""
+    query = plan.expr if plan.expr is not None else req.query
+    router = Router(holdings_of(backends, wall_ms()), query, req.lookback_ms,
+                    {b.name: b.cfg.ident for b in backends})
+    router.by_piece = plan.merge.combine_time
+    router.edge_ms = edge_ms(plan.expr, req.lookback_ms)
+    return router
+
+
+def whole_route(router: Router, req: QueryRequest) -> PieceRoute:
+    if req.is_range:
+        assert req.start_ms is not None and req.end_ms is not None and req.step_ms is not None
+        return router.range_route(req.start_ms, req.end_ms, req.step_ms)
+    assert req.time_ms is not None
+    return router.instant_route(req.time_ms)
+
+
+def merges(route: PieceRoute) -> bool:
+    """Does `route` merge several backends' answers for some step (an overlap)?"""
+    return route.kind == "overlap" or any(len(p.backends) > 1 for p in route.parts)
+
+
+class Route:
+    """Stage (hybrid fleets only): route the query; a query no single backend answers, or one
+    whose answer is not per series over merged backends, branches to cross-store evaluation."""
+
+    def __init__(self, backends: Sequence[Backend], next: Stage[Query, Answer],
+                 cross_store: Stage[Query, Answer]) -> None:
+        self.backends = backends
+        self.hybrid = len(backends) > 1 or any(b.cfg.holds is not None for b in backends)
+        self.next = next
+        self.cross_store = cross_store
+
+    async def __call__(self, q: Query) -> Answer:
+        if not self.hybrid:
+            return await self.next(q)
+        assert q.plan is not None
+        router = router_for(self.backends, q.req, q.plan)
+        whole = whole_route(router, q.req)
+        # The request spans several backends: one that is down costs its part of the answer
+        # (with a warning), not the whole answer.
+        router.partial_ok = whole.kind != "single"
+        q = replace(q, router=router, whole=whole)
+        expr = q.plan.expr
+        if whole.kind == "unroutable" or (merges(whole) and expr is not None and (
+                absent_like(expr) or pinned_at(expr) is not None)):
+            return await self.cross_store(q)
+        if whole.kind != "single" and q.unmergeable:
+            raise PromError("execution", f"{', '.join(sorted(k for k, _ in q.pairs if k in UNMERGEABLE_PARAMS))} "
+                            f"cannot be answered for a query that needs several backends ({whole.key()})")
+        return await self.next(q)

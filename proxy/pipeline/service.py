@@ -1,0 +1,170 @@
+"""The query service the HTTP surface talks to: the request path (`path.py`) for queries, plus
+explain, cache administration and backend readiness."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from shardplanner.explain import explain as explain_plan
+from shardplanner.plan import QueryRequest
+
+from ..backend import Backend
+from ..cache import PieceStore, make_store
+from ..config import Config
+from ..errors import PromError
+from ..forms import Pairs
+from ..params import InstantParams, RangeParams
+from ..revalidate import Revalidator
+from .path import build
+from .routing import router_for, whole_route
+from .units import coalesce_units
+from .values import ARROW_STREAM, Answer, Query
+
+
+class QueryService:
+    def __init__(self, config: Config, backends: list[Backend]) -> None:
+        self.config = config
+        self.backends = backends
+        self.primary = backends[0]
+        # Route per piece when there is anything to choose: several backends, or one whose
+        # holdings are declared (a metric it does not hold gets a clear 422).
+        self.hybrid = len(backends) > 1 or any(b.cfg.holds is not None for b in backends)
+        self._store: PieceStore | None = None
+        self.revalidator: Revalidator | None = None
+        self._ready_cache: dict[str, tuple[float, bool]] = {}
+        self.run, self.parts = build(config, backends, self.store)
+
+    @property
+    def cache_enabled(self) -> bool:
+        return self.config.cache.enabled
+
+    def store(self) -> PieceStore:
+        if self._store is None:
+            self._store = make_store(self.config.cache)
+        return self._store
+
+    async def start(self) -> None:
+        """Create the store and start background revalidation (inside the event loop)."""
+        cc = self.config.cache
+        if not cc.enabled:
+            return
+        self.store()
+        if cc.revalidate_interval > 0 and self.revalidator is None:
+            self.revalidator = Revalidator(
+                self.primary, self.invalidate,
+                interval_ms=cc.revalidate_interval, max_age_ms=cc.revalidate_max_age,
+                max_entries=cc.revalidate_max_entries, backends={b.name: b for b in self.backends},
+            )
+            self.parts.writer.revalidator = self.revalidator
+            self.revalidator.start()
+
+    async def aclose(self) -> None:
+        if self.revalidator is not None:
+            await self.revalidator.aclose()
+        self.parts.fetcher.flight.cancel_all()
+        await self.parts.writer.aclose()
+        if self._store is not None:
+            await self._store.aclose()
+
+    def _timeout_s(self, timeout_ms: int | None) -> float:
+        limit = self.config.limits.query_timeout
+        ms = min(timeout_ms, limit) if timeout_ms else limit
+        return max(ms, 1) / 1000
+
+    # --- queries ----------------------------------------------------------------------------
+
+    async def instant(self, p: InstantParams, pairs: Pairs, headers: Mapping[str, str]) -> Answer:
+        req = QueryRequest(query=p.query, time_ms=p.time_ms)
+        return await self._query(req, pairs, headers, "/api/v1/query", p.timeout_ms)
+
+    async def range(self, p: RangeParams, pairs: Pairs, headers: Mapping[str, str]) -> Answer:
+        req = QueryRequest(query=p.query, start_ms=p.start_ms, end_ms=p.end_ms, step_ms=p.step_ms)
+        return await self._query(req, pairs, headers, "/api/v1/query_range", p.timeout_ms)
+
+    async def _query(self, req: QueryRequest, pairs: Pairs, headers: Mapping[str, str], path: str,
+                     timeout_ms: int | None) -> Answer:
+        q = Query(req=req, pairs=pairs, path=path, timeout_s=self._timeout_s(timeout_ms), headers=headers,
+                  want_arrow=ARROW_STREAM in headers.get("accept", ""))
+        return await self.run(q)
+
+    async def explain(self, req: QueryRequest, headers: Mapping[str, str] | None = None,
+                      pairs: Pairs = ()) -> dict[str, Any]:
+        parts = self.parts
+        plan = await parts.planner.plan(req)
+        data = explain_plan(plan)
+        q = Query(req=req, pairs=list(pairs), path="", timeout_s=0, headers=headers or {}, plan=plan)
+        ctx = parts.planner.cache_ctx(q, self.primary) if self.cache_enabled else None
+        router = router_for(self.backends, req, plan) if self.hybrid else None
+        if router is not None:
+            whole = whole_route(router, req)
+            data["route"] = {"kind": whole.kind, "backends": list(whole.backends),
+                             "parts": [[p.start_ms, p.end_ms, list(p.backends)] for p in whole.parts],
+                             "reason": whole.reason or None, "notes": list(whole.notes)}
+            if whole.kind == "unroutable":
+                return data
+        slots = parts.slots.slots(plan, ctx, router)
+        if ctx is not None:
+            await parts.reader.lookup(slots)
+        missing = [s.unit for s in slots if s.result is None]
+        data["fetches"] = len(coalesce_units(missing, self.primary.cfg.max_parallel, self.config.limits.max_points))
+        for d, s in zip(data["pieces"], slots):
+            d["cache"] = s.status
+            if s.unit.route:
+                d["route"] = router.routes[s.unit.route].key() if router is not None else s.unit.route
+            if s.unit.key is not None and s.unit.is_range and (s.unit.start_ms, s.unit.end_ms) != (
+                    s.piece.start_ms, s.piece.end_ms):
+                d["cache_unit"] = [s.unit.start_ms, s.unit.end_ms]
+        data["cache"] = {
+            "enabled": self.cache_enabled,
+            "hits": sum(1 for s in slots if s.status == "hit"),
+            "misses": sum(1 for s in slots if s.status == "miss"),
+            "uncacheable": sum(1 for s in slots if s.status == "uncacheable"),
+        }
+        return data
+
+    # --- cache administration -----------------------------------------------------------------
+
+    async def invalidate(self, metric_names: Sequence[str] | None, start_ms: int | None,
+                         end_ms: int | None) -> int:
+        if not self.cache_enabled:
+            raise PromError("unavailable", "the cache is disabled (cache.enabled: false)")
+        self.parts.landing.forget_all()
+        return await self.store().invalidate(metric_names, start_ms, end_ms)
+
+    async def bump_generation(self) -> int:
+        if not self.cache_enabled:
+            raise PromError("unavailable", "the cache is disabled (cache.enabled: false)")
+        self.parts.landing.forget_all()
+        if self.revalidator is not None:
+            self.revalidator.forget_all()
+        return await self.store().bump_generation()
+
+    def cache_stats(self) -> dict[str, Any]:
+        if not self.cache_enabled:
+            return {"enabled": False}
+        out: dict[str, Any] = {"enabled": True, **self.store().stats(),
+                               "landing": len(self.parts.landing.landing), "pending_tasks": len(self.parts.writer.tasks),
+                               "split_interval_ms": self.parts.planner.settings.split_interval_ms}
+        if self.revalidator is not None:
+            out["revalidation"] = {"records": len(self.revalidator), **self.revalidator.stats}
+        return out
+
+    async def backend_ready(self, backend: Backend) -> bool:
+        now = time.monotonic()
+        cached = self._ready_cache.get(backend.name)
+        if cached and now - cached[0] < 2.0:
+            return cached[1]
+        try:
+            if backend.cfg.kind == "prometheus":
+                reply = await backend.request("GET", "/-/ready", timeout_s=3, endpoint="ready")
+            else:
+                reply = await backend.request(
+                    "GET", "/api/v1/query", params=[("query", "vector(1)")], timeout_s=3, endpoint="ready"
+                )
+            ok = reply.ok
+        except PromError:
+            ok = False
+        self._ready_cache[backend.name] = (now, ok)
+        return ok

@@ -1,0 +1,208 @@
+"""Cache units, slots and fetches: how planned pieces become cache entries and backend calls.
+
+    piece  --(slot: its unit and lookup keys)-->  unit  --(coalesce_units)-->  fetch
+
+A unit is what one cache entry holds (a cell of the step grid inside one split interval, or
+a whole piece); a fetch is one backend call covering one or more units of the same query.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from shardplanner.footprint import Footprint
+from shardplanner.plan import Piece
+
+from ..arrowcodec import QueryResult
+from ..cache import CacheKey
+from ..pieces import slice_time
+
+
+def cell_of(start_ms: int, step_ms: int, interval_ms: int) -> tuple[int, int]:
+    """First and last point of `start_ms`'s step grid inside the epoch-aligned interval of
+    length `interval_ms` that holds `start_ms` (the grid extends before `start_ms`)."""
+    lo = (start_ms // interval_ms) * interval_ms
+    first = lo + (start_ms - lo) % step_ms
+    last = first + ((lo + interval_ms - 1 - first) // step_ms) * step_ms
+    return first, last
+
+
+@dataclass(frozen=True)
+class Unit:
+    """What one cache entry holds and one fetch covers at least: a cell or a whole piece.
+    `key` None: not cacheable. `ttl_ms` None or 0: not stored (recent data)."""
+
+    query: str
+    role: str | None
+    shard_index: int
+    start_ms: int | None
+    end_ms: int | None
+    step_ms: int | None
+    time_ms: int | None
+    key: CacheKey | None = None
+    ttl_ms: int | None = None
+    footprint: Footprint | None = None
+    # Hybrid fleets: the unit's route id (`proxy/hybrid.py` route_id); "" = the primary.
+    route: str = ""
+
+    @property
+    def is_range(self) -> bool:
+        return self.step_ms is not None
+
+    @property
+    def storable(self) -> bool:
+        return self.key is not None and bool(self.ttl_ms)
+
+
+@dataclass(eq=False)
+class Slot:
+    """One planned piece on its way through the cache: the unit fetched for it when it is
+    missing, the keys that can answer it (best first), and its answer once known."""
+
+    piece: Piece
+    unit: Unit
+    keys: tuple[CacheKey, ...] = ()
+    result: QueryResult | None = None
+    status: str = "uncacheable"  # hit | miss | uncacheable
+
+    @property
+    def order(self) -> tuple[int, str, int]:
+        p = self.piece
+        return (p.shard.index if p.shard else -1, p.role or "", p.start_ms or p.time_ms or 0)
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """One backend call covering one or more contiguous units of the same query."""
+
+    query: str
+    role: str | None
+    shard_index: int
+    start_ms: int | None
+    end_ms: int | None
+    step_ms: int | None
+    time_ms: int | None
+    units: tuple[Unit, ...] = field(default=(), compare=False)
+    route: str = ""
+    # A range call over instant units that lie on its step grid (an instant query's
+    # sub-windows): its answer at each unit's time is that unit's instant answer.
+    instants: bool = False
+
+
+def bare_unit(p: Piece) -> Unit:
+    return Unit(p.query, p.role, p.shard.index if p.shard else -1, p.start_ms, p.end_ms, p.step_ms, p.time_ms)
+
+
+def coalesce(pieces: Sequence[Piece], target_calls: int, max_points: int = 11_000) -> list[Fetch]:
+    """Fetches for `pieces` (no cache): see `coalesce_units`."""
+    return coalesce_units([bare_unit(p) for p in pieces], target_calls, max_points)
+
+
+def coalesce_units(units: Sequence[Unit], target_calls: int, max_points: int = 11_000) -> list[Fetch]:
+    """Group contiguous range units (same query, shard, role and grid) into about
+    `target_calls` fetches in all, none longer than `max_points` steps. Instant units of the
+    same query at evenly spaced times (the sub-windows of `max_over_time(x[30d])`) become
+    range calls over those times (`Fetch.instants`): one call instead of one per time; a lone
+    instant unit is fetched by itself."""
+    groups: dict[tuple[str, str | None, int, int, str], list[Unit]] = {}
+    fetches: list[Fetch] = []
+    instants: dict[tuple[str, str | None, int, str], list[Unit]] = {}
+    for u in units:
+        if not u.is_range:
+            if u.route.startswith("split:"):
+                fetches.append(Fetch(u.query, u.role, u.shard_index, None, None, None, u.time_ms, (u,), u.route))
+            else:
+                instants.setdefault((u.query, u.role, u.shard_index, u.route), []).append(u)
+            continue
+        assert u.step_ms is not None
+        # A unit whose route changes along its range (split_time) is fetched by itself.
+        groups.setdefault((u.query, u.role, u.shard_index, u.step_ms,
+                           u.route if not u.route.startswith("split:") else f"{u.route}#{u.start_ms}"),
+                          []).append(u)
+    for (query, role, shard_index, route), members in instants.items():
+        for run, step in _even_runs(members):
+            if step is None:
+                u = run[0]
+                fetches.append(Fetch(query, role, shard_index, None, None, None, u.time_ms, (u,), route))
+                continue
+            for i in range(0, len(run), max_points):
+                chunk = run[i:i + max_points]
+                fetches.append(Fetch(query, role, shard_index, chunk[0].time_ms, chunk[-1].time_ms, step, None,
+                                     tuple(chunk), route, instants=True))
+    if not groups:
+        return fetches
+    per_group = max(1, target_calls // len(groups))
+    for (query, role, shard_index, step, _), members in groups.items():
+        members.sort(key=lambda u: u.start_ms or 0)
+        # Contiguous runs on the same grid only.
+        runs: list[list[Unit]] = []
+        for u in members:
+            if runs:
+                last = runs[-1][-1]
+                assert last.end_ms is not None
+                if u.start_ms == last.end_ms + step:
+                    runs[-1].append(u)
+                    continue
+            runs.append([u])
+        # Spread the group's call budget over its runs, splitting runs evenly.
+        budget = max(per_group, len(runs))
+        total = sum(len(r) for r in runs)
+        for run in runs:
+            n_calls = max(1, min(len(run), round(budget * len(run) / total)))
+            size = -(-len(run) // n_calls)
+            for i in range(0, len(run), size):
+                for chunk in _within_points(run[i:i + size], step, max_points):
+                    fetches.append(Fetch(query, role, shard_index, chunk[0].start_ms, chunk[-1].end_ms,
+                                         step, None, tuple(chunk), chunk[0].route))
+    return fetches
+
+
+def _even_runs(units: list[Unit]) -> list[tuple[list[Unit], int | None]]:
+    """Instant units (one query) in runs of evenly spaced times, oldest first, with their
+    spacing; a unit in no run of two or more comes alone with spacing None."""
+    ordered = sorted(units, key=lambda u: u.time_ms or 0)
+    runs: list[tuple[list[Unit], int | None]] = []
+    run: list[Unit] = []
+    step: int | None = None
+    for u in ordered:
+        t = u.time_ms or 0
+        if run and t == (run[-1].time_ms or 0):
+            runs.append(([u], None))  # the same instant twice: its own call
+            continue
+        if len(run) >= 2 and step is not None and t - (run[-1].time_ms or 0) == step:
+            run.append(u)
+            continue
+        if len(run) == 1:
+            step = t - (run[0].time_ms or 0)
+            run.append(u)
+            continue
+        if run:
+            runs.append((run, step if len(run) > 1 else None))
+        run, step = [u], None
+    if run:
+        runs.append((run, step if len(run) > 1 else None))
+    return runs
+
+
+def _within_points(chunk: list[Unit], step: int, max_points: int) -> list[list[Unit]]:
+    """`chunk` cut so that no call asks for more than `max_points` steps (Prometheus
+    rejects (end - start) / step > 11,000); a single unit is never cut."""
+    out: list[list[Unit]] = [[]]
+    for u in chunk:
+        cur = out[-1]
+        assert u.start_ms is not None and u.end_ms is not None
+        if cur and cur[0].start_ms is not None and (u.end_ms - cur[0].start_ms) // step > max_points - 1:
+            out.append([u])
+        else:
+            cur.append(u)
+    return out
+
+
+def fit(slot: Slot, unit_result: QueryResult) -> QueryResult:
+    """A unit's answer cut to the slot's piece (a cell's answer for a partial piece)."""
+    p, u = slot.piece, slot.unit
+    if p.is_range and (u.start_ms, u.end_ms) != (p.start_ms, p.end_ms):
+        assert p.start_ms is not None and p.end_ms is not None
+        return slice_time(unit_result, p.start_ms, p.end_ms)
+    return unit_result

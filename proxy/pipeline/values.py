@@ -1,0 +1,87 @@
+"""The values that flow down the pipeline: a client query as stages derive it, and its answer.
+
+Stages never mutate a `Query`; they derive the next one with `dataclasses.replace`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from shardplanner.plan import Plan, QueryRequest
+
+from ..backend import BackendReply
+from ..forms import Pairs
+
+if TYPE_CHECKING:
+    from shardplanner.routing import Route
+
+    from ..arrowcodec import QueryResult
+    from ..hybrid import Router
+
+# Parameters the plan sets per piece; everything else the client sent is passed along.
+PLANNED_PARAMS = frozenset({"query", "start", "end", "step", "time"})
+# Parameters whose answer cannot be merged from pieces (a query with one goes whole).
+UNMERGEABLE_PARAMS = frozenset({"stats"})
+# Passed-along parameters that never change an answer: not part of a cache key.
+UNKEYED_PARAMS = frozenset({"timeout"})
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+
+
+@dataclass(frozen=True)
+class CacheCtx:
+    """What a cache key needs beyond the piece: the tenant scope, the route (backend identity
+    and the extra client parameters), now, and the lookback."""
+
+    tenant: str
+    route: tuple[str, ...]
+    now_ms: int
+    lookback_ms: int
+
+
+@dataclass(frozen=True)
+class Query:
+    """One client query (or a subtree of one, for cross-store evaluation)."""
+
+    req: QueryRequest
+    pairs: Pairs  # the client's parameters as sent
+    path: str  # /api/v1/query or /api/v1/query_range
+    timeout_s: float
+    headers: Mapping[str, str] = field(default_factory=dict)
+    want_arrow: bool = False
+    plan: Plan | None = None  # set by the Plan stage
+    cache: CacheCtx | None = None  # set by the Plan stage when the cache applies
+    router: Router | None = None  # hybrid fleets: set by the Route stage
+    whole: Route | None = None  # hybrid fleets: the route of the whole query
+
+    @property
+    def extra(self) -> Pairs:
+        """The client's parameters that every piece's call carries."""
+        return [(k, v) for k, v in self.pairs if k not in PLANNED_PARAMS]
+
+    @property
+    def unmergeable(self) -> bool:
+        return any(k in UNMERGEABLE_PARAMS for k, _ in self.pairs)
+
+
+@dataclass
+class Answer:
+    """A query's answer: a merged result, or a backend's reply relayed as it is."""
+
+    result: QueryResult | None = None
+    reply: BackendReply | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    arrow: bool = False  # encode `result` as an Arrow IPC stream
+
+
+class AmbiguousTies(Exception):
+    """A sharded topk/bottomk whose winners are not determined by value alone."""
+
+
+class PieceFailed(Exception):
+    """A backend answered a piece with an error: relay that answer."""
+
+    def __init__(self, reply: BackendReply) -> None:
+        super().__init__(reply.status)
+        self.reply = reply

@@ -1,0 +1,292 @@
+"""Each stage of the request path on its own, with a fake next stage (no socket, no server).
+
+The end-to-end equivalence suites prove the answers; these pin down what each stage does to
+the value it receives and to the answer it returns (proxy/pipeline/path.py lists them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from proxy.arrowcodec import QueryResult, Undecodable
+from proxy.backend import BackendReply
+from proxy.config import load_config
+from proxy.errors import PromError
+from proxy.pipeline.budget import BUDGET, SAMPLES_TALLY, Admit
+from proxy.pipeline.forward import forwards_whole
+from proxy.pipeline.landing import Landing
+from proxy.pipeline.lookup import Calls, Coalesce, FanOut, Lookup, Pieces, Work
+from proxy.pipeline.merging import Fallback, Merge
+from proxy.pipeline.planning import Plan, Planner
+from proxy.pipeline.routing import Route
+from proxy.pipeline.slots import SlotMaker
+from proxy.pipeline.units import Fetch
+from proxy.pipeline.values import AmbiguousTies, Answer, PieceFailed, Query
+from shardplanner.plan import QueryRequest
+
+H = 3_600_000
+T0 = 1_700_000_000_000 // H * H  # hour-aligned
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def config(**planner: Any) -> Any:
+    return load_config(None, backends=["http://127.0.0.1:1"], overrides={"planner": planner,
+                                                                          "cache": {"enabled": False}})
+
+
+def range_query(query: str, hours: int = 3, step: int = 60_000) -> Query:
+    """`hours` hour cells of points, T0 to T0 + hours - step."""
+    end = T0 + hours * H - step
+    req = QueryRequest(query=query, start_ms=T0, end_ms=end, step_ms=step)
+    pairs = [("query", query), ("start", str(T0 / 1000)), ("end", str(end / 1000)), ("step", str(step / 1000))]
+    return Query(req=req, pairs=pairs, path="/api/v1/query_range", timeout_s=5)
+
+
+class Recorder:
+    """A fake next stage: records what it got, answers with `answer` (or raises it)."""
+
+    def __init__(self, answer: Any = None) -> None:
+        self.got: list[Any] = []
+        self.answer = answer if answer is not None else Answer(result=QueryResult.empty())
+
+    async def __call__(self, value: Any) -> Any:
+        self.got.append(value)
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return self.answer(value) if callable(self.answer) else self.answer
+
+
+class FakeBackend:
+    def __init__(self, name: str = "default") -> None:
+        self.name = name
+        self.calls: list[tuple[str, str]] = []
+        self.cfg = load_config(None, backends=["http://127.0.0.1:1"]).backends[0]
+
+    async def request(self, method: str, path: str, **kw: Any) -> BackendReply:
+        self.calls.append((method, path))
+        return BackendReply(200, b'{"status":"success","data":{"resultType":"vector","result":[]}}',
+                            "application/json")
+
+
+def series(values: dict[int, float], **labels: str) -> tuple[dict[str, str], list[int], list[float]]:
+    return (labels, sorted(values), [values[t] for t in sorted(values)])
+
+
+# --- Admit ----------------------------------------------------------------------------------
+
+
+def test_admit_sets_the_budget_and_reports_samples_processed() -> None:
+    async def next_stage(q: Query) -> Answer:
+        budget = BUDGET.get()
+        assert budget is not None and budget.max_calls == 3
+        budget.charge()
+        tally = SAMPLES_TALLY.get()
+        assert tally is not None
+        tally[0] += 1234
+        return Answer(result=QueryResult.empty())
+
+    limits = load_config(None, backends=["http://x:1"], overrides={"limits": {"max_backend_calls": 3}}).limits
+    answer = run(Admit(limits, next_stage)(range_query("up")))
+    assert answer.headers["X-Promaccel-Samples-Processed"] == "1234"
+
+    async def greedy(q: Query) -> Answer:
+        budget = BUDGET.get()
+        assert budget is not None
+        budget.check(3)  # within
+        with pytest.raises(PromError, match="limits.max_backend_calls"):
+            budget.check(4)
+        return Answer(result=QueryResult.empty())
+
+    assert "X-Promaccel-Samples-Processed" not in run(Admit(limits, greedy)(range_query("up"))).headers
+
+
+# --- Plan -----------------------------------------------------------------------------------
+
+
+def test_plan_hands_down_the_plan_with_the_pinned_tree() -> None:
+    cfg = config(split_interval="1h", shards=1)
+    rec = Recorder()
+    run(Plan(Planner(cfg, FakeBackend()), FakeBackend(), False, rec)(range_query("sum(rate(x[5m] @ end()))")))
+    (q,) = rec.got
+    assert q.plan is not None and len(q.plan.pieces) == 3 and q.plan.time_split
+    assert q.plan.expr is not None and "@ end()" not in repr(q.plan.expr)  # pinned once, here
+    assert q.cache is None  # cache disabled
+
+
+def test_plan_refuses_past_max_samples() -> None:
+    cfg = load_config(None, backends=["http://x:1"], overrides={
+        "planner": {"split_interval": "1h", "shards": 1}, "limits": {"max_samples": 1},
+        "cache": {"enabled": False}})
+    planner = Planner(cfg, FakeBackend())
+    planner.shard_values.get = lambda labels: _values({"Hostname": tuple(f"n{i}" for i in range(8))})  # type: ignore[method-assign]
+    with pytest.raises(PromError, match="max_samples"):
+        run(Plan(planner, FakeBackend(), False, Recorder())(range_query("sum(DCGM_FI_DEV_GPU_UTIL)")))
+
+
+async def _values(v: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    return v
+
+
+# --- Route ----------------------------------------------------------------------------------
+
+
+def test_route_passes_single_backend_queries_through() -> None:
+    rec, cross = Recorder(), Recorder()
+    q = replace(range_query("up"), plan=run(Planner(config(), FakeBackend()).plan(range_query("up").req)))
+    run(Route([FakeBackend()], rec, cross)(q))  # type: ignore[list-item]
+    assert rec.got == [q] and cross.got == []
+
+
+# --- Forward --------------------------------------------------------------------------------
+
+
+def test_forwards_whole_only_what_was_not_rewritten() -> None:
+    planner = Planner(config(split_interval="1h", shards=1), FakeBackend())
+    short = range_query("up", hours=0)
+    short = replace(short, req=replace(short.req, end_ms=T0 + 600_000))
+    assert forwards_whole(replace(short, plan=run(planner.plan(short.req))))
+    split = range_query("up", hours=3)
+    assert not forwards_whole(replace(split, plan=run(planner.plan(split.req))))
+    pinned = range_query("up @ start()", hours=0)
+    pinned = replace(pinned, req=replace(pinned.req, end_ms=T0 + 600_000))
+    assert not forwards_whole(replace(pinned, plan=run(planner.plan(pinned.req))))  # rewritten text
+    arrow = replace(short, want_arrow=True, plan=run(planner.plan(short.req)))
+    assert not forwards_whole(arrow)  # an Arrow answer is re-encoded
+
+
+# --- Fallback -------------------------------------------------------------------------------
+
+
+def test_fallback_relays_a_piece_error_and_forwards_undecodable_shapes() -> None:
+    backend = FakeBackend()
+    q = range_query("up")
+    q = replace(q, plan=run(Planner(config(split_interval="1h"), backend).plan(q.req)))
+    reply = BackendReply(400, b'{"status":"error","errorType":"bad_data","error":"x"}', "application/json")
+    answer = run(Fallback({"default": backend}, backend, Recorder(PieceFailed(reply)))(q))  # type: ignore[arg-type]
+    assert answer.reply is reply and answer.headers["X-Promaccel-Pieces"] == "3"
+    answer = run(Fallback({"default": backend}, backend, Recorder(Undecodable("native histogram")))(q))  # type: ignore[arg-type]
+    assert backend.calls == [("POST", "/api/v1/query_range")] and answer.reply is not None
+
+
+# --- Merge ----------------------------------------------------------------------------------
+
+
+def test_merge_concatenates_time_pieces_in_order() -> None:
+    q = range_query("up", hours=2)
+    planner = Planner(config(split_interval="1h"), FakeBackend())
+    q = replace(q, plan=run(planner.plan(q.req)))
+    a = QueryResult.from_series("matrix", [series({T0: 1.0}, job="a")])
+    b = QueryResult.from_series("matrix", [series({T0 + H: 2.0}, job="a")])
+    pieces = Pieces([((-1, "", T0 + H), -1, None, b), ((-1, "", T0), -1, None, a)][::-1], "PARTIAL")
+    answer = run(Merge(planner, Recorder(pieces))(q))
+    assert answer.result is not None and answer.result.to_pylist() == [({"job": "a"}, [T0, T0 + H], [1.0, 2.0])]
+    assert answer.headers == {"X-Promaccel-Pieces": "2", "X-Cache": "PARTIAL"}
+
+
+def test_merge_reruns_a_tied_topk_unsharded() -> None:
+    planner = Planner(config(shards=2), FakeBackend())
+    planner.shard_values.get = lambda labels: _values({"Hostname": ("a", "b", "c", "d")})  # type: ignore[method-assign]
+    q = Query(req=QueryRequest(query="topk(1, DCGM_FI_DEV_GPU_UTIL)", time_ms=T0), pairs=[], path="/api/v1/query",
+              timeout_s=5)
+    q = replace(q, plan=run(planner.plan(q.req)))
+    assert q.plan is not None and q.plan.sharded
+    tie_a = QueryResult.from_series("vector", [series({T0: 5.0}, Hostname="a")])
+    tie_b = QueryResult.from_series("vector", [series({T0: 5.0}, Hostname="c")])
+    plans: list[Any] = []
+
+    def answer(query: Query) -> Pieces:
+        plans.append(query.plan)
+        if query.plan.sharded:
+            return Pieces([((0, "", T0), 0, None, tie_a), ((1, "", T0), 1, None, tie_b)], "MISS")
+        return Pieces([((-1, "", T0), -1, None, tie_a)], "MISS")
+
+    result = run(Merge(planner, Recorder(answer))(q))
+    assert [p.sharded for p in plans] == [True, False]
+    assert result.result.to_pylist() == [({"Hostname": "a"}, [T0], [5.0])]
+
+
+# --- Lookup, Coalesce, FanOut ---------------------------------------------------------------
+
+
+def test_lookup_without_cache_sends_every_slot_down() -> None:
+    cfg = config(split_interval="1h")
+    planner = Planner(cfg, FakeBackend())
+    q = range_query("up", hours=3)
+    q = replace(q, plan=run(planner.plan(q.req)))
+    slots = SlotMaker(cfg, planner.settings.split_interval_ms)
+    from proxy.pipeline.cache_read import CacheReader
+
+    reader = CacheReader(cfg, lambda: None, Landing(), slots)  # type: ignore[arg-type,return-value]
+    rec = Recorder(lambda work: [])
+    pieces = run(Lookup(cfg, slots, reader, rec)(q))
+    (work,) = rec.got
+    assert len(work.slots) == 3 and all(s.result is None and not s.keys for s in work.slots)
+    assert pieces.status == "MISS" and pieces.segments == []
+
+
+def test_coalesce_groups_contiguous_pieces_and_serves_landed_ones() -> None:
+    cfg = config(split_interval="1h")
+    planner = Planner(cfg, FakeBackend())
+    q = range_query("up", hours=4)
+    q = replace(q, plan=run(planner.plan(q.req)))
+    slots = SlotMaker(cfg, planner.settings.split_interval_ms).slots(q.plan, None)
+    landing = Landing()
+
+    def answer(calls: Calls) -> tuple[list[QueryResult], list[QueryResult]]:
+        out = []
+        for f in calls.fetches:
+            assert f.start_ms is not None and f.end_ms is not None
+            out.append(QueryResult.from_series("matrix", [series({f.start_ms: 1.0, f.end_ms: 2.0}, job="a")]))
+        return out, []
+
+    rec = Recorder(answer)
+    segments = run(Coalesce(cfg, 2, landing, rec)(Work(q, slots)))
+    (calls,) = rec.got
+    # Four contiguous hour pieces of one query in two calls (target_calls=2), in time order.
+    assert [(f.start_ms, f.end_ms) for f in calls.fetches] == [
+        (T0, T0 + 2 * H - 60_000), (T0 + 2 * H, T0 + 4 * H - 60_000)]
+    assert [s[0][2] for s in segments] == sorted(s[0][2] for s in segments)
+    with pytest.raises(PromError, match="limits.max_backend_calls"):
+        async def limited() -> Any:
+            from proxy.pipeline.budget import Budget
+
+            BUDGET.set(Budget(1, 0))
+            return await Coalesce(cfg, 2, landing, Recorder(answer))(Work(q, slots))
+        run(limited())
+
+
+def test_fan_out_runs_calls_under_one_deadline() -> None:
+    class SlowFetcher:
+        async def fetch(self, f: Fetch, extra: Any, timeout_s: float, ctx: Any, router: Any) -> QueryResult:
+            await asyncio.sleep(0.01 if f.time_ms == 1 else 5)
+            return QueryResult.empty("vector")
+
+    q = replace(range_query("up"), timeout_s=0.2)
+    fast = Fetch("up", None, -1, None, None, None, 1)
+    results, shared = run(FanOut(SlowFetcher())(Calls(q, [fast], [])))  # type: ignore[arg-type]
+    assert len(results) == 1 and shared == []
+    slow = Fetch("up", None, -1, None, None, None, 2)
+    with pytest.raises(PromError, match="timed out after 0.2s"):
+        run(FanOut(SlowFetcher())(Calls(q, [fast, slow], [])))  # type: ignore[arg-type]
+
+    class FailingFetcher:
+        async def fetch(self, f: Fetch, *a: Any) -> QueryResult:
+            if f.time_ms == 1:
+                await asyncio.sleep(5)  # cancelled when its sibling fails
+                return QueryResult.empty("vector")
+            raise PieceFailed(BackendReply(422, b"{}", "application/json"))
+
+    # A failing piece cancels its siblings and its backend's answer is the verdict.
+    with pytest.raises(PieceFailed):
+        run(FanOut(FailingFetcher())(Calls(q, [fast, slow], [])))  # type: ignore[arg-type]
+
+
+def test_ambiguous_ties_is_an_exception_type() -> None:
+    assert issubclass(AmbiguousTies, Exception)
