@@ -35,18 +35,35 @@ def seconds(ms: int) -> str:
     return f"{sign}{whole}.{frac:03d}" if frac else f"{sign}{whole}"
 
 
+def query_call(query: str, start_ms: int | None, end_ms: int | None, step_ms: int | None, time_ms: int | None,
+               extra: Pairs = ()) -> tuple[str, Pairs]:
+    """Path and form of a range query (step given) or an instant query, times in seconds."""
+    if step_ms is not None:
+        assert start_ms is not None and end_ms is not None
+        return "/api/v1/query_range", [("query", query), ("start", seconds(start_ms)), ("end", seconds(end_ms)),
+                                       ("step", seconds(step_ms)), *extra]
+    assert time_ms is not None
+    return "/api/v1/query", [("query", query), ("time", seconds(time_ms)), *extra]
+
+
 class Asker:
     """`await ask(backend, path, form, timeout_s)` -> the decoded answer; a backend's error
-    answer raises PieceFailed (relayed as it is)."""
+    answer raises PieceFailed (relayed as it is). `relay` is the same call, undecoded."""
+
+    @staticmethod
+    async def relay(backend: Backend, path: str, form: Pairs, timeout_s: float) -> BackendReply:
+        """One query call as the backend answers it; charged to the query's budget (every call
+        counts, retries of a route's parts included)."""
+        budget = BUDGET.get()
+        if budget is not None:
+            budget.charge()
+        return await backend.request("POST", path, form=form, timeout_s=timeout_s, limited=True, endpoint=path)
 
     async def __call__(self, backend: Backend, path: str, form: Pairs, timeout_s: float) -> QueryResult:
         amp = backend.cfg.kind == "amp" and not any(k == "stats" for k, _ in form)
         if amp:
             form = [*form, ("stats", "all")]
-        budget = BUDGET.get()
-        if budget is not None:
-            budget.charge()  # every call counts, retries of a route's parts included
-        reply = await backend.request("POST", path, form=form, timeout_s=timeout_s, limited=True, endpoint=path)
+        reply = await self.relay(backend, path, form, timeout_s)
         if needs_range_form(backend, path, reply):
             return await self.range_form(backend, form, timeout_s)
         if not reply.ok:

@@ -19,7 +19,7 @@ from ..metrics import METRICS
 from ..pieces import split_time
 from ..singleflight import SingleFlight
 from ..tenancy import scope as tenant_scope
-from .ask import instant_of, seconds
+from .ask import instant_of, query_call
 from .cache_write import CacheWriter
 from .hybrid_fetch import RouteAnswer
 from .landing import Landing
@@ -46,15 +46,7 @@ class Fetcher:
 
     async def fetch(self, f: Fetch, extra: Pairs, timeout_s: float, ctx: CacheCtx | None,
                      router: Router | None = None) -> QueryResult:
-        if f.step_ms is not None:
-            assert f.start_ms is not None and f.end_ms is not None
-            path = "/api/v1/query_range"
-            form = [("query", f.query), ("start", seconds(f.start_ms)), ("end", seconds(f.end_ms)),
-                    ("step", seconds(f.step_ms)), *extra]
-        else:
-            assert f.time_ms is not None
-            path = "/api/v1/query"
-            form = [("query", f.query), ("time", seconds(f.time_ms)), *extra]
+        path, form = query_call(f.query, f.start_ms, f.end_ms, f.step_ms, f.time_ms, extra)
         tenant = ctx.tenant if ctx is not None else tenant_scope()
         key = ("piece", path, tuple(form), tenant, f.route)
         recent = self.landing.recent_call(key)

@@ -13,7 +13,6 @@ from ..metrics import METRICS
 from ..singleflight import SingleFlight
 from ..tenancy import scope as tenant_scope
 from .ask import Asker, needs_range_form
-from .budget import BUDGET
 from .cache_read import CacheReader
 from .cache_write import CacheWriter
 from .landing import Landing
@@ -85,11 +84,7 @@ class Forward:
         baselines = await self.writer.baselines([unit], q.timeout_s) if unit is not None else {}
         fetched_at = wall_ms()
         fetch_log.debug("fetch %s whole from %s", q.path, backend.name)
-        budget = BUDGET.get()
-        if budget is not None:
-            budget.charge()
-        reply = await backend.request("POST", q.path, form=q.pairs, timeout_s=q.timeout_s, limited=True,
-                                      endpoint=q.path)
+        reply = await self.ask.relay(backend, q.path, q.pairs, q.timeout_s)
         if needs_range_form(backend, q.path, reply) and any(k == "time" for k, _ in q.pairs):
             try:
                 result = await self.ask.range_form(backend, q.pairs, q.timeout_s)

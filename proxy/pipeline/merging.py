@@ -11,6 +11,7 @@ from ..errors import PromError
 from ..merge import merge
 from ..metrics import METRICS
 from ..ties import topk_ambiguous
+from .ask import Asker
 from .lookup import Pieces
 from .planning import Planner
 from .stage import Stage
@@ -37,8 +38,7 @@ class Fallback:
                 raise PromError("execution", "this answer's shape (e.g. native histograms) cannot be merged "
                                 f"across backends ({q.whole.key()})") from None
             backend = self.by_name[q.whole.backend] if q.whole is not None else self.primary
-            reply = await backend.request("POST", q.path, form=q.pairs, timeout_s=q.timeout_s, limited=True,
-                                          endpoint=q.path)
+            reply = await Asker.relay(backend, q.path, q.pairs, q.timeout_s)
             return Answer(reply=reply, headers={"X-Promaccel-Pieces": "1"})
 
 
