@@ -73,7 +73,10 @@ from shardplanner.planner import plan as make_plan
 from shardplanner.promql import CannotParse, parse
 from shardplanner.routing import Route, TimePart
 
-from .arrowcodec import CodecError, QueryResult, Undecodable, decode_prometheus_json, encode_arrow_stream, encode_prometheus_json, iter_prometheus_json
+from .codec.arrow import encode_arrow_stream
+from .codec.errors import CodecError, Undecodable
+from .codec.json_decode import decode_prometheus_json
+from .codec.json_encode import encode_prometheus_json, iter_prometheus_json
 from .backend import Backend, BackendReply
 from .cache import CacheItem, CacheKey, PieceMeta, PieceStore, make_store, ttl_for, wall_ms
 from .config import Config
@@ -81,14 +84,15 @@ from .errors import PromError
 from .footprint import Footprint, digest_query, footprint
 from .forms import Pairs
 from .hybrid import Router, edge_ms, holdings_of, missing_warning
-from .merge import concat, merge
+from .result import QueryResult
+from .result.merge import concat, merge
 from .metrics import METRICS
 from .params import InstantParams, RangeParams
-from .pieces import slice_time, split_time, subsample
+from .result.pieces import slice_time, split_time, subsample
 from .revalidate import Revalidator
 from .singleflight import SingleFlight
 from .tenancy import scope as tenant_scope
-from .ties import topk_ambiguous
+from .result.ties import topk_ambiguous
 
 log = logging.getLogger("promaccel.execute")
 # One DEBUG line per backend call (path, time range, units): which pieces were asked for.
@@ -960,7 +964,7 @@ class Executor:
         from shardplanner.ast import Agg, Binary, Call, Number, Paren
         from shardplanner.serialize import to_promql
 
-        from .binop import BinopError, evaluate_binary
+        from .result.binop import BinopError, evaluate_binary
 
         while isinstance(node, Paren):
             node = node.expr
@@ -1388,7 +1392,7 @@ class Executor:
             METRICS.backend_missing.labels(name).inc()
         if not answers:
             raise failed[0][2]
-        from .overlap import merge_overlap
+        from .result.overlap import merge_overlap
 
         merged = merge_overlap(answers, edge_ms=router.edge_ms)
         if instant_at is not None:
@@ -1591,7 +1595,7 @@ def _probe_instant(form: Pairs) -> bool:
     and its order is not meaningful: not sort()/sort_desc())?"""
     from shardplanner.ast import Call, MatrixSel, String, Subquery, unparen
 
-    from .binop import is_scalar_expr
+    from .result.binop import is_scalar_expr
 
     query = next((v for k, v in form if k == "query"), "")
     try:
@@ -1641,7 +1645,7 @@ def _restamp(value: QueryResult, req: QueryRequest) -> QueryResult:
     out = QueryResult(rtype, list(value.labels), offsets, np.tile(grid, n), np.repeat(values, len(grid)),
                       list(value.warnings), list(value.infos))
     if rtype == "matrix" and n > 1:
-        from .merge import concat as _concat
+        from .result.merge import concat as _concat
 
         out = _concat([out])  # Prometheus sorts range answers by labels
     return out
@@ -1777,7 +1781,7 @@ def _needs_range_form(backend: Backend, path: str, reply: BackendReply) -> bool:
 def _instant_of(result: QueryResult, query: str, t_ms: int) -> QueryResult:
     """A one-step range answer as the instant answer at `t_ms` (scalar-typed queries give a
     scalar)."""
-    from .binop import is_scalar_expr
+    from .result.binop import is_scalar_expr
 
     try:
         scalar = is_scalar_expr(parse(query))
