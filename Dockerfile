@@ -28,7 +28,7 @@ COPY proxy ./proxy
 COPY shardplanner ./shardplanner
 COPY loadtests ./loadtests
 # Compile the numba hot path into the image so the first query does not pay for it.
-RUN pip install . && cd / && python -m proxy.warmup
+RUN pip install . && cd / && python -m proxy.codec.warmup
 
 FROM base AS generator
 COPY --from=prometheus /bin/promtool /usr/local/bin/promtool

@@ -28,7 +28,7 @@ system-deps:
 	fi
 
 test: setup
-	$(BIN)/python -m proxy.warmup
+	$(BIN)/python -m proxy.codec.warmup
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: setup

@@ -1,4 +1,4 @@
-"""Benchmark of the JSON <-> Arrow hot path (proxy.arrowcodec, proxy.merge).
+"""Benchmark of the JSON <-> Arrow hot path (proxy.codec, proxy.result.merge).
 
     .venv/bin/python -m loadtests.codec_bench [--series 6000] [--points 128] [--reps 7]
 
@@ -35,15 +35,12 @@ from typing import Any
 import numpy as np
 import orjson
 
-from proxy.arrowcodec import (
-    QueryResult,
-    decode_prometheus_json,
-    encode_arrow_stream,
-    encode_prometheus_json,
-    iter_prometheus_json,
-)
-from proxy.merge import aggregate, concat
-from proxy.warmup import warm_up
+from proxy.codec.arrow import encode_arrow_stream
+from proxy.codec.json_decode import decode_prometheus_json
+from proxy.codec.json_encode import encode_prometheus_json, iter_prometheus_json
+from proxy.codec.warmup import warm_up
+from proxy.result import QueryResult
+from proxy.result.merge import aggregate, concat
 from shardplanner.plan import MergeRecipe
 
 STEP_MS = 30_000

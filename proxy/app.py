@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import __version__
 from .backend import Backend, BackendReply
-from .binop import go_quote
+from .result.golang import go_quote
 from .config import Config
 from .errors import PromError
 from .pipeline import QueryService

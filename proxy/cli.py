@@ -69,7 +69,7 @@ def _setup(args: argparse.Namespace, cfg: Config) -> None:
             logging.getLogger(name).setLevel(logging.WARNING)
     # numba's compiler logs every pass at DEBUG: megabytes per kernel.
     logging.getLogger("numba").setLevel(logging.WARNING)
-    from .warmup import warm_up
+    from .codec.warmup import warm_up
 
     # Compile the codec before the first query needs it (cached on disk after the first run).
     took = warm_up()
@@ -129,7 +129,7 @@ def _serve(args: argparse.Namespace, argv: list[str]) -> int:
         # process stays small (it only forwards signals and restarts workers).
         import subprocess
 
-        subprocess.run([sys.executable, "-c", "from proxy.warmup import warm_up; warm_up()"], check=False)
+        subprocess.run([sys.executable, "-c", "from proxy.codec.warmup import warm_up; warm_up()"], check=False)
         os.environ[WORKER_ARGV_ENV] = json.dumps(argv)
         if cfg.cache.enabled and not cfg.cache.redis_url:
             print(f"promaccel: {args.workers} workers without Redis: each worker has its own "

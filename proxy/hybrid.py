@@ -14,7 +14,7 @@ evaluation timestamp. This module turns that into per-request state for the exec
   uses, and its time parts, so a piece fetched from AMP never answers for the local
   Prometheus, nor a merged overlap for one backend alone.
 - `edge_ms`: how far an unmarked gap in one backend spoils that backend's values next to
-  it (lookback + the longest range the query reads): `proxy/overlap.py` takes values from
+  it (lookback + the longest range the query reads): `proxy/result/overlap.py` takes values from
   the other backend within that distance of a gap.
 - `missing_warning`: the Prometheus warning put on an answer that lacks a backend (overlap
   merge with one backend down). An answer with a warning is never cached.

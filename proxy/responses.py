@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from starlette.responses import Response, StreamingResponse
 
-from .arrowcodec import QueryResult, encode_arrow_stream, encode_prometheus_json, iter_prometheus_json
 from .backend import BackendReply
+from .codec.arrow import encode_arrow_stream
+from .codec.json_encode import encode_prometheus_json, iter_prometheus_json
 from .pipeline.values import ARROW_STREAM, Answer
+from .result import QueryResult
 
 JSON = "application/json"
 # Answers above this many samples are encoded in chunks as they are sent: a 20 MB answer

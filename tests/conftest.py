@@ -70,7 +70,7 @@ SPLIT_BY_TEST = {"tests/test_equivalence_matrix.py"}
 UNIT_COST: dict[str, float] = {
     "tests/test_hybrid.py": 240, "tests/test_cache_integration.py": 160, "tests/test_bench.py": 60,
     "tests/test_amp.py": 45, "tests/test_instant_split.py": 45, "tests/test_hybrid_routing.py": 30,
-    "tests/test_serialize.py": 28, "tests/test_equivalence_matrix.py": 25, "tests/test_arrowcodec.py": 20,
+    "tests/test_serialize.py": 28, "tests/test_equivalence_matrix.py": 25, "tests/test_codec.py": 20,
     "tests/test_binop_prometheus.py": 19, "tests/test_passthrough_equivalence.py": 18,
     "tests/test_planned_equivalence.py": 16, "tests/test_clients.py": 16, "tests/test_bad_requests.py": 14,
     "tests/test_gen.py": 12, "tests/test_overlap.py": 8, "tests/test_step_reuse.py": 8, "tests/test_demo.py": 8,

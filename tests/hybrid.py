@@ -61,7 +61,7 @@ BY_TIME_AMP_UNTIL = T + 30 * MIN  # amp holds samples <= this time (closed windo
 OVERLAP_SINCE = END - 4 * HOUR  # local holds the last 4 h in `overlap`
 # Whole-backend outages, 75 min each and 75 min apart: longer than the longest read window of
 # the corpus (65 min), so each shows as missing steps that the overlap merge can see. (A gap
-# shorter than a query's read window never leaves a step without data: proxy/overlap.py's
+# shorter than a query's read window never leaves a step without data: proxy/result/overlap.py's
 # documented limit.)
 LOCAL_OUTAGE = (OVERLAP_SINCE + 10 * MIN, OVERLAP_SINCE + 85 * MIN)  # [20:10, 21:25)
 AMP_OUTAGE = (END - 80 * MIN, END - 5 * MIN)  # [22:40, 23:55)

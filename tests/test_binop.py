@@ -1,4 +1,4 @@
-"""proxy.binop in-process: hand-built answers for each rule of Prometheus's binary operators,
+"""proxy.result.binop in-process: hand-built answers for each rule of Prometheus's binary operators,
 Go's float functions, the error texts, and a randomised comparison of the vectorised join
 with the one-step transcription of VectorBinop it defers to."""
 
@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from proxy.arrowcodec import QueryResult
-from proxy.binop import BinopError, _binop_step, _Matching, evaluate_binary, go_atan2, go_pow, go_quote, is_scalar_expr
+from proxy.result import QueryResult
+from proxy.result.binop import BinopError, _binop_step, _Matching, evaluate_binary, is_scalar_expr
+from proxy.result.golang import go_atan2, go_pow, go_quote
 from shardplanner.ast import Binary, Call, Number, Paren, Selector, Unary, unparen
 from shardplanner.promql import parse
 

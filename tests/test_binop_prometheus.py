@@ -1,4 +1,4 @@
-"""proxy.binop against a real Prometheus 2.42: each side of `lhs op rhs` is queried alone,
+"""proxy.result.binop against a real Prometheus 2.42: each side of `lhs op rhs` is queried alone,
 decoded, combined by `evaluate_binary`, encoded, and compared with Prometheus's own answer to
 the whole expression (instant at two times, and a range query at step 5m over 4 hours).
 
@@ -20,8 +20,10 @@ import httpx
 import orjson
 import pytest
 
-from proxy.arrowcodec import QueryResult, decode_prometheus_json, encode_prometheus_json, format_value
-from proxy.binop import BinopError, evaluate_binary, is_scalar_expr
+from proxy.codec.json_decode import decode_prometheus_json
+from proxy.codec.json_encode import encode_prometheus_json, format_value
+from proxy.result import QueryResult
+from proxy.result.binop import BinopError, evaluate_binary, is_scalar_expr
 from shardplanner.ast import Binary, Number, unparen
 from shardplanner.promql import parse
 from tests.compare import diff_answers

@@ -227,7 +227,7 @@ def test_dockerfile() -> None:
     assert "python:3.11-slim" in text
     assert "generator" in names and names[-1] == "promaccel", "the default (last) stage is the proxy"
     assert re.search(r"^RUN pip install \. ", text, re.M)
-    assert "python -m proxy.warmup" in text, "the image carries the compiled hot path"
+    assert "python -m proxy.codec.warmup" in text, "the image carries the compiled hot path"
     assert re.search(r'^ENTRYPOINT \["promaccel"\]', text, re.M)
     assert "promtool" in text
     # Every local path the Dockerfile copies exists (README* is optional).

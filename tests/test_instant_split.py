@@ -1,7 +1,7 @@
 """Instant queries over long range windows, split in time (issue 4 item 6), `shards: auto`
 (item 3) and the samples-touched guardrail (item 9).
 
-1. Pure: the planner's sub-windows + proxy.merge's combine_time against a reference
+1. Pure: the planner's sub-windows + proxy.result.merge's combine_time against a reference
    `*_over_time` over the whole closed window `[t-r, t]` (Prometheus 2.42), with samples
    exactly on the split boundaries.
 2. Real Prometheus 2.42 (session fixtures): the same queries through promaccel
@@ -23,8 +23,8 @@ import httpx
 import orjson
 import pytest
 
-from proxy.arrowcodec import QueryResult
-from proxy.merge import merge
+from proxy.result import QueryResult
+from proxy.result.merge import merge
 from shardplanner.ast import MatrixSel, walk
 from shardplanner.plan import PlannerSettings, QueryRequest
 from shardplanner.planner import plan

@@ -1,4 +1,4 @@
-"""proxy.merge against straightforward per-timestamp reference implementations.
+"""proxy.result.merge against straightforward per-timestamp reference implementations.
 
 The reference evaluates the *unsplit* query the way Prometheus 2.42's aggregation() does
 (series in label order, one dict per timestamp); the shard pieces are the same reference run
@@ -17,9 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy import merge as merge_mod
-from proxy.arrowcodec import QueryResult, encode_prometheus_json
-from proxy.merge import MergeConflict, aggregate, concat, merge
+from proxy.codec.json_encode import encode_prometheus_json
+from proxy.result import QueryResult
+from proxy.result import merge as merge_mod
+from proxy.result.merge import MergeConflict, aggregate, concat, merge
 from shardplanner.plan import MergeRecipe
 
 Series = tuple[dict[str, str], dict[int, float]]  # labels, {t_ms: value}

@@ -1,4 +1,4 @@
-"""proxy/overlap.py: the migration-overlap merge (preference, union, gap filling, edges)."""
+"""proxy/result/overlap.py: the migration-overlap merge (preference, union, gap filling, edges)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.arrowcodec import QueryResult, encode_prometheus_json
-from proxy.merge import MergeConflict, concat
-from proxy.overlap import merge_overlap
+from proxy.codec.json_encode import encode_prometheus_json
+from proxy.result import QueryResult
+from proxy.result.merge import MergeConflict, concat
+from proxy.result.overlap import merge_overlap
 
 S = 60_000  # step
 T0 = 1_793_480_400_000

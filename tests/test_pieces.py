@@ -1,4 +1,4 @@
-"""In-process tests of the cache's building blocks: cutting answers by time (proxy/pieces.py),
+"""In-process tests of the cache's building blocks: cutting answers by time (proxy/result/pieces.py),
 cells on the step grid, coalescing units into fetches, footprints (proxy/footprint.py) and the
 tenant scope."""
 
@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.arrowcodec import QueryResult
 from proxy.pipeline.units import Unit, cell_of, coalesce_units
+from proxy.result import QueryResult
+from proxy.result.merge import concat
+from proxy.result.pieces import slice_time, split_time
 from shardplanner.footprint import digest_query, footprint
-from proxy.merge import concat
-from proxy.pieces import slice_time, split_time
 from shardplanner.timesplit import split_range
 
 H = 3_600_000

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from proxy.arrowcodec import QueryResult, Undecodable
 from proxy.backend import BackendReply
+from proxy.codec.errors import Undecodable
 from proxy.config import load_config
 from proxy.errors import PromError
 from proxy.pipeline.budget import BUDGET, SAMPLES_TALLY, Admit
@@ -26,6 +26,7 @@ from proxy.pipeline.routing import Route
 from proxy.pipeline.slots import SlotMaker
 from proxy.pipeline.units import Fetch
 from proxy.pipeline.values import AmbiguousTies, Answer, PieceFailed, Query
+from proxy.result import QueryResult
 from shardplanner.plan import QueryRequest
 
 H = 3_600_000

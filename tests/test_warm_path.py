@@ -14,10 +14,10 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from proxy import compress
-from proxy.arrowcodec import QueryResult
 from proxy.compress import FastGZipMiddleware
 from proxy.config import CacheConfig
 from proxy.pipeline.cache_read import decode_payloads as _decode_payloads
+from proxy.result import QueryResult
 
 BIG = b'{"status":"success","data":[' + b'[1793404800,"245.125"],' * 40_000 + b"[0,\"1\"]]}"
 
@@ -155,7 +155,7 @@ def test_malloc_tuning_is_opt_in_and_applied_once(monkeypatch: pytest.MonkeyPatc
 
 
 def test_non_integral_picks_what_the_encoder_leaves_to_orjson() -> None:
-    from proxy.arrowcodec import _non_integral
+    from proxy.codec.json_encode import _non_integral
 
     v = np.array([1.0, -0.0, 2.5, np.nan, np.inf, -np.inf, 2.0**53, 2.0**53 - 1, -3.0, 1e300, 0.1, -7.25])
     assert _non_integral(v).tolist() == [2.5, 0.0, 0.0, 0.0, 2.0**53, 1e300, 0.1, -7.25]
@@ -166,7 +166,7 @@ def test_non_integral_picks_what_the_encoder_leaves_to_orjson() -> None:
 def test_cached_table_with_a_bad_series_column_is_refused(series: list[int]) -> None:
     import pyarrow as pa
 
-    from proxy.arrowcodec import MalformedAnswer
+    from proxy.codec.errors import MalformedAnswer
 
     good = _result(n_series=2, points=2)
     table = good.to_arrow_table()

@@ -7,8 +7,8 @@ import contextvars
 
 from ..config import LimitsConfig
 from ..errors import PromError
-from .values import Answer, Query
 from .stage import Stage
+from .values import Answer, Query
 
 
 class Budget:

@@ -9,13 +9,13 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from ..arrowcodec import QueryResult
 from ..cache import CacheKey, PieceStore
 from ..config import Config
 from ..errors import PromError
 from ..hybrid import Router
 from ..metrics import METRICS
-from ..pieces import slice_time, subsample
+from ..result import QueryResult
+from ..result.pieces import slice_time, subsample
 from .landing import Landing
 from .slots import SlotMaker
 from .units import Slot, cell_of

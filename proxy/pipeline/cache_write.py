@@ -11,10 +11,12 @@ from typing import Any, TypeVar
 
 from shardplanner.footprint import digest_query
 
-from ..arrowcodec import CodecError, QueryResult, decode_prometheus_json
 from ..cache import CacheItem, PieceMeta, PieceStore
+from ..codec.errors import CodecError
+from ..codec.json_decode import decode_prometheus_json
 from ..config import Config
 from ..metrics import METRICS
+from ..result import QueryResult
 from ..revalidate import Revalidator
 from .budget import BUDGET
 from .landing import Landing

@@ -19,12 +19,12 @@ from shardplanner.ast import Agg, Binary, Call, Number, Paren, Selector, transfo
 from shardplanner.plan import QueryRequest
 from shardplanner.serialize import to_promql
 
-from ..arrowcodec import QueryResult
 from ..backend import Backend
-from ..binop import BinopError, evaluate_binary
 from ..errors import PromError
-from ..merge import concat, merge
 from ..metrics import METRICS
+from ..result import QueryResult
+from ..result.binop import BinopError, evaluate_binary
+from ..result.merge import concat, merge
 from .planning import Planner
 from .routing import merges, router_for
 from .stage import Stage

@@ -10,13 +10,13 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..arrowcodec import QueryResult
 from ..cache import wall_ms
 from ..errors import PromError
 from ..forms import Pairs
 from ..hybrid import Router
 from ..metrics import METRICS
-from ..pieces import split_time
+from ..result import QueryResult
+from ..result.pieces import split_time
 from ..singleflight import SingleFlight
 from ..tenancy import scope as tenant_scope
 from .ask import instant_of, query_call

@@ -6,9 +6,9 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from ..arrowcodec import encode_prometheus_json
 from ..backend import Backend, BackendReply
 from ..cache import wall_ms
+from ..codec.json_encode import encode_prometheus_json
 from ..metrics import METRICS
 from ..singleflight import SingleFlight
 from ..tenancy import scope as tenant_scope

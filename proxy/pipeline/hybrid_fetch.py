@@ -16,16 +16,16 @@ from shardplanner.analysis import probe_as_range
 from shardplanner.promql import CannotParse, parse
 from shardplanner.routing import TimePart
 
-from ..arrowcodec import QueryResult
 from ..backend import Backend
 from ..config import Config
 from ..errors import PromError
 from ..forms import Pairs
 from ..hybrid import Router, missing_warning
-from ..merge import concat
 from ..metrics import METRICS
-from ..overlap import merge_overlap
-from ..pieces import slice_time
+from ..result import QueryResult
+from ..result.merge import concat
+from ..result.overlap import merge_overlap
+from ..result.pieces import slice_time
 from .ask import Asker, seconds
 from .units import Fetch
 from .values import PieceFailed

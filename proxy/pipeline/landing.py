@@ -14,8 +14,8 @@ import asyncio
 import time
 from typing import Any
 
-from ..arrowcodec import QueryResult
 from ..cache import wall_ms
+from ..result import QueryResult
 
 # How long fetched units stay in the landing zone after their put finished.
 LANDING_GRACE_S = 2.0

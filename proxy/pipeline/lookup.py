@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from ..arrowcodec import QueryResult, Undecodable
+from ..codec.errors import Undecodable
 from ..config import Config
 from ..errors import PromError
 from ..metrics import METRICS
-from ..pieces import slice_time
+from ..result import QueryResult
+from ..result.pieces import slice_time
 from .budget import BUDGET
 from .cache_read import CacheReader
 from .fetch import Fetcher

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from ..arrowcodec import Undecodable
 from ..backend import Backend
+from ..codec.errors import Undecodable
 from ..errors import PromError
-from ..merge import merge
 from ..metrics import METRICS
-from ..ties import topk_ambiguous
+from ..result.merge import merge
+from ..result.ties import topk_ambiguous
 from .ask import Asker
 from .lookup import Pieces
 from .planning import Planner

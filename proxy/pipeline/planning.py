@@ -23,7 +23,7 @@ from ..errors import PromError
 from ..metrics import METRICS
 from ..tenancy import scope as tenant_scope
 from .stage import Stage
-from .values import UNKEYED_PARAMS, PLANNED_PARAMS, Answer, CacheCtx, Query
+from .values import PLANNED_PARAMS, UNKEYED_PARAMS, Answer, CacheCtx, Query
 
 log = logging.getLogger("promaccel.plan")
 

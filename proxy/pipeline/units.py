@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from shardplanner.footprint import Footprint
 from shardplanner.plan import Piece
 
-from ..arrowcodec import QueryResult
 from ..cache import CacheKey
-from ..pieces import slice_time
+from ..result import QueryResult
+from ..result.pieces import slice_time
 
 
 def cell_of(start_ms: int, step_ms: int, interval_ms: int) -> tuple[int, int]:

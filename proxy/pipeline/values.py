@@ -17,8 +17,8 @@ from ..forms import Pairs
 if TYPE_CHECKING:
     from shardplanner.routing import Route
 
-    from ..arrowcodec import QueryResult
     from ..hybrid import Router
+    from ..result import QueryResult
 
 # Parameters the plan sets per piece; everything else the client sent is passed along.
 PLANNED_PARAMS = frozenset({"query", "start", "end", "step", "time"})

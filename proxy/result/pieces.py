@@ -11,8 +11,8 @@ Prometheus omits such series. An empty piece is a valid answer (an empty matrix)
     slice_time(answer, a, b)                       -> answer cut to [a, b]
 
 Compiled: a binary search per series and bound, then one copy per piece; no temporary
-array per sample (a fetched 24 h answer of 3 M samples used to take ~100 MB of index
-arrays to cut). Samples out of time order within a series take the vectorised path. Series order, label sets (and their formatted keys), warnings and infos are kept.
+array per sample. Samples out of time order within a series take the vectorised path.
+Series order, label sets (and their formatted keys), warnings and infos are kept.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
-from .arrowcodec import QueryResult
+from .query_result import QueryResult
 
 __all__ = ["slice_time", "split_time", "subsample"]
 

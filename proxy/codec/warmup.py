@@ -12,8 +12,10 @@ import time
 
 from shardplanner.plan import MergeRecipe
 
-from .arrowcodec import decode_prometheus_json, encode_prometheus_json
-from .merge import merge
+from proxy.result.merge import merge
+
+from .json_decode import decode_prometheus_json
+from .json_encode import encode_prometheus_json
 
 _MATRIX = (
     b'{"status":"success","data":{"resultType":"matrix","result":['

@@ -55,7 +55,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
-from proxy.arrowcodec import QueryResult
+from proxy.result.query_result import QueryResult
 from proxy.errors import PromError
 from shardplanner.plan import MergeRecipe
 

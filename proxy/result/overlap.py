@@ -70,8 +70,8 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from proxy.arrowcodec import QueryResult
-from proxy.merge import MergeConflict
+from proxy.result.merge import MergeConflict
+from proxy.result.query_result import QueryResult
 
 __all__ = ["merge_overlap"]
 
@@ -87,7 +87,7 @@ def _notes(answers: Sequence[QueryResult]) -> tuple[list[str], list[str]]:
 def _order(ckeys: list[bytes], labels: list[dict[str, str]]) -> list[int]:
     """Series indexes in Prometheus's labels.Compare order (merge.py's kernel when present)."""
     try:
-        from proxy.merge import _order_by_labels
+        from proxy.result.merge import _order_by_labels
     except ImportError:  # pragma: no cover - merge.py is being edited by others
         keys = [tuple(sorted(d.items())) for d in labels]
         return sorted(range(len(keys)), key=keys.__getitem__)

@@ -1,4 +1,4 @@
-"""proxy.arrowcodec: Prometheus JSON <-> QueryResult <-> Arrow, in process.
+"""proxy.codec: Prometheus JSON <-> QueryResult <-> Arrow, in process.
 
 The reference encoder here is written straightforwardly from Prometheus's Go code
 (util/jsonutil/marshal.go, jsoniter's string escaping); the golden answers were captured
@@ -19,16 +19,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy import arrowcodec as ac
-from proxy.arrowcodec import (
-    MalformedAnswer,
-    QueryResult,
-    Undecodable,
-    decode_prometheus_json,
-    encode_arrow_stream,
-    encode_prometheus_json,
-    iter_prometheus_json,
-)
+from proxy.codec import json_decode, json_encode
+from proxy.codec.arrow import encode_arrow_stream
+from proxy.codec.errors import MalformedAnswer, Undecodable
+from proxy.codec.json_decode import decode_prometheus_json
+from proxy.codec.json_encode import encode_prometheus_json, iter_prometheus_json
+from proxy.result import QueryResult
+from proxy.result.labels import labels_json
 
 # --------------------------------------------------------------------------------------
 # Reference encoder (slow, obviously right)
@@ -173,7 +170,7 @@ def test_golden_round_trip(body: bytes) -> None:
     assert encode_prometheus_json(r) == body
     assert b"".join(iter_prometheus_json(r, batch_samples=1)) == body
     # The slow exact path agrees with the fast one.
-    s = ac._decode_slow(body)
+    s = json_decode._decode_slow(body)
     assert s.labels == r.labels and s.result_type == r.result_type
     assert np.array_equal(s.t_ms, r.t_ms) and same_floats(s.value, r.value)
     assert encode_prometheus_json(s) == body
@@ -235,7 +232,7 @@ def _encode_values(vals: list[float]) -> list[str]:
 def test_format_special_values() -> None:
     got = _encode_values(SPECIAL)
     assert got == [ref_value(v) for v in SPECIAL]
-    assert [ac.format_value(v) for v in SPECIAL] == got
+    assert [json_encode.format_value(v) for v in SPECIAL] == got
     assert got[:8] == ["0", "-0", "1", "-1", "0.1", "0.3333333333333333", "0.000001", "9.999999999999997e-07"]
 
 
@@ -379,7 +376,7 @@ def test_histograms_are_undecodable() -> None:
     with pytest.raises(Undecodable):
         decode_prometheus_json(body)
     with pytest.raises(Undecodable):
-        ac._decode_slow(body)
+        json_decode._decode_slow(body)
     body = (
         b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{"a":"b"},'
         b'"values":[[1,"1"]],"histograms":[[2,{"count":"1","sum":"2"}]]}]}}'
@@ -461,7 +458,7 @@ def test_stream_chunks_bound_memory() -> None:
     r = QueryResult.from_series("matrix", series)
     chunks = list(iter_prometheus_json(r))
     assert b"".join(chunks) == encode_prometheus_json(r)
-    assert len(chunks) >= 4 and max(map(len, chunks)) < 2 * ac._STREAM_BATCH_SAMPLES * 40
+    assert len(chunks) >= 4 and max(map(len, chunks)) < 2 * json_encode._STREAM_BATCH_SAMPLES * 40
 
 
 def test_slow_path_timestamps_and_order() -> None:
@@ -512,7 +509,7 @@ def test_cached_labels_are_not_formatted_again() -> None:
     r = QueryResult.from_series("matrix", [(d, [1000], [1.0]), ({}, [1000], [2.0])])
     back = QueryResult.from_ipc_bytes(r.to_ipc_bytes())
     assert back._label_block is not None and back.labels == r.labels
-    assert back.canonical_keys() == [ac.labels_json(d), b"{}"]
+    assert back.canonical_keys() == [labels_json(d), b"{}"]
     assert encode_prometheus_json(back) == encode_prometheus_json(r) == ref_encode("matrix", r.to_pylist())
     # A table written without the canonical marker (an older cache entry) still decodes.
     t = r.to_arrow_table()

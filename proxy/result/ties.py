@@ -20,7 +20,7 @@ import numpy as np
 
 from shardplanner.plan import MergeRecipe
 
-from .arrowcodec import QueryResult
+from .query_result import QueryResult
 
 
 def _group_key(labels: dict[str, str], recipe: MergeRecipe) -> tuple[tuple[str, str], ...]:

@@ -1,0 +1,235 @@
+"""QueryResult <-> Arrow: the cache's payload and the public Arrow stream.
+
+The only module of promaccel that imports pyarrow.
+- `to_table()` / `from_table()`: one row per sample, columns `series` int32 (index into the
+  label list), `t_ms` int64, `value` float64; the schema metadata holds `promaccel.version`
+  ("1"), `promaccel.result_type`, `promaccel.labels` (JSON list of label objects, written as
+  Prometheus writes label sets, flagged by `promaccel.labels_canonical`), `promaccel.warnings`,
+  `promaccel.infos` (JSON lists) and, for string results, `promaccel.string_value`.
+  `to_ipc_bytes()` / `from_ipc_bytes()` write / read that table as an Arrow IPC stream with
+  zstd (or lz4) buffer compression: this is what the cache stores.
+- `encode_arrow_stream(result)`: the public Arrow shape for clients that send
+  `Accept: application/vnd.apache.arrow.stream`: one row per sample with columns
+  `series` int32, `timestamp` timestamp[ms, UTC], `value` float64 and
+  `labels` dictionary<int32, map<utf8, utf8>> (the full label set of the row's series,
+  dictionary-encoded by series: one map per series on the wire), schema metadata
+  `promaccel.result_type`, `promaccel.warnings`, `promaccel.infos` and, for strings,
+  `promaccel.string_value`. Uncompressed, so any Arrow reader can open it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+import pyarrow as pa
+from numba import njit
+
+from proxy.result import QueryResult
+
+from .errors import MalformedAnswer
+from .json_decode import _LABEL_CACHE, _SlowPath
+from .json_scan import _array_element_spans
+
+__all__ = ["encode_arrow_stream", "from_ipc_bytes", "from_table", "to_ipc_bytes", "to_table"]
+
+I64 = npt.NDArray[np.int64]
+
+
+def to_table(result: QueryResult) -> pa.Table:
+    meta = {
+        b"promaccel.version": b"1",
+        b"promaccel.result_type": result.result_type.encode(),
+        # The label list as Prometheus writes label sets (the same JSON value as
+        # orjson.dumps(labels)), so that a cached piece is not formatted again.
+        b"promaccel.labels": b"[" + b",".join(result.canonical_keys()) + b"]",
+        b"promaccel.labels_canonical": b"1",
+        b"promaccel.warnings": orjson.dumps(result.warnings),
+        b"promaccel.infos": orjson.dumps(result.infos),
+    }
+    if result.string_value is not None:
+        meta[b"promaccel.string_value"] = result.string_value.encode()
+    schema = pa.schema(
+        [("series", pa.int32()), ("t_ms", pa.int64()), ("value", pa.float64())],
+        metadata=meta,
+    )
+    return pa.Table.from_arrays(
+        [pa.array(result.series), pa.array(result.t_ms), pa.array(result.value)], schema=schema
+    )
+
+
+def from_table(table: pa.Table) -> QueryResult:
+    meta = table.schema.metadata or {}
+    try:
+        if meta.get(b"promaccel.version") != b"1":
+            raise MalformedAnswer("not a promaccel result table (version)")
+        rtype = meta[b"promaccel.result_type"].decode()
+        block = _canonical_label_list(meta)
+        labels = orjson.loads(meta[b"promaccel.labels"]) if block is None else block[0]
+        warnings = orjson.loads(meta.get(b"promaccel.warnings", b"[]"))
+        infos = orjson.loads(meta.get(b"promaccel.infos", b"[]"))
+        sv = meta.get(b"promaccel.string_value")
+        series = _column_numpy(table, "series", np.int32)
+        t = _column_numpy(table, "t_ms", np.int64)
+        v = _column_numpy(table, "value", np.float64)
+    except (KeyError, ValueError, orjson.JSONDecodeError, pa.ArrowException) as exc:
+        raise MalformedAnswer(f"bad promaccel result table: {exc}") from exc
+    n = len(labels)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    if not _offsets_of_series(series, offsets):
+        raise MalformedAnswer("bad promaccel result table: series column out of order")
+    out = QueryResult(
+        rtype,
+        labels,
+        offsets,
+        t,
+        v,
+        list(warnings),
+        list(infos),
+        string_value=sv.decode() if sv is not None else None,
+    )
+    if block is not None:
+        out.set_canonical_keys(block[1], block[2])
+    return out
+
+
+def to_ipc_bytes(result: QueryResult, compression: Literal["zstd", "lz4"] | None = "zstd") -> bytes:
+    table = to_table(result)
+    opts = pa.ipc.IpcWriteOptions(compression=compression)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema, options=opts) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def from_ipc_bytes(data: bytes) -> QueryResult:
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    except pa.ArrowException as exc:
+        raise MalformedAnswer(f"bad Arrow IPC stream: {exc}") from exc
+    return from_table(table)
+
+
+class _LabelLists:
+    """Label list JSON of cached pieces -> its parsed form. The pieces of one panel (one
+    per hour of a 24 h window) mostly carry the very same series list: parse it once.
+    Bounded by the bytes of JSON kept (cleared when full); values are never mutated, and
+    callers get their own copies of the lists."""
+
+    def __init__(self, max_bytes: int = 16 << 20) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.map: dict[bytes, tuple[list[dict[str, str]], list[bytes], tuple[bytes, I64, I64]]] = {}
+
+    def get(self, raw: bytes) -> Any:
+        hit = self.map.get(raw)
+        if hit is None:
+            return None
+        labels, keys, block = hit
+        return list(labels), list(keys), block
+
+    def put(self, raw: bytes, value: tuple[list[dict[str, str]], list[bytes], tuple[bytes, I64, I64]]) -> None:
+        if len(raw) > self.max_bytes // 4:
+            return
+        if self.bytes + len(raw) > self.max_bytes:
+            self.map.clear()
+            self.bytes = 0
+        labels, keys, (_, starts, ends) = value
+        starts.flags.writeable = False
+        ends.flags.writeable = False
+        self.map[raw] = (list(labels), list(keys), value[2])
+        self.bytes += len(raw)
+
+
+_LABEL_LISTS = _LabelLists()
+
+
+@njit(cache=True, nogil=True)
+def _offsets_of_series(series, offsets):  # type: ignore[no-untyped-def]
+    """Row offsets per series (offsets has n_series + 1 zeros) from a non-decreasing series
+    column; False if it decreases or names a series outside [0, n_series)."""
+    n = len(offsets) - 1
+    prev = 0
+    for i in range(len(series)):
+        s = series[i]
+        if s < prev or s >= n:
+            return False
+        offsets[s + 1] += 1
+        prev = s
+    for s in range(n):
+        offsets[s + 1] += offsets[s]
+    return True
+
+
+def _canonical_label_list(meta: dict[bytes, bytes]) -> Any:
+    """A cache table's label list written as Prometheus label JSON (to_arrow_table):
+    (labels looked up in the shared label-set table, keys, label block), else None."""
+    if meta.get(b"promaccel.labels_canonical") != b"1":
+        return None
+    raw = meta[b"promaccel.labels"]
+    hit = _LABEL_LISTS.get(raw)
+    if hit is not None:
+        return hit
+    buf = np.frombuffer(raw, dtype=np.uint8)
+    n_max = len(raw) // 3 + 1  # `{},` per label set at least (untouched pages stay unmapped)
+    starts = np.empty(n_max, dtype=np.int64)
+    ends = np.empty(n_max, dtype=np.int64)
+    n = _array_element_spans(buf, starts, ends) if len(raw) > 2 else 0
+    if n < 0:
+        return None
+    starts, ends = starts[:n].copy(), ends[:n].copy()
+    if n and not (np.all(buf[starts] == 123) and np.all(buf[ends - 1] == 125)):
+        return None  # not a list of objects
+    keys = [raw[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
+    try:
+        labels = _LABEL_CACHE.lookup(keys)
+    except _SlowPath:
+        return None
+    _LABEL_LISTS.put(raw, (labels, keys, (raw, starts, ends)))
+    return labels, keys, (raw, starts, ends)
+
+
+def _column_numpy(table: pa.Table, name: str, dtype: Any) -> Any:
+    col = table.column(name)
+    if col.null_count:
+        raise ValueError(f"nulls in column {name}")
+    arr = col.to_numpy() if col.num_chunks != 1 else col.chunk(0).to_numpy(zero_copy_only=False)
+    return np.ascontiguousarray(arr, dtype=dtype)
+
+
+def encode_arrow_stream(result: QueryResult) -> bytes:
+    """The public Arrow IPC stream (schema in the module docstring)."""
+    meta = {
+        b"promaccel.result_type": result.result_type.encode(),
+        b"promaccel.warnings": orjson.dumps(result.warnings),
+        b"promaccel.infos": orjson.dumps(result.infos),
+    }
+    if result.string_value is not None:
+        meta[b"promaccel.string_value"] = result.string_value.encode()
+    map_type = pa.map_(pa.utf8(), pa.utf8())
+    per_series = pa.array([sorted(d.items()) for d in result.labels], type=map_type)
+    series = pa.array(result.series)
+    # The label sets are dictionary-encoded by series: one map per series, not per row.
+    labels = pa.DictionaryArray.from_arrays(series, per_series)
+    schema = pa.schema(
+        [
+            ("series", pa.int32()),
+            ("timestamp", pa.timestamp("ms", tz="UTC")),
+            ("value", pa.float64()),
+            ("labels", labels.type),
+        ],
+        metadata=meta,
+    )
+    table = pa.Table.from_arrays(
+        [series, pa.array(result.t_ms).view(pa.timestamp("ms", tz="UTC")), pa.array(result.value), labels],
+        schema=schema,
+    )
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+# --------------------------------------------------------------------------------------

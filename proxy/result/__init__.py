@@ -1,0 +1,14 @@
+"""Query answers as columns (`QueryResult`) and the kernels that combine and cut them.
+
+    query_result.py  the QueryResult type (imports neither numba nor pyarrow)
+    labels.py        label sets as Prometheus writes them (canonical keys)
+    merge.py         concat / re-aggregate pieces (sum of sums, avg as sum/count, topk)
+    overlap.py       merge the answers of backends whose data overlap in time
+    binop.py         PromQL binary operators on two answers (golang.py: Go's math, quoting)
+    pieces.py        cut an answer into time pieces, subsample to a coarser step
+    ties.py          is a sharded topk exact? (ties at the k-th place)
+"""
+
+from .query_result import QueryResult, ResultType
+
+__all__ = ["QueryResult", "ResultType"]

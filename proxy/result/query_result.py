@@ -1,0 +1,205 @@
+"""`QueryResult`: one query answer as columns, the type every stage passes around.
+
+    result_type   "matrix" | "vector" | "scalar" | "string"
+    labels        list[dict[str, str]], one label set per series (thousands, not millions)
+    offsets       int64[n_series + 1]: the samples of series i are [offsets[i], offsets[i+1])
+    t_ms          int64[n_samples]   sample timestamps, milliseconds since the epoch
+    value         float64[n_samples] sample values (NaN, +Inf, -Inf as IEEE values)
+    warnings      list[str]          Prometheus's "warnings", carried along
+    infos         list[str]          newer Prometheus's "infos", carried along
+    string_value  str | None         only for result_type "string"
+
+Invariants: the samples of a series are contiguous, in series order, and strictly
+increasing in time within a series. A scalar or string result is one pseudo-series with an
+empty label set and one sample (a string's value is NaN, its text is `string_value`).
+The dicts in `labels` may be shared between results (proxy/codec/json_decode.py looks label
+sets up in a process-wide table): never mutate them.
+
+This module imports neither numba nor pyarrow: the Arrow conversions load
+proxy/codec/arrow.py on first use.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from .labels import label_block
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["QueryResult", "ResultType"]
+
+ResultType = Literal["matrix", "vector", "scalar", "string"]
+_RESULT_TYPES = ("matrix", "vector", "scalar", "string")
+
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+
+@dataclass(eq=False)
+class QueryResult:
+    result_type: ResultType
+    labels: list[dict[str, str]]
+    offsets: I64
+    t_ms: I64
+    value: F64
+    warnings: list[str] = field(default_factory=list)
+    infos: list[str] = field(default_factory=list)
+    string_value: str | None = None
+    # Caches (labels never change once a result exists): Prometheus-formatted label JSON
+    # as (bytes, starts, ends), per-series canonical keys, sortable keys.
+    _label_block: tuple[bytes, I64, I64] | None = field(default=None, repr=False)
+    _ckeys: list[bytes] | None = field(default=None, repr=False)
+    _keys: list[tuple[tuple[str, str], ...]] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.result_type not in _RESULT_TYPES:
+            raise ValueError(f"unknown result type {self.result_type!r}")
+        n = len(self.labels)
+        if self.offsets.shape != (n + 1,) or self.offsets[0] != 0:
+            raise ValueError("offsets must have n_series + 1 entries starting at 0")
+        if int(self.offsets[-1]) != len(self.t_ms) or len(self.t_ms) != len(self.value):
+            raise ValueError("offsets, t_ms and value disagree on the sample count")
+
+    # -- constructors ------------------------------------------------------------------
+
+    @classmethod
+    def from_series(
+        cls,
+        result_type: ResultType,
+        series: Sequence[tuple[dict[str, str], Sequence[int], Sequence[float]]],
+        *,
+        warnings: Sequence[str] = (),
+        infos: Sequence[str] = (),
+    ) -> QueryResult:
+        """Build from Python lists: [(labels, t_ms list, value list), ...] (tests, small data)."""
+        labels = [dict(s[0]) for s in series]
+        counts = [len(s[1]) for s in series]
+        offsets = np.zeros(len(series) + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        t = np.fromiter((x for s in series for x in s[1]), dtype=np.int64, count=int(offsets[-1]))
+        v = np.fromiter((x for s in series for x in s[2]), dtype=np.float64, count=int(offsets[-1]))
+        return cls(result_type, labels, offsets, t, v, list(warnings), list(infos))
+
+    @classmethod
+    def scalar(cls, t_ms: int, value: float, **kw: Any) -> QueryResult:
+        return cls(
+            "scalar",
+            [{}],
+            np.array([0, 1], dtype=np.int64),
+            np.array([t_ms], dtype=np.int64),
+            np.array([value], dtype=np.float64),
+            **kw,
+        )
+
+    @classmethod
+    def string(cls, t_ms: int, text: str, **kw: Any) -> QueryResult:
+        return cls(
+            "string",
+            [{}],
+            np.array([0, 1], dtype=np.int64),
+            np.array([t_ms], dtype=np.int64),
+            np.array([math.nan], dtype=np.float64),
+            string_value=text,
+            **kw,
+        )
+
+    @classmethod
+    def empty(cls, result_type: ResultType = "matrix", **kw: Any) -> QueryResult:
+        z = np.zeros(0, dtype=np.int64)
+        return cls(result_type, [], np.zeros(1, dtype=np.int64), z, np.zeros(0), **kw)
+
+    # -- views -------------------------------------------------------------------------
+
+    @property
+    def n_series(self) -> int:
+        return len(self.labels)
+
+    @property
+    def n_samples(self) -> int:
+        return len(self.t_ms)
+
+    @property
+    def counts(self) -> I64:
+        return np.diff(self.offsets)
+
+    @property
+    def series(self) -> npt.NDArray[np.int32]:
+        """Series index of every sample (int32)."""
+        return np.repeat(np.arange(self.n_series, dtype=np.int32), self.counts)
+
+    def label_block(self) -> tuple[bytes, I64, I64]:
+        """All label sets as Prometheus writes them: (bytes, start, end) per series."""
+        if self._label_block is None:
+            if self._ckeys is not None:
+                keys = self._ckeys
+                lens = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
+                ends = np.cumsum(lens)
+                self._label_block = (b"".join(keys), ends - lens, ends)
+            else:
+                self._label_block = label_block(self.labels)
+        return self._label_block
+
+    def canonical_keys(self) -> list[bytes]:
+        """Per series, its label set as Prometheus writes it (`labels_json`): equal label
+        sets give equal keys, whichever backend sent them. Hash these, sort series_keys()."""
+        if self._ckeys is None:
+            raw, starts, ends = self.label_block()
+            self._ckeys = [raw[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
+        return self._ckeys
+
+    def set_canonical_keys(self, keys: list[bytes], block: tuple[bytes, I64, I64] | None = None) -> None:
+        """Adopt keys known to be `canonical_keys()` of these very label sets (a merge
+        reusing its pieces' keys), so that encoding does not format the labels again;
+        `block`, when the caller has it, is `label_block()` of the same keys."""
+        if len(keys) != self.n_series:
+            raise ValueError("one key per series")
+        self._label_block = block  # None: joined from the keys when an encoder asks for it
+        self._ckeys = keys
+
+    def series_keys(self) -> list[tuple[tuple[str, str], ...]]:
+        """Per series, its label set as sorted (name, value) pairs. Comparing two keys as
+        tuples is Prometheus's labels.Compare."""
+        if self._keys is None:
+            self._keys = [tuple(sorted(d.items())) for d in self.labels]
+        return self._keys
+
+    def to_pylist(self) -> list[tuple[dict[str, str], list[int], list[float]]]:
+        """Slow, for tests and debugging."""
+        out = []
+        for i, d in enumerate(self.labels):
+            a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+            out.append((dict(d), self.t_ms[a:b].tolist(), self.value[a:b].tolist()))
+        return out
+
+    # -- Arrow (proxy/codec/arrow.py, imported here on first use) -----------------------
+
+    def to_arrow_table(self) -> pa.Table:
+        from proxy.codec import arrow
+
+        return arrow.to_table(self)
+
+    @classmethod
+    def from_arrow_table(cls, table: pa.Table) -> QueryResult:
+        from proxy.codec import arrow
+
+        return arrow.from_table(table)
+
+    def to_ipc_bytes(self, compression: Literal["zstd", "lz4"] | None = "zstd") -> bytes:
+        """The cache's payload: `to_arrow_table()` as an Arrow IPC stream."""
+        from proxy.codec import arrow
+
+        return arrow.to_ipc_bytes(self, compression)
+
+    @classmethod
+    def from_ipc_bytes(cls, data: bytes) -> QueryResult:
+        from proxy.codec import arrow
+
+        return arrow.from_ipc_bytes(data)
