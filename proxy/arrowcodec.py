@@ -96,7 +96,6 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 import pyarrow as pa
-import pyarrow.compute as pc
 from numba import njit
 
 __all__ = [
@@ -1899,7 +1898,7 @@ def _decode_slow(body: bytes) -> QueryResult:
             if key not in el:
                 if rtype == "vector":
                     raise MalformedAnswer("vector element without value")
-                pts = []
+                pts: list[Any] = []
             else:
                 pts = el[key] if rtype == "matrix" else [el[key]]
             if not isinstance(pts, list):

@@ -47,9 +47,9 @@ def warm_up() -> float:
                                          time_ms=time_ms))
         encode_prometheus_json(merge([("sum", res), ("count", res)],
                                      MergeRecipe(kind="aggregate", op="avg", grouping=()), time_ms=time_ms))
-        for op in ("topk", "bottomk"):
-            encode_prometheus_json(merge([(None, res), (None, res)],
-                                         MergeRecipe(kind="aggregate", op=op, param=1.0), time_ms=time_ms))
+        for recipe in (MergeRecipe(kind="aggregate", op="topk", param=1.0),
+                       MergeRecipe(kind="aggregate", op="bottomk", param=1.0)):
+            encode_prometheus_json(merge([(None, res), (None, res)], recipe, time_ms=time_ms))
     return time.perf_counter() - t0
 
 

@@ -20,11 +20,11 @@ import httpx
 import orjson
 import pytest
 
+from loadtests.compare import diff_answers
 from proxy.arrowcodec import QueryResult, decode_prometheus_json, encode_prometheus_json, format_value
-from proxy.binop import BinopError, evaluate_binary, is_scalar_expr
+from proxy.binop import BinopError, evaluate_binary
 from shardplanner.ast import Binary, Number, unparen
 from shardplanner.promql import parse
-from tests.compare import diff_answers
 
 pytestmark = pytest.mark.prom
 
