@@ -12,11 +12,11 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-from proxy.revalidate import Revalidator
 
 from loadtests.amp_endpoint import TEST_ACCESS_KEY, TEST_SECRET_KEY
 from proxy import tenancy
 from proxy.backend import Backend
+from proxy.cache.revalidate import Revalidator
 from proxy.config import BackendConfig, ConfigError, build_config
 from tests.recording import Recorder, recording_backend
 from tests.servers import Promaccel
