@@ -1,5 +1,6 @@
-# promaccel — `make demo` runs promaccel over a generated GPU fleet; `make test` runs the suite.
-# Both set everything up on a fresh Debian/Ubuntu machine (venv, PyPI packages, and Debian's
+# promaccel — `make demo` runs promaccel over a generated GPU fleet; `make test` runs the suite;
+# `make lint` runs ruff and mypy.
+# They set everything up on a fresh Debian/Ubuntu machine (venv, PyPI packages, and Debian's
 # prometheus and redis-server when missing). Services always run on their own loopback ports.
 
 PYTHON ?= python3
@@ -39,6 +40,12 @@ demo: setup
 
 bench: setup
 	$(BIN)/python -m loadtests.bench $(BENCH_ARGS)
+
+# ruff over the repository, mypy over shardplanner/ (strict) and proxy/; both configured in
+# pyproject.toml.
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .hypothesis *.egg-info

@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
 
+from .compare import diff_answers
 from .dashboard import (
     DEFAULT_DASHBOARD,
     PanelRequest,
@@ -79,7 +80,6 @@ from .report import (
     counter_delta,
     git_info,
     machine_info,
-    median,
     parse_metrics,
     prometheus_query_traffic,
     write_report,
@@ -281,7 +281,7 @@ class Client:
                     if retries or not _stale_connection(exc):
                         raise
                     retries += 1
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             return Answer(0, b"", time.perf_counter() - t0, None, f"{type(exc).__name__}: {exc}", retries)
         finally:
             self.done += 1
@@ -317,21 +317,6 @@ async def user_refresh(client: Client, reqs: Sequence[PanelRequest], limit: int 
 # ---------------------------------------------------------------------------------------------
 
 
-def _diff_answers() -> Callable[..., list[str]]:
-    """The project's equivalence check (tests/compare.py), so the bench and the test suite
-    agree on what "equal" means (values within 1e-9 relative)."""
-    try:
-        from tests.compare import diff_answers
-    except ImportError:
-        spec = importlib.util.spec_from_file_location("_promaccel_compare", ROOT / "tests" / "compare.py")
-        if spec is None or spec.loader is None:
-            raise
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        diff_answers = mod.diff_answers
-    return diff_answers  # type: ignore[no-any-return]
-
-
 def compare_answers(direct: Answer, proxied: Answer) -> list[str]:
     """Differences between the direct and the proxied answer ([] when equivalent)."""
     if direct.status == proxied.status and direct.body == proxied.body:
@@ -345,7 +330,7 @@ def compare_answers(direct: Answer, proxied: Answer) -> list[str]:
             d, p = orjson.loads(direct.body), orjson.loads(proxied.body)
         except orjson.JSONDecodeError:
             return [f"HTTP {direct.status} vs {proxied.status}; a body is not JSON: {proxied.body[:120]!r}"]
-        problems = _diff_answers()(d, p)
+        problems = diff_answers(d, p)
     finally:
         if enabled:
             gc.enable()
@@ -801,7 +786,7 @@ async def scenario_users(env: Env) -> dict[str, Any]:
                     total = a.users * len(reqs)
                     client.done = 0
                     t0 = time.perf_counter()
-                    async with Ticker(env, lambda c=client, m=mode, t=total: f"(d) round {i + 1}/{len(windows)} "
+                    async with Ticker(env, lambda c=client, m=mode, t=total, i=i: f"(d) round {i + 1}/{len(windows)} "
                                       f"{m}: {c.done}/{t} requests"):
                         user_runs, meters = await _metered(
                             env, asyncio.gather(*(user_refresh(client, reqs) for _ in range(a.users))))
@@ -1259,8 +1244,8 @@ async def _run_scenarios(env: Env, results: dict[str, Any]) -> None:
 
 
 def command_line(argv: Sequence[str] | None) -> str:
-    """The command as typed: the interpreter's own argv when `argv` came from it (also through
-    a wrapper such as `promaccel bench`), else a `python -m loadtests.bench` equivalent."""
+    """The command as typed: the interpreter's own argv when `argv` came from it, else a
+    `python -m loadtests.bench` equivalent."""
     orig = list(getattr(sys, "orig_argv", []))
     if argv is None or (orig and argv and list(argv) == orig[len(orig) - len(argv):]):
         return shlex.join(orig or sys.argv)

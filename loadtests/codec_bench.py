@@ -217,7 +217,7 @@ def main() -> None:
     section("baseline (orjson, a Python object per sample)")
     doc = bench("orjson.loads (gc on)", lambda: orjson.loads(body), n, reps)
     bench("orjson.loads (gc off)", without_gc(lambda: orjson.loads(body)), n, reps)
-    bench("orjson.dumps", lambda: orjson.dumps(doc), n, reps)
+    bench("orjson.dumps", lambda: orjson.dumps(doc), n, reps)  # noqa: F821 -- called before the del below
     del doc
     bench("orjson.loads + dumps (gc on)", lambda: orjson.dumps(orjson.loads(body)), n, reps)
     bench("orjson.loads + dumps (gc off)", without_gc(lambda: orjson.dumps(orjson.loads(body))), n, reps)
@@ -242,12 +242,12 @@ def main() -> None:
     tpieces = time_split(full, 4)
     tbodies = [encode_prometheus_json(p) for p in tpieces]
     tdec = bench("decode 4 time pieces", lambda: [decode_prometheus_json(b) for b in tbodies], n, reps)
-    bench("concat 4 time pieces", lambda: concat(tdec), n, reps)
+    bench("concat 4 time pieces", lambda: concat(tdec), n, reps)  # noqa: F821 -- called before the del below
     spieces = series_split(full, 8)
     recipe = MergeRecipe(kind="aggregate", op="sum", grouping=("namespace", "gpu"))
     sbodies = [encode_prometheus_json(p) for p in spieces]
     sdec = bench("decode 8 shard pieces", lambda: [decode_prometheus_json(b) for b in sbodies], n, reps)
-    agg = bench("sum by (namespace,gpu) of 8 shard pieces", lambda: aggregate([(None, p) for p in sdec], recipe), n, reps)
+    agg = bench("sum by (namespace,gpu) of 8 shard pieces", lambda: aggregate([(None, p) for p in sdec], recipe), n, reps)  # noqa: F821 -- called before the del below
     agg_points = agg.n_samples
     bench(f"encode the sum ({agg_points} points; rate per input point)", lambda: encode_prometheus_json(agg), n, reps)
     want_agg = encode_prometheus_json(aggregate([(None, p) for p in spieces], recipe))

@@ -376,8 +376,7 @@ def iter_panels(dashboard: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
     """Every panel that runs queries, in dashboard order, including those inside collapsed rows."""
     for panel in dashboard.get("panels", []):
         if panel.get("type") == "row":
-            for inner in panel.get("panels", []) or []:
-                yield inner
+            yield from panel.get("panels", []) or []
             continue
         yield panel
 

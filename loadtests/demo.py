@@ -32,6 +32,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from loadtests.amp_endpoint import TEST_ACCESS_KEY, TEST_SECRET_KEY
 from loadtests.gen import FleetSpec
 from loadtests.load import Selection, build_tsdb, read_manifest, start_prometheus, stop_prometheus
 from loadtests.services import free_port, stop, wait_http
@@ -44,8 +45,6 @@ JOIN = ('avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL) * on (Hostname) group_left () 
         '"Hostname", "$1", "instance", "(.*):.*")')
 LOCAL_HOURS = 6
 LOCAL_METRICS = "node_.*|kube_.*|up"
-TEST_ACCESS_KEY = "AKIDEXAMPLE"  # proxy.amp_endpoint's fixed test credentials
-TEST_SECRET_KEY = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"
 
 
 def _iso(ts: int) -> str:
@@ -148,7 +147,7 @@ def _hybrid(spec: FleetSpec, data_dir: str, procs: list[subprocess.Popen]) -> tu
     procs.append(local_prom)
     amp_port = free_port()
     amp = subprocess.Popen(
-        [sys.executable, "-m", "proxy.amp_endpoint", "--upstream", amp_prom.url,  # type: ignore[attr-defined]
+        [sys.executable, "-m", "loadtests.amp_endpoint", "--upstream", amp_prom.url,  # type: ignore[attr-defined]
          "--port", str(amp_port), "--region", "us-east-1", "--workspace", "ws-demo"],
         cwd=str(ROOT), stdout=subprocess.DEVNULL,
     )

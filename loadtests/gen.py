@@ -559,7 +559,7 @@ class Fleet:
 
     def _build_jobs(self, rng: np.random.Generator) -> None:
         s = self.spec
-        N, W = s.nodes, self.end - self.start
+        N = s.nodes
         rec: dict[str, list] = {k: [] for k in (
             "node", "g0", "ng", "t_create", "t_run", "t_end", "t_delete", "failed", "ns", "pod",
             "container", "uid", "util", "noise", "mem", "tensor", "memcopy", "nvlink", "net",

@@ -74,8 +74,18 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from loadtests.gen import (BENCH_SPEC, CI_SPEC, GENERATOR_VERSION, Fleet, FleetSpec, Stats,
-                           iso_utc, add_fleet_args, slice_bounds, spec_from_args)
+from loadtests.gen import (
+    BENCH_SPEC,
+    CI_SPEC,
+    GENERATOR_VERSION,
+    Fleet,
+    FleetSpec,
+    Stats,
+    add_fleet_args,
+    iso_utc,
+    slice_bounds,
+    spec_from_args,
+)
 
 MANIFEST = "promaccel-dataset.json"
 CONFIG = "promaccel-prometheus.yml"

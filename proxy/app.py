@@ -22,23 +22,25 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from shardplanner.ast import Selector
+from shardplanner.plan import QueryRequest
+from shardplanner.promql import CannotParse, parse
+
 from . import __version__
 from .backend import Backend, BackendReply
-from .result.golang import go_quote
+from .compress import FastGZipMiddleware
 from .config import Config
 from .errors import PromError
-from .pipeline import QueryService
-from .responses import response_of
 from .forms import client_gone, first_values, read_pairs
-from .compress import FastGZipMiddleware
 from .memory import tune_malloc
 from .metadata import fan_out, metric_names
 from .metrics import METRICS
 from .params import format_duration_ms, parse_instant, parse_optional_time, parse_range
-from .tenancy import Tenancy, use as use_tenant
-from shardplanner.ast import Selector
-from shardplanner.plan import QueryRequest
-from shardplanner.promql import CannotParse, parse
+from .pipeline import QueryService
+from .responses import response_of
+from .result.golang import go_quote
+from .tenancy import Tenancy
+from .tenancy import use as use_tenant
 
 log = logging.getLogger("promaccel")
 access_log = logging.getLogger("promaccel.access")
@@ -252,7 +254,8 @@ def create_app(config: Config) -> FastAPI:
         if kind is not None and executor.hybrid:
             form = first_values(pairs)
             start_ms, end_ms = parse_optional_time(form, "start"), parse_optional_time(form, "end")
-            names = [form["metric"]] if kind == "metadata" and form.get("metric") else metric_names(pairs)
+            names: list[str | None] | None = (
+                [form["metric"]] if kind == "metadata" and form.get("metric") else metric_names(pairs))
             return await fan_out(backends, request.method, path, pairs, kind, names,
                                  start_ms, end_ms, int(time.time() * 1000), _endpoint_label(path))
         if request.method == "POST":

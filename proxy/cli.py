@@ -1,4 +1,4 @@
-"""`promaccel` command line: serve (and, from loadtests, bench).
+"""`promaccel` command line: `promaccel serve`.
 
 `serve --workers N` (N > 1) runs N uvicorn worker processes behind one listening socket (the
 kernel spreads connections over them). Each worker builds the same configuration from the
@@ -164,8 +164,6 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--workers", type=int, default=int(os.environ.get("PROMACCEL_WORKERS", "1") or 1),
                    help="worker processes sharing the listening socket (default 1, or "
                    "$PROMACCEL_WORKERS); give them a Redis cache to share (--redis)")
-    sub.add_parser("bench", help="replay the GPU fleet dashboard direct vs through promaccel "
-                   "(options: promaccel bench -- --help)", add_help=False)
     return parser
 
 
@@ -173,11 +171,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     if argv is None:
         argv = sys.argv[1:]
-    if argv and argv[0] == "bench":
-        from loadtests.bench import main as bench_main
-
-        rest = argv[1:]
-        return int(bench_main(rest[1:] if rest[:1] == ["--"] else rest) or 0)
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args, list(argv))

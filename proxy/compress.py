@@ -22,7 +22,7 @@ from starlette.types import Receive, Scope, Send
 try:
     from isal import isal_zlib as _deflate  # type: ignore[import-untyped]
 except ImportError:  # pragma: no cover -- a platform without an isal wheel: zlib's output is the same format
-    _deflate = zlib  # type: ignore[assignment]
+    _deflate = zlib  # type: ignore[assignment,misc]
 
 # ISA-L's levels are 0-3; its level 1 beats zlib's level 1 on both speed and size.
 LEVEL = 1

@@ -641,8 +641,8 @@ def _merge_recipe(shard: _Shard | None, window: _Window | None, n_pieces: int) -
         return MergeRecipe("passthrough")
     if shard is None or shard.mode == "concat":
         if shard is not None and shard.agg is not None:  # topk/bottomk by the shard label
-            agg = shard.agg
-            return MergeRecipe("concat", op=cast(AggOp, agg.op), grouping=agg.grouping or (), without=agg.without)
+            kept = shard.agg
+            return MergeRecipe("concat", op=cast(AggOp, kept.op), grouping=kept.grouping or (), without=kept.without)
         return MergeRecipe("concat")
     agg = shard.agg
     assert agg is not None

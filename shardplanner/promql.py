@@ -39,7 +39,7 @@ import re
 import threading
 from collections import OrderedDict
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Literal
 
 import promql_parser as _pp
 
@@ -49,8 +49,8 @@ from shardplanner.ast import (
     Binary,
     Call,
     Expr,
-    MatchOp,
     Matcher,
+    MatchOp,
     MatrixSel,
     Number,
     Paren,
@@ -276,6 +276,8 @@ def _convert(node: Any) -> Expr:
     if isinstance(node, _pp.MatrixSelector):
         return MatrixSel(_selector(node.vector_selector), _duration_ms(node.range))
     if isinstance(node, _pp.SubqueryExpr):
+        if node.range is None:  # the parser always sets it; its stubs allow None
+            raise CannotParse("subquery without a range")
         return Subquery(
             expr=_convert(node.expr),
             range_ms=_duration_ms(node.range),
@@ -350,7 +352,7 @@ def _binary(node: Any) -> Binary:
             raise CannotParse("fill() modifiers are not PromQL 2.42")
         return_bool = bool(mod.return_bool)
         card = mod.card
-        group = None
+        group: Literal["left", "right"] | None = None
         if card == _pp.VectorMatchCardinality.ManyToOne:
             group = "left"
         elif card == _pp.VectorMatchCardinality.OneToMany:

@@ -791,7 +791,7 @@ def _diagnose(
     sides = "; ".join(
         f"{p.promql} -> {' or '.join(p.backends)}" for p in placements
     )
-    metric_homes = {}
+    metric_homes: dict[str | None, tuple[str, ...]] = {}
     for s in shapes:
         lo, hi = s.window(a, a)
         metric_homes.setdefault(s.metric, fleet.holders(s.metric, lo, hi))

@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 
 from loadtests.gen import CI_SPEC, FleetSpec
+from tests.hybrid import amp_down, hybrid, hybrid_slices, hybrid_throttled  # noqa: F401 -- fixtures (hybrid fleets)
 from tests.servers import ROOT, Promaccel, ProxyPool, RedisServer, built_tsdb, serving_copy
-# Hybrid fleets (backends holding slices of the CI fleet): see tests/hybrid.py.
-from tests.hybrid import amp_down, hybrid, hybrid_slices, hybrid_throttled  # noqa: E402,F401
 
 DATA_ROOT = Path(os.environ.get("PROMACCEL_TEST_DATA", ROOT / ".cache" / "testdata"))
 

@@ -18,7 +18,7 @@ Scenarios (T = start + 3 h = 2026-10-31T21:00Z; local is primary in each):
                       its outage [20:10, 21:25)
 
 The "amp" backend of each scenario sits behind the project's SigV4-verifying AMP endpoint
-(`python -m proxy.amp_endpoint`, fixed test credentials); promaccel is started with a YAML
+(`python -m loadtests.amp_endpoint`, fixed test credentials); promaccel is started with a YAML
 config listing both backends (`kind: amp` with env credentials for amp), time-split by the
 hour and sharded in 4 (`PLANNED`).
 
@@ -46,9 +46,9 @@ import httpx
 import orjson
 import pytest
 
+from loadtests.amp_endpoint import TEST_ACCESS_KEY, TEST_SECRET_KEY
 from loadtests.gen import CI_SPEC, FleetSpec, iso_utc
 from loadtests.load import Selection, start_prometheus, stop_prometheus
-from proxy.amp_endpoint import TEST_ACCESS_KEY, TEST_SECRET_KEY
 from tests.servers import ROOT, Promaccel, built_tsdb, free_port, require, serving_copy, stop, wait_http
 
 DATA_ROOT = Path(os.environ.get("PROMACCEL_TEST_DATA", ROOT / ".cache" / "testdata"))
@@ -159,7 +159,7 @@ class AmpProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AMP_ENDPOINT_")}
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "proxy.amp_endpoint", "--upstream", self.upstream, "--port", str(self.port),
+                [sys.executable, "-m", "loadtests.amp_endpoint", "--upstream", self.upstream, "--port", str(self.port),
                  "--region", REGION, "--workspace", WORKSPACE, *self.args],
                 stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT), env=env,
             )

@@ -27,12 +27,12 @@ import pytest
 from botocore.credentials import Credentials
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.amp_endpoint import TEST_ACCESS_KEY, TEST_SECRET_KEY, AmpEndpoint, AmpSettings, serve_in_thread
+from loadtests.amp_endpoint import TEST_ACCESS_KEY, TEST_SECRET_KEY, AmpEndpoint, AmpSettings, serve_in_thread
+from loadtests.compare import diff_answers
 from proxy.backend import Backend
 from proxy.config import BackendConfig
 from proxy.metrics import METRICS
 from proxy.sigv4 import CredentialSource, SigV4Signer
-from tests.compare import diff_answers
 from tests.servers import ROOT, Promaccel, free_port, stop, wait_http
 
 SESSION_KEY = "ASIAEXAMPLESESSION01"
@@ -250,7 +250,7 @@ class AmpProcess:
         log = workdir / f"amp-{port}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "proxy.amp_endpoint", "--upstream", upstream, "--port", str(port), *args],
+                [sys.executable, "-m", "loadtests.amp_endpoint", "--upstream", upstream, "--port", str(port), *args],
                 stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT), env={**os.environ, **(env or {})},
             )
         url = f"http://127.0.0.1:{port}"

@@ -20,13 +20,13 @@ import httpx
 import orjson
 import pytest
 
+from loadtests.compare import diff_answers
 from proxy.codec.json_decode import decode_prometheus_json
 from proxy.codec.json_encode import encode_prometheus_json, format_value
 from proxy.result import QueryResult
-from proxy.result.binop import BinopError, evaluate_binary, is_scalar_expr
+from proxy.result.binop import BinopError, evaluate_binary
 from shardplanner.ast import Binary, Number, unparen
 from shardplanner.promql import parse
-from tests.compare import diff_answers
 
 pytestmark = pytest.mark.prom
 

@@ -33,9 +33,9 @@ import pytest
 import redis
 import yaml
 
+from loadtests.compare import diff_answers
 from proxy.cache import CacheKey, encode_value
 from proxy.config import ConfigError, build_config
-from tests.compare import diff_answers
 from tests.corpus import QUERIES
 from tests.servers import Promaccel, RedisServer, free_port
 
@@ -269,7 +269,7 @@ def test_sliding_window_fetches_only_what_is_new(prom: Any, redis_server: RedisS
         last_cached_boundary = ((int(now) - freshness) // H) * H * 1000
         assert r.headers["X-Cache"] == "PARTIAL", i
         assert fetched, i
-        for path, a, b, st in fetched:
+        for path, a, _b, st in fetched:
             assert path == "/api/v1/query_range" and st == step * 1000
             assert a is not None and a >= last_cached_boundary, (i, a, last_cached_boundary)
         assert len(fetched) <= 2

@@ -21,8 +21,6 @@ import redis
 from redis.crc import key_slot
 
 from proxy.cache import (
-    GENERATION_KEY,
-    INVALIDATED_AT_KEY,
     CacheItem,
     CacheKey,
     PieceMeta,
@@ -30,6 +28,7 @@ from proxy.cache import (
     encode_value,
     make_store,
 )
+from proxy.cache.redis_store import GENERATION_KEY, INVALIDATED_AT_KEY
 from proxy.config import CacheConfig
 from tests.redis_cluster import LocalCluster, RedisNode, redis_cli
 from tests.servers import free_port

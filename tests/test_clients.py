@@ -13,8 +13,8 @@ import httpx
 import orjson
 import pytest
 
+from loadtests.compare import diff_answers
 from loadtests.dashboard import panel_requests
-from tests.compare import diff_answers
 
 pytestmark = pytest.mark.prom
 

@@ -71,7 +71,7 @@ def ref_str(s: str) -> str:
         elif ch == "\t":
             out.append("\\t")
         elif o < 0x20 or ch in "<>&" or o in (0x2028, 0x2029):
-            out.append("\\u%04x" % o)
+            out.append(f"\\u{o:04x}")
         else:
             out.append(ch)
     out.append('"')

@@ -13,7 +13,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.compare import diff_answers
+from loadtests.compare import diff_answers
 from tests.corpus import QUERIES
 
 pytestmark = pytest.mark.prom
@@ -23,7 +23,7 @@ SPLITS = ("none", "1h", "6h")
 CONFIGS = [(s, sp) for s in SHARDS for sp in SPLITS]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _direct(url: str, path: str, form: tuple[tuple[str, str], ...]) -> bytes:
     return httpx.post(url + path, data=dict(form), timeout=120).content
 

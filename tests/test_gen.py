@@ -15,17 +15,25 @@ import urllib.parse
 import urllib.request
 from collections import defaultdict
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.servers import require
 from loadtests import gen
-from loadtests.gen import (DEFAULT_END, MODEL_DOTS, MODEL_QUOTE, Fleet, FleetSpec,
-                           escape_label_value, generate, slice_bounds)
+from loadtests.gen import (
+    DEFAULT_END,
+    MODEL_DOTS,
+    MODEL_QUOTE,
+    Fleet,
+    FleetSpec,
+    escape_label_value,
+    generate,
+    slice_bounds,
+)
+from tests.servers import require
 
 TINY = FleetSpec(nodes=5, gpus_per_node=2, hours=2, seed=3)
 COUNTERS = ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
@@ -97,14 +105,14 @@ def parse(text: bytes) -> Doc:
     return doc
 
 
-@lru_cache(maxsize=None)
+@cache
 def tiny_bytes(spec: FleetSpec = TINY) -> bytes:
     buf = io.BytesIO()
     generate(spec, buf)
     return buf.getvalue()
 
 
-@lru_cache(maxsize=None)
+@cache
 def tiny_doc() -> Doc:
     return parse(tiny_bytes())
 
@@ -185,7 +193,7 @@ def test_openmetrics_syntax_and_order() -> None:
     assert set(names) >= {"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
                           "node_network_receive_bytes", "node_network_transmit_bytes", "node_load1",
                           "kube_pod_status_phase", "kube_node_status_allocatable", "up"}
-    for (name, _labels_), samples in doc.series.items():
+    for (name, _labels), samples in doc.series.items():
         ts = [t for t, _ in samples]
         assert all(b > a for a, b in zip(ts, ts[1:])), f"timestamps not increasing in {name}"
         assert TINY.start <= ts[0] and ts[-1] < TINY.end

@@ -26,11 +26,11 @@ import orjson
 import pytest
 from botocore.credentials import Credentials
 
-from proxy.amp_endpoint import TEST_ACCESS_KEY, TEST_SECRET_KEY
+from loadtests.amp_endpoint import TEST_ACCESS_KEY, TEST_SECRET_KEY
+from loadtests.compare import diff_answers, values_close
 from proxy.config import build_config
 from proxy.sigv4 import CredentialSource, SigV4Signer
 from shardplanner.routing import route_piece
-from tests.compare import diff_answers, values_close
 from tests.corpus import QUERIES
 from tests.hybrid import (
     AMP_OUTAGE,
@@ -44,10 +44,10 @@ from tests.hybrid import (
     SCENARIOS,
     SLICES,
     START,
-    T,
     Scenario,
     SliceServer,
     SliceSpec,
+    T,
 )
 
 pytestmark = pytest.mark.prom

@@ -7,14 +7,13 @@ promaccel's own /metrics shows which backend each call went to.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
 import orjson
 import pytest
 
-from tests.compare import diff_answers
+from loadtests.compare import diff_answers
 from tests.corpus import QUERIES
 from tests.servers import Promaccel
 

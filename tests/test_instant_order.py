@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.compare import diff_answers
+from loadtests.compare import diff_answers
 
 QUERIES = [
     "topk by (instance) (2, node_network_receive_bytes_total)",

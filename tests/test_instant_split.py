@@ -23,6 +23,7 @@ import httpx
 import orjson
 import pytest
 
+from loadtests.compare import diff_answers
 from proxy.result import QueryResult
 from proxy.result.merge import merge
 from shardplanner.ast import MatrixSel, walk
@@ -30,7 +31,6 @@ from shardplanner.plan import PlannerSettings, QueryRequest
 from shardplanner.planner import plan
 from shardplanner.promql import parse
 from shardplanner.shards import series_in_shard
-from tests.compare import diff_answers
 
 Series = tuple[dict[str, str], dict[int, float]]
 

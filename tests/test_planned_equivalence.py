@@ -10,7 +10,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.compare import diff_answers
+from loadtests.compare import diff_answers
 from tests.corpus import QUERIES
 
 pytestmark = pytest.mark.prom

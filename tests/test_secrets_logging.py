@@ -25,7 +25,7 @@ import httpx
 import orjson
 import pytest
 
-from proxy.amp_endpoint import AmpEndpoint, AmpSettings, KnownCredential, serve_in_thread
+from loadtests.amp_endpoint import AmpEndpoint, AmpSettings, KnownCredential, serve_in_thread
 from proxy.backend import Backend
 from proxy.cli import QUIET_LIBRARIES
 from proxy.config import BackendConfig

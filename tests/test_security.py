@@ -23,11 +23,11 @@ from typing import Any
 import httpx
 import pytest
 
+from loadtests.compare import diff_answers
 from shardplanner import promql
 from shardplanner.explain import REASON_CODES, reason_code
 from shardplanner.promql import CannotParse, TooComplex, parse
 from shardplanner.regex import RegexError, fullmatch, matcher
-from tests.compare import diff_answers
 from tests.servers import Promaccel
 
 EVIL_REGEX = "(.*)*(.*)*(.*)*(.*)*X"

@@ -1,5 +1,5 @@
 """SigV4: the signer (proxy/sigv4.py over requests-aws4auth, applied by backend.py's httpx
-hook) against the AMP-compatible endpoint's own verifier (proxy/amp_endpoint.py), in process:
+hook) against the AMP-compatible endpoint's own verifier (loadtests/amp_endpoint.py), in process:
 httpx.ASGITransport into the endpoint, whose upstream is an httpx.MockTransport.
 
 Both sides are also checked against AWS's published SigV4 test vectors, so agreement between
@@ -19,7 +19,7 @@ import pytest
 from botocore.credentials import Credentials, RefreshableCredentials
 from prometheus_client import generate_latest
 
-from proxy.amp_endpoint import (
+from loadtests.amp_endpoint import (
     SIGNATURE_MISMATCH,
     TEST_ACCESS_KEY,
     TEST_SECRET_KEY,

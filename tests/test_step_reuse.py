@@ -11,7 +11,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.compare import diff_answers
+from loadtests.compare import diff_answers
 from tests.servers import Promaccel
 
 pytestmark = pytest.mark.prom

@@ -13,11 +13,11 @@ import httpx
 import orjson
 import pytest
 
+from loadtests.amp_endpoint import TEST_ACCESS_KEY, TEST_SECRET_KEY
 from proxy import tenancy
-from proxy.amp_endpoint import TEST_ACCESS_KEY, TEST_SECRET_KEY
 from proxy.backend import Backend
+from proxy.cache.revalidate import Revalidator
 from proxy.config import BackendConfig, ConfigError, build_config
-from proxy.revalidate import Revalidator
 from tests.recording import Recorder, recording_backend
 from tests.servers import Promaccel
 

@@ -305,7 +305,7 @@ def _decode_slow(body: bytes) -> QueryResult:
             if key not in el:
                 if rtype == "vector":
                     raise MalformedAnswer("vector element without value")
-                pts = []
+                pts: list[Any] = []
             else:
                 pts = el[key] if rtype == "matrix" else [el[key]]
             if not isinstance(pts, list):

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import time
 
-from shardplanner.plan import MergeRecipe
-
 from proxy.result.merge import merge
+from shardplanner.plan import MergeRecipe
 
 from .json_decode import decode_prometheus_json
 from .json_encode import encode_prometheus_json
@@ -49,9 +48,9 @@ def warm_up() -> float:
                                          time_ms=time_ms))
         encode_prometheus_json(merge([("sum", res), ("count", res)],
                                      MergeRecipe(kind="aggregate", op="avg", grouping=()), time_ms=time_ms))
-        for op in ("topk", "bottomk"):
-            encode_prometheus_json(merge([(None, res), (None, res)],
-                                         MergeRecipe(kind="aggregate", op=op, param=1.0), time_ms=time_ms))
+        for recipe in (MergeRecipe(kind="aggregate", op="topk", param=1.0),
+                       MergeRecipe(kind="aggregate", op="bottomk", param=1.0)):
+            encode_prometheus_json(merge([(None, res), (None, res)], recipe, time_ms=time_ms))
     return time.perf_counter() - t0
 
 

@@ -9,6 +9,7 @@ charged to the query's budget (limits.max_backend_calls).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -38,7 +39,7 @@ def seconds(ms: int) -> str:
 
 
 def query_call(query: str, start_ms: int | None, end_ms: int | None, step_ms: int | None, time_ms: int | None,
-               extra: Pairs = ()) -> tuple[str, Pairs]:
+               extra: Sequence[tuple[str, str]] = ()) -> tuple[str, Pairs]:
     """Path and form of a range query (step given) or an instant query, times in seconds."""
     if step_ms is not None:
         assert start_ms is not None and end_ms is not None

@@ -74,14 +74,14 @@ class CacheReader:
                 outcomes = await asyncio.to_thread(decode_payloads, [p for _, p in todo])
             else:
                 outcomes = decode_payloads([p for _, p in todo])
-            for (k, payload), r in zip(todo, outcomes):
-                if isinstance(r, Exception):  # an undecodable entry is a miss
+            for (k, payload), out in zip(todo, outcomes):
+                if isinstance(out, Exception):  # an undecodable entry is a miss
                     METRICS.cache_errors.labels("decode").inc()
-                    log.warning("cached piece %s does not decode (%s): treated as a miss", k.digest[:16], r)
+                    log.warning("cached piece %s does not decode (%s): treated as a miss", k.digest[:16], out)
                     continue
-                found[k.digest] = r
-                entry = decoded[k.digest] = (payload, r)
-                loop.call_later(0.5, lambda d=k.digest, e=entry: decoded.get(d) is e and decoded.pop(d))
+                found[k.digest] = out
+                entry = decoded[k.digest] = (payload, out)
+                loop.call_later(0.5, self._forget_decoded, k.digest, entry)
         for s in slots:
             for k in s.keys:
                 r = found.get(k.digest)
@@ -142,11 +142,11 @@ class CacheReader:
                 rest.append(k)
         if rest:
             got = [(k, p) for k, p in zip(rest, await self.store().get_many(rest)) if p is not None]
-            for (k, _), r in zip(got, decode_payloads([p for _, p in got])):
-                if isinstance(r, Exception):  # an undecodable entry is a miss
+            for (k, _), out in zip(got, decode_payloads([p for _, p in got])):
+                if isinstance(out, Exception):  # an undecodable entry is a miss
                     METRICS.cache_errors.labels("decode").inc()
                 else:
-                    found[k.digest] = r
+                    found[k.digest] = out
         for s, keys in candidates:
             for k in keys:
                 r = found.get(k.digest)
@@ -157,6 +157,10 @@ class CacheReader:
                 s.result, s.status = subsample(r, p.start_ms, p.end_ms, p.step_ms), "hit"
                 METRICS.cache_finer_step.inc()
                 break
+
+    def _forget_decoded(self, digest: str, entry: tuple[bytes, QueryResult]) -> None:
+        if self._decoded.get(digest) is entry:
+            del self._decoded[digest]
 
     def count(self, slots: Sequence[Slot]) -> str:
         """X-Cache value for an answer; counts the query in promaccel_cache_lookups_total."""

@@ -7,17 +7,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from shardplanner.footprint import digest_query
 
 from ..cache import CacheItem, PieceMeta, PieceStore
+from ..cache.revalidate import Revalidator
 from ..codec.errors import CodecError
 from ..codec.json_decode import decode_prometheus_json
 from ..config import Config
 from ..metrics import METRICS
 from ..result import QueryResult
-from ..revalidate import Revalidator
 from .budget import BUDGET
 from .landing import Landing
 from .units import Unit
@@ -175,7 +175,7 @@ def groups_by_samples(entries: list[_E], max_samples: int) -> list[list[_E]]:
 
 
 def encode_items(entries: Sequence[tuple[Unit, QueryResult, bytes | None]], fetched_at_ms: int,
-                  compression: str = "lz4") -> list[CacheItem]:
+                  compression: Literal["lz4", "zstd", "none"] = "lz4") -> list[CacheItem]:
     """Arrow IPC payloads (`cache.compression`) for the store; runs in a worker thread."""
     items = []
     for u, r, _ in entries:

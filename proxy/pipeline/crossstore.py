@@ -16,13 +16,13 @@ import numpy.typing as npt
 
 from shardplanner.analysis import ABSENT_LIKE, absent_like, pinned_at
 from shardplanner.ast import Agg, Binary, Call, Number, Paren, Selector, transform
-from shardplanner.plan import QueryRequest
+from shardplanner.plan import MergeRecipe, QueryRequest
 from shardplanner.serialize import to_promql
 
 from ..backend import Backend
 from ..errors import PromError
 from ..metrics import METRICS
-from ..result import QueryResult
+from ..result import QueryResult, ResultType
 from ..result.binop import BinopError, evaluate_binary
 from ..result.merge import concat, merge
 from .planning import Planner
@@ -130,7 +130,7 @@ def _restamp(value: QueryResult, req: QueryRequest) -> QueryResult:
             return QueryResult.scalar(int(grid[0]), v)
         return QueryResult("matrix", [{}], np.array([0, len(grid)], dtype=np.int64), grid, np.full(len(grid), v))
     values = value.value[value.offsets[:-1]] if n else np.zeros(0)
-    rtype = "matrix" if req.is_range else "vector"
+    rtype: ResultType = "matrix" if req.is_range else "vector"
     offsets = np.arange(n + 1, dtype=np.int64) * len(grid)
     out = QueryResult(rtype, list(value.labels), offsets, np.tile(grid, n), np.repeat(values, len(grid)),
                       list(value.warnings), list(value.infos))
@@ -177,7 +177,7 @@ def _absent_or_scalar(node: Any, inner: QueryResult, req: QueryRequest) -> Query
             if m.op == "=" and m.name != "__name__" and seen[m.name] == 1 and m.value:
                 labels[m.name] = m.value
     t = grid[~np.isin(grid, inner.t_ms)]
-    rtype = "matrix" if req.is_range else "vector"
+    rtype: ResultType = "matrix" if req.is_range else "vector"
     if len(t) == 0:
         return QueryResult.empty(rtype)
     return QueryResult(rtype, [labels], np.array([0, len(t)], dtype=np.int64), t, np.ones(len(t)))
@@ -186,8 +186,6 @@ def _absent_or_scalar(node: Any, inner: QueryResult, req: QueryRequest) -> Query
 def _aggregate_locally(node: Any, inner: QueryResult, time_ms: int | None) -> QueryResult:
     """`op by/without (...) (inner)` on a decoded answer, with the re-aggregation kernels of
     the merge: each series is its own partial (count: ones summed; avg: sum / count)."""
-    from shardplanner.plan import MergeRecipe
-
     if node.without:
         # `without` drops the metric name too (the kernels group by the remaining labels).
         labels = [{k: v for k, v in d.items() if k != "__name__"} for d in inner.labels]

@@ -106,8 +106,8 @@ class Coalesce:
         segments: list[Segment] = [
             (s.order, s.unit.shard_index, s.piece.role, s.result) for s in w.slots if s.result is not None
         ]
-        for (s, _), r in zip(waits, shared):
-            segments.append((s.order, s.unit.shard_index, s.piece.role, fit(s, r)))
+        for (s, _), got in zip(waits, shared):
+            segments.append((s.order, s.unit.shard_index, s.piece.role, fit(s, got)))
         for i, f in enumerate(fetches):
             covered = [slot_of[u] for u in f.units]
             if f.instants:
@@ -120,12 +120,12 @@ class Coalesce:
             # The call's answer was cut into its units to be stored: merge those (they live
             # until their put lands anyway) and let the whole answer go now (a 24 h answer
             # of 3 M samples is ~50 MB a copy).
-            landed = [self.landing.landed(u.key.digest if u.key is not None else None) for u in f.units]
-            if f.step_ms is not None and len(f.units) > 1 and all(r is not None for r in landed):
+            cells = [self.landing.landed(u.key.digest if u.key is not None else None) for u in f.units]
+            if f.step_ms is not None and len(f.units) > 1 and all(c is not None for c in cells):
                 results[i] = None  # type: ignore[call-overload]
-                for s, r in zip(covered, landed):
-                    assert r is not None
-                    segments.append((s.order, f.shard_index, f.role, fit(s, r)))
+                for s, cell in zip(covered, cells):
+                    assert cell is not None
+                    segments.append((s.order, f.shard_index, f.role, fit(s, cell)))
                 continue
             result = results[i]
             first = min(covered, key=lambda s: s.order)

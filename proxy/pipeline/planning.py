@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -83,6 +84,9 @@ class ShardValues:
         except (PromError, ValueError) as exc:
             log.warning("could not discover values of shard label %s: %s", label, exc)
 
+    def _refreshed(self, key: tuple[str, str], _task: asyncio.Task[None]) -> None:
+        self._refreshing.pop(key, None)
+
     async def get(self, labels: Sequence[str]) -> dict[str, tuple[str, ...]]:
         scope = tenant_scope()
         missing = [lb for lb in labels if (scope, lb) not in self._values]
@@ -95,7 +99,7 @@ class ShardValues:
             if entry and now - entry[0] > self.ttl_s and key not in self._refreshing:
                 task = asyncio.create_task(self._fetch(lb))  # inherits the tenant (contextvar)
                 self._refreshing[key] = task
-                task.add_done_callback(lambda _t, key=key: self._refreshing.pop(key, None))
+                task.add_done_callback(functools.partial(self._refreshed, key))
         return {lb: self._values[(scope, lb)][1] for lb in labels if (scope, lb) in self._values}
 
 

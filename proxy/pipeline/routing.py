@@ -60,8 +60,8 @@ class Route:
         # The request spans several backends: one that is down costs its part of the answer
         # (with a warning), not the whole answer.
         router.partial_ok = whole.kind != "single"
-        q = replace(q, router=router, whole=whole)
         expr = q.plan.expr
+        q = replace(q, router=router, whole=whole)
         if whole.kind == "unroutable" or (merges(whole) and expr is not None and (
                 absent_like(expr) or pinned_at(expr) is not None)):
             return await self.cross_store(q)

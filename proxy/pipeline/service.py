@@ -12,11 +12,11 @@ from shardplanner.plan import QueryRequest
 
 from ..backend import Backend
 from ..cache import PieceStore, make_store
+from ..cache.revalidate import Revalidator
 from ..config import Config
 from ..errors import PromError
 from ..forms import Pairs
 from ..params import InstantParams, RangeParams
-from ..revalidate import Revalidator
 from .path import build
 from .routing import router_for, whole_route
 from .units import coalesce_units
@@ -90,7 +90,7 @@ class QueryService:
         return await self.run(q)
 
     async def explain(self, req: QueryRequest, headers: Mapping[str, str] | None = None,
-                      pairs: Pairs = ()) -> dict[str, Any]:
+                      pairs: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
         parts = self.parts
         plan = await parts.planner.plan(req)
         data = explain_plan(plan)

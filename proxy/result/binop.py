@@ -117,7 +117,7 @@ def evaluate_binary(node: Binary, lhs: QueryResult | float, rhs: QueryResult | f
         raise ValueError(f"unknown operator {op!r}")
 
     vecs = [o for o in (lo, ro) if isinstance(o, _Vector)]
-    rtypes = {v.result.result_type for v in vecs}
+    rtypes: set[str] = {v.result.result_type for v in vecs}
     rtypes |= {{"scalar": "vector", "matrix": "matrix"}[o.kind] for o in (lo, ro)
                if isinstance(o, _Scalar) and o.kind != "float"}
     if len(rtypes) > 1:
@@ -205,8 +205,8 @@ class _Grid:
 
     @classmethod
     def of(cls, ops: Sequence[_Operand]) -> _Grid:
-        parts = [o.steps_t if isinstance(o, _Vector) else o.t_ms for o in ops]
-        parts = [p for p in parts if p is not None]
+        maybe = [o.steps_t if isinstance(o, _Vector) else o.t_ms for o in ops]
+        parts: list[I64] = [p for p in maybe if p is not None]
         t = np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
         return cls(t.astype(np.int64))
 
@@ -598,9 +598,10 @@ def _binop_step(op: str, return_bool: bool, m: _Matching, lhs: list[_Sample],
     out: list[_Sample] = []
     for ls in lhs:
         sig = m.signature(ls[0])
-        rs = right.get(sig)
-        if rs is None:
+        match = right.get(sig)
+        if match is None:
             continue
+        rs = match
         vl, vr = ls[1], rs[1]
         if swapped:
             vl, vr = vr, vl

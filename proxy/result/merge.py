@@ -55,8 +55,8 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
-from proxy.result.query_result import QueryResult
 from proxy.errors import PromError
+from proxy.result.query_result import QueryResult
 from shardplanner.plan import MergeRecipe
 
 __all__ = ["MergeConflict", "aggregate", "concat", "merge"]

@@ -63,7 +63,6 @@ def topk_ambiguous(shard_results: Sequence[tuple[int, QueryResult]], recipe: Mer
     new_cell[1:] = (g[1:] != g[:-1]) | (t[1:] != t[:-1])
     cell_start = np.flatnonzero(new_cell)
     cell_id = np.cumsum(new_cell) - 1
-    pos = np.arange(n) - cell_start[cell_id]
     cell_len = np.diff(np.append(cell_start, n))
     # v_k per cell (only for cells with at least k candidates; fewer means no cut at all).
     full_cells = cell_len >= k

@@ -1,4 +1,5 @@
-"""Comparing Prometheus answers: exact for pass-through, tolerant where sums are reordered."""
+"""Comparing Prometheus answers, shared by the bench and the equivalence tests: exact for
+pass-through, tolerant (1e-9 relative) where sums are reordered."""
 
 from __future__ import annotations
 

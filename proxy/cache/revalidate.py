@@ -34,10 +34,10 @@ from dataclasses import dataclass
 import orjson
 from prometheus_client import Counter
 
-from . import tenancy
-from .backend import Backend
-from .errors import PromError
-from .metrics import METRICS
+from .. import tenancy
+from ..backend import Backend
+from ..errors import PromError
+from ..metrics import METRICS
 
 log = logging.getLogger("promaccel.revalidate")
 

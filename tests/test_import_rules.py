@@ -1,5 +1,9 @@
-"""Import boundaries: `shardplanner` is pure (never imports `proxy`), and in the whole product
-(shardplanner, proxy, loadtests) only `shardplanner/promql.py` talks to promql-parser."""
+"""Import rules, checked statically (`ast`) over every .py file, imports inside functions too:
+
+- `shardplanner` is pure: it imports neither `proxy` nor `loadtests` (nor `tests`);
+- the product `proxy` imports neither the harness `loadtests` nor `tests`;
+- the harness `loadtests` never imports `tests` (tests may import loadtests);
+- in shardplanner, proxy and loadtests only `shardplanner/promql.py` talks to promql-parser."""
 
 from __future__ import annotations
 
@@ -12,6 +16,13 @@ ROOT = Path(__file__).resolve().parent.parent
 PLANNER_MODULES = sorted((ROOT / "shardplanner").rglob("*.py"))
 PRODUCT_MODULES = sorted(p for pkg in ("shardplanner", "proxy", "loadtests") for p in (ROOT / pkg).rglob("*.py"))
 PARSER_GATE = ROOT / "shardplanner" / "promql.py"
+# Top-level package -> the packages of this repository it must never import.
+FORBIDDEN = {
+    "shardplanner": {"proxy", "loadtests", "tests"},
+    "proxy": {"loadtests", "tests"},
+    "loadtests": {"tests"},
+}
+RULED_MODULES = sorted(p for pkg in FORBIDDEN for p in (ROOT / pkg).rglob("*.py"))
 
 
 def _imported_modules(path: Path, root: Path = ROOT) -> set[str]:
@@ -51,11 +62,15 @@ def _rel(path: Path) -> str:
 def test_modules_found() -> None:
     assert PARSER_GATE in PLANNER_MODULES
     assert len(PLANNER_MODULES) >= 3
+    assert {p.relative_to(ROOT).parts[0] for p in RULED_MODULES} == set(FORBIDDEN)
+    assert any(len(p.relative_to(ROOT).parts) > 2 for p in RULED_MODULES)  # subpackages too
 
 
-@pytest.mark.parametrize("path", PLANNER_MODULES, ids=_rel)
-def test_shardplanner_never_imports_proxy(path: Path) -> None:
-    assert "proxy" not in _imported_modules(path)
+@pytest.mark.parametrize("path", RULED_MODULES, ids=_rel)
+def test_package_import_rules(path: Path) -> None:
+    package = path.relative_to(ROOT).parts[0]
+    bad = _imported_modules(path) & FORBIDDEN[package]
+    assert not bad, f"{_rel(path)} imports {sorted(bad)}: {package} must not import {sorted(FORBIDDEN[package])}"
 
 
 @pytest.mark.parametrize("path", PRODUCT_MODULES, ids=_rel)
@@ -83,6 +98,25 @@ def test_detector_sees_every_spelling(tmp_path: Path, source: str) -> None:
     probe = pkg / "probe.py"
     probe.write_text(source)
     assert "proxy" in _imported_modules(probe, root=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("where", "source", "found"),
+    [
+        ("proxy/cache/keys.py", "from ...loadtests import bench\n", "loadtests"),
+        ("proxy/cache/keys.py", "from ... import tests\n", "tests"),
+        ("proxy/cli.py", "def main():\n    from loadtests.bench import main\n", "loadtests"),
+        ("loadtests/bench.py", "import tests.compare\n", "tests"),
+        ("loadtests/bench.py", "class A:\n    def f(self):\n        from tests import compare\n", "tests"),
+    ],
+)
+def test_detector_resolves_nested_packages(tmp_path: Path, where: str, source: str, found: str) -> None:
+    probe = tmp_path / where
+    probe.parent.mkdir(parents=True)
+    probe.write_text(source)
+    assert found in _imported_modules(probe, root=tmp_path)
+    package = Path(where).parts[0]
+    assert found in FORBIDDEN[package]
 
 
 def test_detector_ignores_lookalikes(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """An AMP-compatible endpoint in front of a real Prometheus, for tests and the demo.
 
-    python -m proxy.amp_endpoint --upstream http://127.0.0.1:9090 --port 9095 \\
+    python -m loadtests.amp_endpoint --upstream http://127.0.0.1:9090 --port 9095 \\
         [--region us-east-1] [--workspace ws-test] [--throttle-ratio 0.3] [--retry-after 1] \\
         [--latency-ms 50] [--error-ratio 0.1] [--error-status 503] [--seed 1]
 
@@ -505,7 +505,7 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m proxy.amp_endpoint", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m loadtests.amp_endpoint", description=__doc__.split("\n")[0])
     p.add_argument("--upstream", required=True, help="Prometheus base URL to forward to")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)

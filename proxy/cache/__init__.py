@@ -1,0 +1,44 @@
+"""The piece cache: finished pieces (Arrow IPC bytes) kept in process or in Redis.
+
+    keys.py          CacheKey (what changes a piece's answer), PieceMeta, CacheItem
+    ttl.py           freshness policy: ttl_for
+    frame.py         stored value format: header, checksum, key check
+    store.py         PieceStore, the interface every store implements
+    memory.py        the in-process LRU store
+    redis_store.py   the Redis / Redis Cluster store
+    redis_client.py  Redis connections (the only importer of `redis`)
+    breaker.py       circuit breaker for Redis outages
+    deadline.py      deadlines in event-loop idle time
+    factory.py       make_store: the store a configuration asks for
+    revalidate.py    background re-digests that drop pieces whose data changed
+
+This module re-exports the API the executor and the admin routes use.
+"""
+
+from __future__ import annotations
+
+from .breaker import CircuitBreaker
+from .factory import make_store
+from .frame import CorruptValue, decode_value, encode_value
+from .keys import FORMAT_VERSION, CacheItem, CacheKey, PieceMeta
+from .memory import MemoryStore
+from .redis_store import RedisStore
+from .store import PieceStore, wall_ms
+from .ttl import ttl_for
+
+__all__ = [
+    "FORMAT_VERSION",
+    "CacheItem",
+    "CacheKey",
+    "CircuitBreaker",
+    "CorruptValue",
+    "MemoryStore",
+    "PieceMeta",
+    "PieceStore",
+    "RedisStore",
+    "decode_value",
+    "encode_value",
+    "make_store",
+    "ttl_for",
+    "wall_ms",
+]

@@ -1,0 +1,158 @@
+"""The piece store interface (`PieceStore`) and the bookkeeping every store shares.
+
+The executor looks pieces up with one `get_many` per query and writes them back with
+`put_many` as a background task; neither ever raises or stalls a query (a failing store
+reads as misses and drops writes). Admin calls (`invalidate`, `bump_generation`) may raise.
+
+Invalidation. Each put carries a `PieceMeta`: the metric names the piece reads (empty:
+unknown, so any invalidation matches it) and the time range of samples it reads.
+`invalidate(metrics, start_ms, end_ms)` drops the entries of those metrics that overlap the
+range; `bump_generation()` makes every existing key unreachable. Both record the time of the
+invalidation; a put whose piece was fetched before that (allowing `skew_ms` of clock skew
+between proxies) is dropped, so a piece fetched before an invalidation never survives it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+from ..metrics import METRICS
+from .frame import CorruptValue, decode_value
+from .keys import CacheItem, CacheKey
+
+__all__ = ["ANY_METRIC", "PieceStore", "RateLimitedLog", "describe", "wall_ms"]
+
+log = logging.getLogger("promaccel.cache")
+
+# Index name for pieces whose metric names are unknown: every invalidation matches them.
+ANY_METRIC = "*"
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class RateLimitedLog:
+    def __init__(self, interval_s: float) -> None:
+        self._interval_s = interval_s
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def warning(self, topic: str, message: str) -> None:
+        """Log `message` unless `topic` was logged less than the interval ago."""
+        now = time.monotonic()
+        last = self._last.get(topic)
+        if last is not None and now - last < self._interval_s:
+            self._suppressed[topic] = self._suppressed.get(topic, 0) + 1
+            return
+        self._last[topic] = now
+        more = self._suppressed.pop(topic, 0)
+        log.warning("%s%s", message, f" ({more} more since the last report)" if more else "")
+
+
+def describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class PieceStore(ABC):
+    """Where finished pieces live. Reads and writes never raise; admin calls may."""
+
+    kind: str
+    verify_checksum = True
+
+    def __init__(self, log_interval_s: float = 30.0) -> None:
+        self._log = RateLimitedLog(log_interval_s)
+        self._n: dict[str, int] = {
+            "hits": 0, "misses": 0, "bytes_read": 0, "bytes_written": 0, "stored": 0,
+            "not_cached": 0, "too_large": 0, "raced": 0, "corrupt": 0, "invalidated": 0,
+            "errors": 0, "bypassed": 0,
+        }
+
+    @abstractmethod
+    async def get_many(self, keys: Sequence[CacheKey]) -> list[bytes | None]:
+        """Payloads in key order, None for misses. One round trip for all keys."""
+
+    @abstractmethod
+    async def put_many(self, items: Sequence[CacheItem]) -> None:
+        """Store pieces (pipelined). Never raises: meant to run as a background task."""
+
+    @abstractmethod
+    async def invalidate(
+        self,
+        metric_names: Sequence[str] | None = None,
+        start_ms: int | None = None,
+        end_ms: int | None = None,
+    ) -> int:
+        """Drop entries that read any of `metric_names` (None: all) and whose data overlaps
+        [start_ms, end_ms] (None: unbounded). Returns how many were dropped. Raises
+        PromError("unavailable") when the store cannot be reached."""
+
+    @abstractmethod
+    async def bump_generation(self) -> int:
+        """Make every existing entry unreachable; returns the new generation."""
+
+    @abstractmethod
+    async def aclose(self) -> None: ...
+
+    def stats(self) -> dict[str, Any]:
+        return {"kind": self.kind, **self._n}
+
+    # Shared bookkeeping ----------------------------------------------------------------
+
+    def _decode_all(
+        self, keys: Sequence[CacheKey], skeys: Sequence[str], values: Sequence[bytes | None]
+    ) -> tuple[list[bytes | None], list[str]]:
+        """Verify raw values: payloads (None for misses) and the storage keys to delete."""
+        out, bad = self._verify(keys, skeys, values)
+        self._count_payloads(out)
+        return out, bad
+
+    def _count_payloads(self, payloads: Sequence[bytes | None]) -> None:
+        hits = sum(1 for p in payloads if p is not None)
+        self._count_lookups(hits, len(payloads) - hits, sum(len(p) for p in payloads if p is not None))
+
+    def _verify(
+        self, keys: Sequence[CacheKey], skeys: Sequence[str], values: Sequence[bytes | None]
+    ) -> tuple[list[bytes | None], list[str]]:
+        """Payloads of sound frames (None for misses and corrupt values), and the storage
+        keys of the corrupt ones (to delete). Counts corrupt values, not lookups."""
+        out: list[bytes | None] = []
+        bad: list[str] = []
+        for key, skey, value in zip(keys, skeys, values):
+            if value is None:
+                out.append(None)
+                continue
+            try:
+                payload = decode_value(key, value, verify_checksum=self.verify_checksum)
+            except CorruptValue as exc:
+                METRICS.cache_corrupt.labels(self.kind, exc.reason).inc()
+                self._n["corrupt"] += 1
+                self._log.warning("corrupt", f"cache entry {skey} is corrupt ({exc.reason}): deleting it")
+                bad.append(skey)
+                out.append(None)
+                continue
+            out.append(payload)
+        return out, bad
+
+    def _count_lookups(self, hits: int, misses: int, read: int = 0) -> None:
+        self._n["hits"] += hits
+        self._n["misses"] += misses
+        self._n["bytes_read"] += read
+        if hits:
+            METRICS.cache_pieces.labels(self.kind, "hit").inc(hits)
+            METRICS.cache_read_bytes.labels(self.kind).inc(read)
+        if misses:
+            METRICS.cache_pieces.labels(self.kind, "miss").inc(misses)
+
+    def _count_put(self, result: str, n: int = 1, written: int = 0) -> None:
+        if n:
+            self._n[result] += n
+            METRICS.cache_puts.labels(self.kind, result).inc(n)
+        if written:
+            self._n["bytes_written"] += written
+            METRICS.cache_written_bytes.labels(self.kind).inc(written)
