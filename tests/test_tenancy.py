@@ -40,12 +40,12 @@ def test_scope_depends_on_forwarded_headers_only() -> None:
 
 
 def test_scope_is_fast() -> None:
-    """A keyed hash, not password hashing: 2,000 distinct tenants in well under a second
-    (PBKDF2 at 20,000 rounds took 3.7 ms each: 7 s)."""
+    """A keyed hash, not password hashing: 2,000 distinct tenants in well under the 7 s that
+    PBKDF2 at 20,000 rounds took (3.7 ms each); the bound leaves room for a loaded machine."""
     t = tenancy.Tenancy(["authorization", "x-scope-orgid"])
     t0 = time.perf_counter()
     scopes = {t.of({"authorization": f"Bearer token-{i}", ORG: "org"}).scope for i in range(2000)}
-    assert len(scopes) == 2000 and time.perf_counter() - t0 < 0.5
+    assert len(scopes) == 2000 and time.perf_counter() - t0 < 2.0
 
 
 def test_tenancy_config(tmp_path: Path) -> None:
