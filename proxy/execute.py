@@ -74,20 +74,20 @@ from shardplanner.promql import CannotParse, parse
 from shardplanner.routing import Route, TimePart
 
 from .arrowcodec import CodecError, QueryResult, Undecodable, decode_prometheus_json, encode_arrow_stream, encode_prometheus_json, iter_prometheus_json
-from .backend import Backend, BackendReply
+from .backends import Backend, BackendReply
 from .cache import CacheItem, CacheKey, PieceMeta, PieceStore, make_store, ttl_for, wall_ms
 from .config import Config
 from .errors import PromError
 from .footprint import Footprint, digest_query, footprint
-from .forms import Pairs
+from .api.forms import Pairs
 from .hybrid import Router, edge_ms, holdings_of, missing_warning
 from .merge import concat, merge
 from .metrics import METRICS
-from .params import InstantParams, RangeParams
+from .api.params import InstantParams, RangeParams
 from .pieces import slice_time, split_time, subsample
 from .revalidate import Revalidator
 from .singleflight import SingleFlight
-from .tenancy import scope as tenant_scope
+from .backends.tenancy import scope as tenant_scope
 from .ties import topk_ambiguous
 
 log = logging.getLogger("promaccel.execute")

@@ -28,10 +28,10 @@ from botocore.credentials import Credentials
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.amp_endpoint import TEST_ACCESS_KEY, TEST_SECRET_KEY, AmpEndpoint, AmpSettings, serve_in_thread
-from proxy.backend import Backend
+from proxy.backends import Backend
+from proxy.backends.sigv4 import CredentialSource, SigV4Signer
 from proxy.config import BackendConfig
 from proxy.metrics import METRICS
-from proxy.sigv4 import CredentialSource, SigV4Signer
 from tests.compare import diff_answers
 from tests.servers import ROOT, Promaccel, free_port, stop, wait_http
 

@@ -27,8 +27,8 @@ import pytest
 from botocore.credentials import Credentials
 
 from proxy.amp_endpoint import TEST_ACCESS_KEY, TEST_SECRET_KEY
+from proxy.backends.sigv4 import CredentialSource, SigV4Signer
 from proxy.config import build_config
-from proxy.sigv4 import CredentialSource, SigV4Signer
 from shardplanner.routing import route_piece
 from tests.compare import diff_answers, values_close
 from tests.corpus import QUERIES

@@ -13,9 +13,8 @@ import httpx
 import orjson
 import pytest
 
-from proxy import tenancy
 from proxy.amp_endpoint import TEST_ACCESS_KEY, TEST_SECRET_KEY
-from proxy.backend import Backend
+from proxy.backends import Backend, tenancy
 from proxy.config import BackendConfig, ConfigError, build_config
 from proxy.revalidate import Revalidator
 from tests.recording import Recorder, recording_backend

@@ -13,9 +13,9 @@ from starlette.applications import Starlette
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from proxy import compress
+from proxy.api import compress
+from proxy.api.compress import FastGZipMiddleware
 from proxy.arrowcodec import QueryResult
-from proxy.compress import FastGZipMiddleware
 from proxy.config import CacheConfig
 from proxy.execute import _decode_payloads
 
