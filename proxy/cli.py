@@ -53,9 +53,9 @@ def _config(args: argparse.Namespace) -> Config:
 
 def _setup(args: argparse.Namespace, cfg: Config) -> None:
     """Logging and the compiled codec, in the serving process (each worker)."""
-    from .sigv4 import install_log_redaction
+    from .backends.redaction import install_log_redaction
 
-    # Before any record is made: every record is redacted as it is created (sigv4.py).
+    # Before any record is made: every record is redacted as it is created (backends/redaction.py).
     install_log_redaction()
     logging.basicConfig(
         level=getattr(logging, (args.log_level or cfg.log_level).upper()),
@@ -84,8 +84,8 @@ def _env_flag(name: str) -> bool:
 def worker_app() -> Any:
     """uvicorn's app factory in each worker of `serve --workers N`: the app of the command
     line the parent passed in $PROMACCEL_WORKER_ARGV."""
-    from .app import create_app
-    from .server import configure
+    from .api.app import create_app
+    from .api.server_limits import configure
 
     args = _parser().parse_args(json.loads(os.environ[WORKER_ARGV_ENV]))
     cfg = _config(args)
@@ -111,15 +111,15 @@ def _serve(args: argparse.Namespace, argv: list[str]) -> int:
     backends = ", ".join(f"{b.name}={b.display_url}{' (basic auth)' if b.basic_auth else ''}"
                          for b in cfg.backends)
     cache = cfg.cache.redis_url and "redis" or "in-process"
-    from .server import configure
+    from .api.server_limits import configure
 
-    # http: uvicorn's httptools protocol with header size and read deadlines (proxy/server.py);
+    # http: uvicorn's httptools protocol with header size and read deadlines (proxy/api/server_limits.py);
     # timeout_keep_alive from listen.keep_alive_timeout.
     common: dict[str, Any] = dict(
         host=host, port=port, log_level="warning", access_log=False, loop="auto", **configure(cfg.listen),
     )
     if args.workers == 1:
-        from .app import create_app
+        from .api.app import create_app
 
         _setup(args, cfg)
         app = create_app(cfg)

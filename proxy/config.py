@@ -31,7 +31,7 @@ from shardplanner.regex import RegexError
 from shardplanner.regex import matcher as regex_matcher
 from shardplanner.routing import ALL_METRICS, BackendHolding, resolve_window
 
-from .params import parse_prom_duration_ms
+from .api.params import parse_prom_duration_ms
 
 
 class ConfigError(Exception):
@@ -225,7 +225,7 @@ _REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
 class CacheConfig(_Strict):
     """Results cache (issue 5). Durations in ms inside; see README's configuration reference.
 
-    Read by proxy/cache.py (store), proxy/pipeline/ (what is cached when) and proxy/app.py
+    Read by proxy/cache/ (store), proxy/pipeline/ (what is cached when) and proxy/api/admin.py
     (admin endpoints)."""
 
     enabled: bool = True
@@ -399,7 +399,7 @@ class TenancyConfig(_Strict):
 class ListenConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=9091, ge=0, le=65535)
-    # Server limits (proxy/server.py). A request's line and headers: at most max_header_bytes
+    # Server limits (proxy/api/server_limits.py). A request's line and headers: at most max_header_bytes
     # (else 431 and close), complete within header_timeout of the connection opening or of the
     # request's first byte; its body complete within body_timeout of the headers (else 408 and
     # close). Idle keep-alive connections close after keep_alive_timeout (longer than Grafana's

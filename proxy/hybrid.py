@@ -31,7 +31,7 @@ from shardplanner.routing import DEFAULT_LOOKBACK_MS, BackendHolding, Route, rou
 from .errors import PromError
 
 if TYPE_CHECKING:
-    from .backend import Backend
+    from .backends import Backend
 
 ROUTE_CLOCK_MS = 60_000
 

@@ -95,7 +95,7 @@ class _Metrics:
         self.cache_skipped = Counter(
             "promaccel_cache_skipped_total", "Fetched pieces not stored, by reason", ["reason"], registry=r
         )
-        # Piece store (proxy/cache.py) and request coalescing (proxy/singleflight.py).
+        # Piece store (proxy/cache/) and request coalescing (proxy/singleflight.py).
         # `store` is "memory" or "redis"; cache_errors' `op` is get, put, delete,
         # generation, invalidate or bump.
         self.cache_pieces = Counter(

@@ -29,10 +29,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loadtests.amp_endpoint import TEST_ACCESS_KEY, TEST_SECRET_KEY, AmpEndpoint, AmpSettings, serve_in_thread
 from loadtests.compare import diff_answers
-from proxy.backend import Backend
+from proxy.backends import Backend
+from proxy.backends.sigv4 import CredentialSource, SigV4Signer
 from proxy.config import BackendConfig
 from proxy.metrics import METRICS
-from proxy.sigv4 import CredentialSource, SigV4Signer
 from tests.servers import ROOT, Promaccel, free_port, stop, wait_http
 
 SESSION_KEY = "ASIAEXAMPLESESSION01"

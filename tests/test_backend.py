@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from proxy.backend import Backend
+from proxy.backends import Backend
 from proxy.config import BackendConfig
 from proxy.errors import PromError
 

@@ -149,7 +149,7 @@ def test_ready_without_backend(tmp_path: Path) -> None:
 
 
 def test_large_answer_streams_and_matches(prom: Any, planned: Any) -> None:
-    from proxy.responses import STREAM_ABOVE_SAMPLES
+    from proxy.api.responses import STREAM_ABOVE_SAMPLES
 
     params = {"query": '{__name__=~"DCGM_FI_DEV_(GPU_TEMP|POWER_USAGE|FB_USED|SM_CLOCK)"}',
               "start": str(prom.start_s), "end": str(prom.end_s), "step": "15"}

@@ -142,9 +142,9 @@ def test_backend_names_unique_and_one_primary(tmp_path: Path) -> None:
 
 
 def test_server_limits(tmp_path: Path) -> None:
-    """listen: server limits (proxy/server.py): defaults, durations, the example file's values,
+    """listen: server limits (proxy/api/server_limits.py): defaults, durations, the example file's values,
     and bad values named."""
-    from proxy.server import LimitedHttpToolsProtocol, configure
+    from proxy.api.server_limits import LimitedHttpToolsProtocol, configure
 
     listen = load_config(None, backends=["http://127.0.0.1:9090"]).listen
     assert (listen.max_header_bytes, listen.header_timeout, listen.body_timeout, listen.keep_alive_timeout,

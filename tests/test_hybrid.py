@@ -28,8 +28,8 @@ from botocore.credentials import Credentials
 
 from loadtests.amp_endpoint import TEST_ACCESS_KEY, TEST_SECRET_KEY
 from loadtests.compare import diff_answers, values_close
+from proxy.backends.sigv4 import CredentialSource, SigV4Signer
 from proxy.config import build_config
-from proxy.sigv4 import CredentialSource, SigV4Signer
 from shardplanner.routing import route_piece
 from tests.corpus import QUERIES
 from tests.hybrid import (

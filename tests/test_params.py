@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.errors import PromError
-from proxy.params import (
+from proxy.api.params import (
     format_duration_ms,
     parse_duration_param_ms,
     parse_instant,
@@ -13,6 +12,7 @@ from proxy.params import (
     parse_range,
     parse_time_ms,
 )
+from proxy.errors import PromError
 
 
 @pytest.mark.parametrize(

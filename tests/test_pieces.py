@@ -1,5 +1,5 @@
 """In-process tests of the cache's building blocks: cutting answers by time (proxy/result/pieces.py),
-cells on the step grid, coalescing units into fetches, footprints (proxy/footprint.py) and the
+cells on the step grid, coalescing units into fetches, footprints (shardplanner/footprint.py) and the
 tenant scope."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from proxy.backend import BackendReply
+from proxy.backends import BackendReply
 from proxy.codec.errors import Undecodable
 from proxy.config import load_config
 from proxy.errors import PromError

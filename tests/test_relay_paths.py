@@ -19,7 +19,7 @@ from tests.servers import Promaccel
 
 pytestmark = pytest.mark.prom
 
-# Every relaying route of proxy/app.py (buildinfo is promaccel's own, but it calls the backend).
+# Every relaying route of proxy/api/relays.py (buildinfo is promaccel's own, but it calls the backend).
 FIXED = [
     "/api/v1/series", "/api/v1/labels", "/api/v1/metadata", "/api/v1/query_exemplars", "/api/v1/format_query",
     "/api/v1/rules", "/api/v1/alerts", "/api/v1/targets", "/api/v1/targets/metadata", "/api/v1/alertmanagers",

@@ -26,10 +26,10 @@ import orjson
 import pytest
 
 from loadtests.amp_endpoint import AmpEndpoint, AmpSettings, KnownCredential, serve_in_thread
-from proxy.backend import Backend
+from proxy.backends import Backend
+from proxy.backends.redaction import install_log_redaction, redact
 from proxy.cli import QUIET_LIBRARIES
 from proxy.config import BackendConfig
-from proxy.sigv4 import install_log_redaction, redact
 from tests.servers import Promaccel, free_port
 
 STS_ACCESS_KEY = "ASIAFAKESTS0000000001"

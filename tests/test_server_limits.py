@@ -1,4 +1,4 @@
-"""Server limits (proxy/server.py, `listen:`), against a real promaccel served by uvicorn on a
+"""Server limits (proxy/api/server_limits.py, `listen:`), against a real promaccel served by uvicorn on a
 loopback port with 1 s deadlines: slow or unfinished headers, slow bodies, idle connections
 and oversized headers are cut off; a client that leaves mid-body costs no 500 and no traceback;
 more connections than max_concurrency get a Prometheus-style 503."""

@@ -1,6 +1,7 @@
-"""SigV4: the signer (proxy/sigv4.py over requests-aws4auth, applied by backend.py's httpx
-hook) against the AMP-compatible endpoint's own verifier (loadtests/amp_endpoint.py), in process:
-httpx.ASGITransport into the endpoint, whose upstream is an httpx.MockTransport.
+"""SigV4: the signer (proxy/backends/sigv4.py over requests-aws4auth, applied by
+proxy/backends/transports.py's httpx hook) against the AMP-compatible endpoint's own verifier
+(loadtests/amp_endpoint.py), in process: httpx.ASGITransport into the endpoint, whose upstream is
+an httpx.MockTransport.
 
 Both sides are also checked against AWS's published SigV4 test vectors, so agreement between
 them means real signatures, not two copies of one mistake."""
@@ -30,17 +31,15 @@ from loadtests.amp_endpoint import (
     canonical_query,
     verify_request,
 )
-from proxy.backend import _SigV4Auth
-from proxy.errors import PromError
-from proxy.metrics import METRICS
-from proxy.sigv4 import (
+from proxy.backends.redaction import RedactingFilter, redact, register_secret
+from proxy.backends.sigv4 import (
     CredentialSource,
-    RedactingFilter,
     SigV4Signer,
-    redact,
-    register_secret,
     strict_query,
 )
+from proxy.backends.transports import SigV4Auth as _SigV4Auth
+from proxy.errors import PromError
+from proxy.metrics import METRICS
 
 REGION = "us-east-1"
 BASE = "http://amp.test/workspaces/ws-test"
@@ -506,7 +505,7 @@ def test_no_secret_in_logs_errors_or_metrics(caplog: pytest.LogCaptureFixture, a
 
 
 def test_backend_attaches_signer_for_amp(monkeypatch: pytest.MonkeyPatch) -> None:
-    from proxy.backend import Backend
+    from proxy.backends import Backend
     from proxy.config import BackendConfig
 
     amp = Backend(BackendConfig(name="amp", kind="amp",

@@ -14,8 +14,7 @@ import orjson
 import pytest
 
 from loadtests.amp_endpoint import TEST_ACCESS_KEY, TEST_SECRET_KEY
-from proxy import tenancy
-from proxy.backend import Backend
+from proxy.backends import Backend, tenancy
 from proxy.cache.revalidate import Revalidator
 from proxy.config import BackendConfig, ConfigError, build_config
 from tests.recording import Recorder, recording_backend

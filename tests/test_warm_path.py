@@ -13,8 +13,8 @@ from starlette.applications import Starlette
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from proxy import compress
-from proxy.compress import FastGZipMiddleware
+from proxy.api import compress
+from proxy.api.compress import FastGZipMiddleware
 from proxy.config import CacheConfig
 from proxy.pipeline.cache_read import decode_payloads as _decode_payloads
 from proxy.result import QueryResult

@@ -20,7 +20,7 @@ from shardplanner.plan import Piece, ShardSpec
 
 __all__ = ["FORMAT_VERSION", "KEY_PREFIX", "CacheItem", "CacheKey", "PieceMeta"]
 
-# Version of the payload layout (arrowcodec's Arrow IPC table); part of every key, so a new
+# Version of the payload layout (proxy/codec/arrow.py's Arrow IPC table); part of every key, so a new
 # layout never reads an old one.
 FORMAT_VERSION = 1
 KEY_PREFIX = "promaccel:v1"

@@ -34,8 +34,7 @@ from dataclasses import dataclass
 import orjson
 from prometheus_client import Counter
 
-from .. import tenancy
-from ..backend import Backend
+from ..backends import Backend, tenancy
 from ..errors import PromError
 from ..metrics import METRICS
 

@@ -1,6 +1,6 @@
 """Freshness policy: how long a piece may be cached, from the end of the data it reads.
 
-The executor passes the end of the piece's footprint (`proxy/footprint.py`: the newest
+The pipeline passes the end of the piece's footprint (`shardplanner/footprint.py`: the newest
 sample any selector of the piece reads, offsets and `@` included), so a piece far in the
 past that reads recent data through `offset -1h` is still treated as recent.
 """

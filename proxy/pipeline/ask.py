@@ -16,15 +16,14 @@ import numpy as np
 from shardplanner.analysis import is_scalar_expr
 from shardplanner.promql import CannotParse, parse
 
-from ..backend import Backend, BackendReply
+from ..backends import Backend, BackendReply
 from ..codec.errors import CodecError, Undecodable
 from ..codec.json_decode import decode_prometheus_json
 from ..errors import PromError
-from ..forms import Pairs
 from ..metrics import METRICS
 from ..result import QueryResult
 from .budget import BUDGET, SAMPLES_TALLY
-from .values import PieceFailed
+from .values import Pairs, PieceFailed
 
 _SAMPLES = re.compile(rb'"totalQueryableSamples":\s*(\d+)')
 _RANGE_ONLY = b"only supported for range type queries"

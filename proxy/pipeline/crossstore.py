@@ -19,7 +19,7 @@ from shardplanner.ast import Agg, Binary, Call, Number, Paren, Selector, transfo
 from shardplanner.plan import MergeRecipe, QueryRequest
 from shardplanner.serialize import to_promql
 
-from ..backend import Backend
+from ..backends import Backend
 from ..errors import PromError
 from ..metrics import METRICS
 from ..result import QueryResult, ResultType

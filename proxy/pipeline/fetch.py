@@ -10,21 +10,20 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..backends.tenancy import scope as tenant_scope
 from ..cache import wall_ms
 from ..errors import PromError
-from ..forms import Pairs
 from ..hybrid import Router
 from ..metrics import METRICS
 from ..result import QueryResult
 from ..result.pieces import split_time
 from ..singleflight import SingleFlight
-from ..tenancy import scope as tenant_scope
 from .ask import instant_of, query_call
 from .cache_write import CacheWriter
 from .hybrid_fetch import RouteAnswer
 from .landing import Landing
 from .units import Fetch, Unit
-from .values import CacheCtx
+from .values import CacheCtx, Pairs
 
 # One DEBUG line per backend call (path, time range, units): which pieces were asked for.
 fetch_log = logging.getLogger("promaccel.fetch")

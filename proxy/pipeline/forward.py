@@ -6,12 +6,12 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from ..backend import Backend, BackendReply
+from ..backends import Backend, BackendReply
+from ..backends.tenancy import scope as tenant_scope
 from ..cache import wall_ms
 from ..codec.json_encode import encode_prometheus_json
 from ..metrics import METRICS
 from ..singleflight import SingleFlight
-from ..tenancy import scope as tenant_scope
 from .ask import Asker, needs_range_form
 from .cache_read import CacheReader
 from .cache_write import CacheWriter

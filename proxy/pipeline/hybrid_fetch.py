@@ -16,10 +16,9 @@ from shardplanner.analysis import probe_as_range
 from shardplanner.promql import CannotParse, parse
 from shardplanner.routing import TimePart
 
-from ..backend import Backend
+from ..backends import Backend
 from ..config import Config
 from ..errors import PromError
-from ..forms import Pairs
 from ..hybrid import Router, missing_warning
 from ..metrics import METRICS
 from ..result import QueryResult
@@ -28,7 +27,7 @@ from ..result.overlap import merge_overlap
 from ..result.pieces import slice_time
 from .ask import Asker, seconds
 from .units import Fetch
-from .values import PieceFailed
+from .values import Pairs, PieceFailed
 
 # Step of the range an overlap instant is asked as.
 OVERLAP_PROBE_STEP_MS = 60_000

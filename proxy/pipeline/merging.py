@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from ..backend import Backend
+from ..backends import Backend
 from ..codec.errors import Undecodable
 from ..errors import PromError
 from ..metrics import METRICS

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..backend import Backend
+from ..backends import Backend
 from ..cache import PieceStore
 from ..config import Config
 from .ask import Asker

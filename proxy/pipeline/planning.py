@@ -17,12 +17,12 @@ from shardplanner.plan import PlannerSettings, QueryRequest
 from shardplanner.planner import plan as make_plan
 from shardplanner.planner import samples_limit_message
 
-from ..backend import Backend
+from ..backends import Backend
+from ..backends.tenancy import scope as tenant_scope
 from ..cache import wall_ms
 from ..config import Config
 from ..errors import PromError
 from ..metrics import METRICS
-from ..tenancy import scope as tenant_scope
 from .stage import Stage
 from .values import PLANNED_PARAMS, UNKEYED_PARAMS, Answer, CacheCtx, Query
 
@@ -56,7 +56,7 @@ class ShardValues:
 
     Stale values are still a correct partition (the last shard is the complement of the
     listed values), so a refresh happens in the background and never blocks a query once
-    values are known. Values are kept per tenant scope (proxy/tenancy.py): discovery runs
+    values are known. Values are kept per tenant scope (proxy/backends/tenancy.py): discovery runs
     with the requesting tenant's forwarded headers (a refresh task inherits them), so one
     tenant's label values never shape (or show up in the explain output of) another's
     queries; at most MAX_ENTRIES (scope, label) pairs are kept, oldest dropped first."""

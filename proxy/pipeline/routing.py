@@ -9,7 +9,7 @@ from shardplanner.analysis import absent_like, edge_ms, pinned_at
 from shardplanner.plan import Plan, QueryRequest
 from shardplanner.routing import Route as PieceRoute
 
-from ..backend import Backend
+from ..backends import Backend
 from ..cache import wall_ms
 from ..errors import PromError
 from ..hybrid import Router, holdings_of

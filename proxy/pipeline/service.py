@@ -10,17 +10,15 @@ from typing import Any
 from shardplanner.explain import explain as explain_plan
 from shardplanner.plan import QueryRequest
 
-from ..backend import Backend
+from ..backends import Backend
 from ..cache import PieceStore, make_store
 from ..cache.revalidate import Revalidator
 from ..config import Config
 from ..errors import PromError
-from ..forms import Pairs
-from ..params import InstantParams, RangeParams
 from .path import build
 from .routing import router_for, whole_route
 from .units import coalesce_units
-from .values import ARROW_STREAM, Answer, Query
+from .values import ARROW_STREAM, Answer, Pairs, Query
 
 
 class QueryService:
@@ -75,16 +73,11 @@ class QueryService:
 
     # --- queries ----------------------------------------------------------------------------
 
-    async def instant(self, p: InstantParams, pairs: Pairs, headers: Mapping[str, str]) -> Answer:
-        req = QueryRequest(query=p.query, time_ms=p.time_ms)
-        return await self._query(req, pairs, headers, "/api/v1/query", p.timeout_ms)
-
-    async def range(self, p: RangeParams, pairs: Pairs, headers: Mapping[str, str]) -> Answer:
-        req = QueryRequest(query=p.query, start_ms=p.start_ms, end_ms=p.end_ms, step_ms=p.step_ms)
-        return await self._query(req, pairs, headers, "/api/v1/query_range", p.timeout_ms)
-
-    async def _query(self, req: QueryRequest, pairs: Pairs, headers: Mapping[str, str], path: str,
-                     timeout_ms: int | None) -> Answer:
+    async def query(self, req: QueryRequest, pairs: Pairs, headers: Mapping[str, str],
+                    timeout_ms: int | None) -> Answer:
+        """An instant (req.time_ms) or range query; `pairs` are the client's parameters as
+        sent, `timeout_ms` its `timeout` parameter (capped by limits.query_timeout)."""
+        path = "/api/v1/query_range" if req.is_range else "/api/v1/query"
         q = Query(req=req, pairs=pairs, path=path, timeout_s=self._timeout_s(timeout_ms), headers=headers,
                   want_arrow=ARROW_STREAM in headers.get("accept", ""))
         return await self.run(q)

@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING
 
 from shardplanner.plan import Plan, QueryRequest
 
-from ..backend import BackendReply
-from ..forms import Pairs
+from ..backends import BackendReply
 
 if TYPE_CHECKING:
     from shardplanner.routing import Route
@@ -20,6 +19,8 @@ if TYPE_CHECKING:
     from ..hybrid import Router
     from ..result import QueryResult
 
+# A request's parameters in the order sent (the query string and the form body merged).
+Pairs = list[tuple[str, str]]
 # Parameters the plan sets per piece; everything else the client sent is passed along.
 PLANNED_PARAMS = frozenset({"query", "start", "end", "step", "time"})
 # Parameters whose answer cannot be merged from pieces (a query with one goes whole).

@@ -41,7 +41,7 @@ Semantics, per series (label set) and step (timestamp):
 - A NaN is a value like any other (it is not a gap and is not replaced).
 - Instant vectors (and scalars, strings): preference + union only; no edge handling (one
   step has no neighbours). A scalar or string answer is the first answer's.
-- Output order as Prometheus (and proxy/merge.py concat): series sorted by label set
+- Output order as Prometheus (and proxy/result/merge.py concat): series sorted by label set
   (labels.Compare), samples in time order. Warnings and infos: the union of the answers',
   in first-seen order.
 

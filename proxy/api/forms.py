@@ -10,7 +10,7 @@ from urllib.parse import parse_qsl
 
 from starlette.requests import ClientDisconnect, Request
 
-from .errors import PromError, bad_data
+from ..errors import PromError, bad_data
 
 Pairs = list[tuple[str, str]]
 

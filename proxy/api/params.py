@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from .errors import PromError, bad_data, invalid_param
+from ..errors import PromError, bad_data, invalid_param
 
 MAX_POINTS_PER_SERIES = 11_000
 

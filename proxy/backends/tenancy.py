@@ -1,12 +1,12 @@
 """Tenancy: which client headers reach the backends, and the cache scope they make.
 
 `tenancy.forward_headers` (proxy/config.py `TenancyConfig`) names the client headers passed
-through to `kind: prometheus` backends (e.g. `X-Scope-OrgID` for Cortex/Mimir). The HTTP
-surface (proxy/app.py's route wrapper) picks them out of each request with `Tenancy.of` and
-sets them for the request with `use`: a `contextvars.ContextVar`, so every backend call made
-on the request's behalf -- including tasks it spawns (pieces, shards, puts, a shard-value
-refresh) -- carries them without the executor passing them around. `proxy/backend.py` reads
-`current()` when sending.
+through to `kind: prometheus` backends (e.g. `X-Scope-OrgID` for Cortex/Mimir). The route
+wrapper of the HTTP surface (proxy/api/routing.py) picks them out of each request with
+`Tenancy.of` and sets them for the request with `use`: a `contextvars.ContextVar`, so every
+backend call made on the request's behalf -- including tasks it spawns (pieces, shards,
+puts, a shard-value refresh) -- carries them without the executor passing them around.
+`Backend` (backend.py) reads `current()` when sending.
 
 `scope()` is the cache and coalescing scope of the current request: "" when no forwarded
 header is present (always, when none is configured), else a keyed BLAKE2b hash of the

@@ -1,4 +1,4 @@
-"""Metadata endpoints over a hybrid fleet (issue 6): series, labels, label values, metadata.
+"""Metadata endpoints over a hybrid fleet: series, labels, label values, metadata.
 
 Each call goes to every backend that may hold what it asks about: a backend is asked when one
 of its holdings names a metric of the `match[]` selectors (any metric, for a selector without
@@ -29,12 +29,11 @@ from shardplanner.ast import Selector
 from shardplanner.promql import CannotParse, parse
 from shardplanner.routing import BackendHolding
 
-from .backend import Backend, BackendReply
-from .errors import PromError
+from ..backends import Backend, BackendReply
+from ..errors import PromError
+from ..hybrid import holdings_of
 from .forms import Pairs
-from .hybrid import holdings_of
-
-JSON = "application/json"
+from .responses import JSON, relay
 
 
 def metric_names(pairs: Pairs) -> list[str | None] | None:
@@ -133,7 +132,7 @@ async def fan_out(backends: Sequence[Backend], method: str, path: str, pairs: Pa
             continue
         if not out.ok:
             if 400 <= out.status < 500 and out.status != 429:
-                return _relay(out)
+                return relay(out)
             failed.append(out)
             warnings.append(f"promaccel: backend {b.name!r} did not answer (HTTP {out.status}); its data is missing")
             continue
@@ -149,14 +148,10 @@ async def fan_out(backends: Sequence[Backend], method: str, path: str, pairs: Pa
         first = failed[0]
         if isinstance(first, PromError):
             raise first
-        return _relay(first)
+        return relay(first)
     params = {k: v for k, v in pairs}
     answer: dict[str, Any] = {"status": "success", "data": merge_data(kind, datas, params)}
     if warnings:
         answer["warnings"] = warnings
     return Response(orjson.dumps(answer), media_type=JSON)
 
-
-def _relay(reply: BackendReply) -> Response:
-    return Response(content=reply.body, status_code=reply.status, media_type=None,
-                    headers={"Content-Type": reply.content_type})

@@ -15,7 +15,7 @@ connection (`listen:` in the config):
   and close. An idle connection between requests is uvicorn's keep-alive timeout.
 - `body_timeout`: the body must be complete this long after the headers; else 408 when the
   app has not answered yet, and close. The app's `receive` then reports a disconnect, which
-  it answers as a client that went away (proxy/forms.py: 499, no traceback).
+  it answers as a client that went away (proxy/api/forms.py: 499, no traceback).
 - `max_concurrency` is uvicorn's `limit_concurrency` (open connections or running requests,
   idle keep-alive connections included); over it a request gets Prometheus-style 503 JSON.
 
@@ -32,7 +32,7 @@ import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from .config import ListenConfig
+from ..config import ListenConfig
 
 # Phases of the request being read on a connection.
 _IDLE = 0  # between requests (and before a connection's first byte, with the head timer armed)

@@ -1,0 +1,61 @@
+"""The query routes: /api/v1/query, /api/v1/query_range and promaccel's /api/v1/explain.
+
+Parameters are parsed and validated as Prometheus does (params.py) before the executor sees
+them; `limits.max_query_range` refuses a range query over it with a 422.
+"""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from shardplanner.plan import QueryRequest
+
+from ..config import Config
+from ..errors import PromError
+from ..pipeline import QueryService
+from .forms import first_values, read_pairs
+from .params import format_duration_ms, parse_instant, parse_range
+from .responses import JSON, response_of
+from .routing import Routes
+
+
+def add_query_routes(route: Routes, executor: QueryService, config: Config) -> None:
+    max_body = config.limits.max_body_bytes
+
+    @route("/api/v1/query")
+    async def query(request: Request) -> Response:
+        pairs = await read_pairs(request, max_body)
+        p = parse_instant(first_values(pairs), now_ms=int(time.time() * 1000))
+        req = QueryRequest(query=p.query, time_ms=p.time_ms)
+        return response_of(await executor.query(req, pairs, request.headers, p.timeout_ms))
+
+    @route("/api/v1/query_range")
+    async def query_range(request: Request) -> Response:
+        pairs = await read_pairs(request, max_body)
+        p = parse_range(first_values(pairs), config.limits.max_points)
+        limit = config.limits.max_query_range
+        if limit and p.end_ms - p.start_ms > limit:
+            raise PromError(
+                "execution",
+                f"the query range of {format_duration_ms(p.end_ms - p.start_ms)} exceeds the limit of "
+                f"{format_duration_ms(limit)} (limits.max_query_range): narrow the time range",
+            )
+        req = QueryRequest(query=p.query, start_ms=p.start_ms, end_ms=p.end_ms, step_ms=p.step_ms)
+        return response_of(await executor.query(req, pairs, request.headers, p.timeout_ms))
+
+    @route("/api/v1/explain")
+    async def explain(request: Request) -> Response:
+        pairs = await read_pairs(request, max_body)
+        form = first_values(pairs)
+        if "step" in form or "start" in form:
+            rp = parse_range(form, config.limits.max_points)
+            req = QueryRequest(query=rp.query, start_ms=rp.start_ms, end_ms=rp.end_ms, step_ms=rp.step_ms)
+        else:
+            ip = parse_instant(form, now_ms=int(time.time() * 1000))
+            req = QueryRequest(query=ip.query, time_ms=ip.time_ms)
+        data = await executor.explain(req, request.headers, pairs)
+        return Response(orjson.dumps({"status": "success", "data": data}), media_type=JSON)

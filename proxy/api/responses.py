@@ -1,0 +1,63 @@
+"""Answers as Starlette responses: query results, relayed backend replies, errors.
+
+The query service answers with plain values (`pipeline.Answer`: a result or a backend's
+reply); this is the only place they become HTTP responses. Large results are encoded in
+chunks as they are sent: a 20 MB answer then costs ~4 MB of encoder memory instead of ~50 MB.
+"""
+
+from __future__ import annotations
+
+from starlette.responses import Response, StreamingResponse
+
+from ..backends import BackendReply
+from ..codec.arrow import encode_arrow_stream
+from ..codec.json_encode import encode_prometheus_json, iter_prometheus_json
+from ..errors import PromError
+from ..pipeline.values import Answer
+from ..result import QueryResult
+
+JSON = "application/json"
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+# Answers above this many samples are streamed in chunks (loadtests/codec_bench.py).
+STREAM_ABOVE_SAMPLES = 200_000
+
+
+def json_response(result: QueryResult, headers: dict[str, str]) -> Response:
+    """A result as Prometheus JSON, streamed when large."""
+    if result.n_samples > STREAM_ABOVE_SAMPLES:
+        return StreamingResponse(iter_prometheus_json(result), media_type=JSON, headers=headers)
+    return Response(encode_prometheus_json(result), media_type=JSON, headers=headers)
+
+
+def arrow_response(result: QueryResult, headers: dict[str, str]) -> Response:
+    """A result as an Arrow IPC stream, for clients that ask for it."""
+    return Response(encode_arrow_stream(result), media_type=ARROW_STREAM, headers=headers)
+
+
+def relay(reply: BackendReply, headers: dict[str, str] | None = None) -> Response:
+    """A backend's answer as it came (status, body, content type), plus `headers`."""
+    return Response(
+        content=reply.body,
+        status_code=reply.status,
+        headers={"Content-Type": reply.content_type, **(headers or {})},
+    )
+
+
+def response_of(answer: Answer) -> Response:
+    """A query's answer: the backend's reply relayed, or the merged result encoded."""
+    if answer.reply is not None:
+        return relay(answer.reply, answer.headers)
+    assert answer.result is not None
+    if answer.arrow:
+        return arrow_response(answer.result, answer.headers)
+    return json_response(answer.result, answer.headers)
+
+
+def error(exc: PromError) -> Response:
+    """Prometheus's error answer: its JSON body and the HTTP status of its kind."""
+    return Response(exc.body(), status_code=exc.status, media_type=JSON)
+
+
+def unknown_path(path: str) -> Response:
+    return error(PromError("not_found", f"unknown path {path!r}: promaccel serves the "
+                           "Prometheus HTTP API under /api/v1/"))

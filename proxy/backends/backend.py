@@ -1,0 +1,115 @@
+"""`Backend`: one configured backend, the object the rest of promaccel calls.
+
+`Backend.request` checks the path, adds the forwarded tenant headers (`tenancy.py`; to
+`kind: prometheus` backends only, never to AMP), encodes a form body, holds the backend's
+semaphore for `limited` calls, sends through the backend's transport (`transports.py`), and
+retries (`retries.py`).
+
+Errors are translated here, once: connection failures -> PromError "unavailable" (503),
+timeouts -> PromError "timeout" (503). A backend's own HTTP answer, error or not, is returned
+as a `BackendReply` for the caller to relay (4xx/422 relayed as is), except a redirect, which
+is PromError "unavailable" (502).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.parse
+from typing import Mapping, Sequence
+
+from ..config import BackendConfig
+from ..errors import PromError
+from ..metrics import METRICS
+from .protocol import BackendReply, check_path
+from .retries import with_retries
+from .tenancy import current as forwarded_headers
+from .transports import CONNECTION_ERRORS, DirectAiohttp, is_timeout, make_client, send_httpx
+
+
+class Backend:
+    def __init__(self, cfg: BackendConfig) -> None:
+        self.cfg = cfg
+        self.name = cfg.name
+        self._client = make_client(cfg)
+        self._direct = DirectAiohttp(cfg) if cfg.transport == "aiohttp" and cfg.kind != "amp" else None
+        self._sem = asyncio.Semaphore(cfg.max_parallel)
+        # tenancy.forward_headers go to Prometheus-compatible backends only, never to AMP.
+        self._forwards = cfg.kind != "amp"
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+        if self._direct is not None:
+            await self._direct.aclose()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Sequence[tuple[str, str]] | None = None,
+        form: Sequence[tuple[str, str]] | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+        limited: bool = False,
+        endpoint: str = "other",
+    ) -> BackendReply:
+        """One call with retries on connection errors and 502/503/504 (never on 4xx); for AMP,
+        429/503 are retried on their own budget (`throttle_retries`) within the deadline."""
+        check_path(path)
+
+        async def attempt(call_timeout: float | None) -> BackendReply:
+            return await self._once(method, path, params, form, headers, call_timeout, limited, endpoint)
+
+        return await with_retries(attempt, self.cfg, endpoint, timeout_s)
+
+    async def _once(
+        self,
+        method: str,
+        path: str,
+        params: Sequence[tuple[str, str]] | None,
+        form: Sequence[tuple[str, str]] | None,
+        headers: Mapping[str, str] | None,
+        timeout_s: float | None,
+        limited: bool,
+        endpoint: str,
+    ) -> BackendReply:
+        body: bytes | None = None
+        forwarded = forwarded_headers() if self._forwards else ()
+        if form is not None or forwarded:
+            hdrs = dict(headers or {})
+            hdrs.update(forwarded)  # the client's tenancy.forward_headers (tenancy.py)
+            if form is not None:
+                body = urllib.parse.urlencode(list(form)).encode()
+                hdrs["Content-Type"] = "application/x-www-form-urlencoded"
+            headers = hdrs
+        t0 = time.perf_counter()
+        try:
+            if limited:
+                async with self._sem:
+                    return await self._send(method, path, params, body, headers, timeout_s, endpoint)
+            return await self._send(method, path, params, body, headers, timeout_s, endpoint)
+        except Exception as exc:  # translated once, here
+            METRICS.backend_errors.labels(self.name, type(exc).__name__).inc()
+            if is_timeout(exc):
+                raise PromError(
+                    "timeout", f"backend {self.name!r} did not answer in time ({endpoint})"
+                ) from exc
+            if isinstance(exc, CONNECTION_ERRORS):
+                raise PromError(
+                    "unavailable",
+                    f"backend {self.name!r} is unreachable ({type(exc).__name__})",
+                ) from exc
+            raise
+        finally:
+            METRICS.backend_latency.labels(self.name, endpoint).observe(time.perf_counter() - t0)
+
+    async def _send(self, method: str, path: str, params: Sequence[tuple[str, str]] | None, body: bytes | None,
+                    headers: Mapping[str, str] | None, timeout_s: float | None, endpoint: str) -> BackendReply:
+        if self._direct is not None:
+            reply = await self._direct.request(method, path, params, body, headers,
+                                               timeout_s if timeout_s is not None else self.cfg.timeout / 1000)
+        else:
+            reply = await send_httpx(self._client, self.cfg, method, path, params, body, headers, timeout_s)
+        METRICS.backend_calls.labels(self.name, endpoint, str(reply.status)).inc()
+        return reply

@@ -1,0 +1,180 @@
+"""Pooled HTTP clients to the backends: the only module that imports aiohttp and httpx.
+
+One pooled client per backend (keep-alive, HTTP/1.1). aiohttp is the default transport and
+httpx's own the fallback (`transport: httpx`). Plain Prometheus backends on `transport:
+aiohttp` are called through aiohttp's own `ClientSession` (`DirectAiohttp`), without httpx's
+request building on top; AMP backends keep httpx's API, over httpx-aiohttp's transport, since
+its auth flow signs every request (`SigV4Auth`). Redirects are never followed by either.
+
+Every call asks for identity encoding (loopback and in-cluster backends: compression costs
+more CPU than it saves) and sends `backends[].basic_auth` as an Authorization header, whose
+password is registered for log redaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from typing import Any, AsyncGenerator, Generator, Mapping, Sequence
+
+import aiohttp
+import httpx
+
+from ..config import BackendConfig
+from .protocol import BackendReply
+from .redaction import install_log_redaction, register_secret
+from .sigv4 import SigV4Signer, signer_for
+
+# What a failed connection raises, whichever transport made the call.
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (httpx.TransportError, aiohttp.ClientError, OSError)
+
+
+class SigV4Auth(httpx.Auth):
+    """Signs each request as sent (after httpx has built its URL, headers and body)."""
+
+    requires_request_body = True
+
+    def __init__(self, signer: SigV4Signer) -> None:
+        self.signer = signer
+
+    def _apply(self, request: httpx.Request) -> None:
+        signed = self.signer.sign(request.method, str(request.url), request.headers.multi_items(),
+                                  request.content)
+        request.url = httpx.URL(signed.url)
+        request.headers.update(signed.headers)
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        self._apply(request)
+        yield request
+
+    async def async_auth_flow(self, request: httpx.Request) -> AsyncGenerator[httpx.Request, httpx.Response]:
+        await request.aread()
+        if self.signer.needs_refresh():
+            # First resolution or a refresh may call STS or instance metadata: not on the loop.
+            await asyncio.to_thread(self.signer.credentials.frozen)
+        self._apply(request)
+        yield request
+
+
+def default_headers(cfg: BackendConfig) -> dict[str, str]:
+    """Headers on every call: identity encoding, our User-Agent, and basic auth if configured
+    (its password and the header value are registered for log redaction)."""
+    headers = {"Accept-Encoding": "identity", "User-Agent": "promaccel"}
+    if cfg.basic_auth is not None:
+        password = cfg.basic_auth.read_password()
+        value = "Basic " + base64.b64encode(f"{cfg.basic_auth.username}:{password}".encode()).decode()
+        register_secret(password)
+        register_secret(value.split(" ", 1)[1])
+        install_log_redaction()
+        headers["Authorization"] = value
+    return headers
+
+
+def make_client(cfg: BackendConfig) -> httpx.AsyncClient:
+    limits = httpx.Limits(
+        max_connections=cfg.max_connections,
+        max_keepalive_connections=cfg.max_keepalive,
+        keepalive_expiry=30.0,
+    )
+    timeout = httpx.Timeout(cfg.timeout / 1000, connect=cfg.connect_timeout / 1000)
+    transport: httpx.AsyncBaseTransport
+    if cfg.transport == "aiohttp":
+        from httpx_aiohttp import AiohttpTransport
+
+        transport = AiohttpTransport(limits=limits, trust_env=False)
+    else:
+        transport = httpx.AsyncHTTPTransport(limits=limits, http1=True, http2=False)
+    auth: httpx.Auth | None = None
+    if cfg.kind == "amp":
+        assert cfg.region is not None  # config fills it from the workspace URL or fails
+        auth = SigV4Auth(signer_for(cfg.name, cfg.region, cfg.service, cfg.profile))
+        install_log_redaction()
+    return httpx.AsyncClient(
+        base_url=cfg.url,
+        transport=transport,
+        timeout=timeout,
+        auth=auth,
+        # Loopback and in-cluster backends: compression costs more CPU than it saves.
+        headers=default_headers(cfg),
+        trust_env=False,
+        follow_redirects=False,  # httpx's default; explicit: a 3xx is an error (backend.py)
+    )
+
+
+async def send_httpx(client: httpx.AsyncClient, cfg: BackendConfig, method: str, path: str,
+                     params: Sequence[tuple[str, str]] | None, body: bytes | None,
+                     headers: Mapping[str, str] | None, timeout_s: float | None) -> BackendReply:
+    """One request through `client` (made by `make_client`); no timeout: the client's own."""
+    kwargs: dict[str, Any] = {}
+    if params:
+        kwargs["params"] = list(params)
+    if body is not None:
+        kwargs["content"] = body
+    if headers:
+        kwargs["headers"] = dict(headers)
+    if timeout_s is not None:
+        kwargs["timeout"] = httpx.Timeout(timeout_s, connect=cfg.connect_timeout / 1000)
+    resp = await client.request(method, path, **kwargs)
+    retry_after = resp.headers.get("retry-after")
+    return BackendReply(
+        status=resp.status_code,
+        body=resp.content,
+        content_type=resp.headers.get("content-type", "application/json"),
+        headers={"retry-after": retry_after} if retry_after is not None else {},
+    )
+
+
+def is_timeout(exc: BaseException) -> bool:
+    if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
+        return True
+    if isinstance(exc, httpx.ConnectTimeout):
+        # httpx-aiohttp maps every aiohttp connection error to ConnectTimeout; a refused
+        # connection is "unavailable", not a timeout.
+        cause = exc.__cause__
+        return cause is None or "Timeout" in type(cause).__name__
+    return isinstance(exc, httpx.TimeoutException)
+
+
+class DirectAiohttp:
+    """aiohttp's ClientSession without httpx on top, for backends that need no request
+    signing. Made on first use, in the running event loop (and again if that changed)."""
+
+    def __init__(self, cfg: BackendConfig) -> None:
+        self.cfg = cfg
+        self.base = cfg.url.rstrip("/")
+        self._headers = default_headers(cfg)
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._loop is not loop or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self.cfg.max_connections, keepalive_timeout=30.0)
+            self._session = aiohttp.ClientSession(
+                connector=connector, trust_env=False, headers=self._headers,
+            )
+            self._loop = loop
+        return self._session
+
+    async def request(self, method: str, path: str, params: Sequence[tuple[str, str]] | None, body: bytes | None,
+                      headers: Mapping[str, str] | None, timeout_s: float) -> BackendReply:
+        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self.cfg.connect_timeout / 1000)
+        async with self.session().request(method, self.base + path, params=list(params) if params else None,
+                                          data=body, headers=headers, timeout=timeout,
+                                          allow_redirects=False) as resp:
+            content = await resp.read()
+            retry_after = resp.headers.get("retry-after")
+            return BackendReply(
+                status=resp.status,
+                body=content,
+                content_type=resp.headers.get("content-type", "application/json"),
+                headers={"retry-after": retry_after} if retry_after is not None else {},
+            )
+
+    async def aclose(self) -> None:
+        if self._session is not None and not self._session.closed:
+            try:
+                await self._session.close()
+            except RuntimeError:  # its event loop is gone (a test's asyncio.run ended)
+                pass
+        self._session = None
