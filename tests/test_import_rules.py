@@ -125,3 +125,79 @@ def test_detector_ignores_lookalikes(tmp_path: Path) -> None:
     probe = pkg / "probe.py"
     probe.write_text("from . import proxy_free\nimport proxyish\nfrom .ast import Selector\nx = 'proxy'\n")
     assert "proxy" not in _imported_modules(probe, root=tmp_path)
+
+
+# --- layers inside proxy/ ---------------------------------------------------------------------
+# proxy subpackage -> the proxy subpackages it must never import (docs/ARCHITECTURE.md's picture:
+# api on top, then pipeline, then backends / cache / result / codec, then shardplanner).
+LAYERS = {
+    "pipeline": {"api"},
+    "cache": {"api", "pipeline"},
+    "backends": {"api", "pipeline", "cache", "result", "codec"},
+    "result": {"api", "pipeline", "cache", "backends"},
+    "codec": {"api", "pipeline", "cache", "backends"},
+}
+# Third-party libraries only one place in the product may import.
+GATES = {"aiohttp": "proxy/backends/transports.py", "httpx": "proxy/backends/transports.py",
+         "pyarrow": "proxy/codec/arrow.py", "redis": "proxy/cache/redis_client.py"}
+PROXY_MODULES = sorted((ROOT / "proxy").rglob("*.py"))
+
+
+def _proxy_subpackages(path: Path) -> set[str]:
+    """The proxy subpackages (`api`, `pipeline`, ...) that `path` imports."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package_parts = path.relative_to(ROOT).with_suffix("").parts[:-1]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        targets: list[list[str]] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name.split(".") for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = [] if node.level == 0 else list(package_parts[: len(package_parts) - (node.level - 1)])
+            mod = base + (node.module.split(".") if node.module else [])
+            targets = [mod] if node.module else [mod + [alias.name] for alias in node.names]
+        for t in targets:
+            if len(t) >= 2 and t[0] == "proxy":
+                found.add(t[1])
+    return found
+
+
+@pytest.mark.parametrize("path", PROXY_MODULES, ids=_rel)
+def test_proxy_layers(path: Path) -> None:
+    parts = path.relative_to(ROOT).parts
+    layer = parts[1] if len(parts) > 2 else None
+    bad = _proxy_subpackages(path) & LAYERS.get(layer or "", set())
+    assert not bad, f"{_rel(path)} imports proxy.{sorted(bad)}: proxy/{layer} must not import {sorted(LAYERS[layer or ''])}"
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """Top-level names of the modules `path` imports at run time (`if TYPE_CHECKING:` blocks
+    left out)."""
+
+    class Strip(ast.NodeTransformer):
+        def visit_If(self, node: ast.If) -> ast.AST | list[ast.stmt] | None:
+            if isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+                return node.orelse or None
+            return self.generic_visit(node)
+
+    tree = Strip().visit(ast.parse(path.read_text(encoding="utf-8")))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+@pytest.mark.parametrize("path", PROXY_MODULES, ids=_rel)
+def test_gated_libraries(path: Path) -> None:
+    imported = _runtime_imports(path)
+    for lib, gate in GATES.items():
+        if lib in imported:
+            assert _rel(path) == gate, f"{_rel(path)} imports {lib}: only {gate} may"
+
+
+def test_layer_detector(tmp_path: Path) -> None:
+    probe = ROOT / "proxy" / "pipeline" / "values.py"
+    assert "result" in _proxy_subpackages(probe) or "backends" in _proxy_subpackages(probe)
