@@ -215,7 +215,10 @@ class Promaccel:
         return int(self.proc.pid)
 
     @classmethod
-    def start(cls, backend_url: str, args: Sequence[str], workdir: Path, redis_url: str | None = None) -> "Promaccel":
+    def start(cls, backend_url: str, args: Sequence[str], workdir: Path, redis_url: str | None = None,
+              code_dir: Path | None = None) -> "Promaccel":
+        """`code_dir`: serve another checkout's promaccel (run from its directory), to measure
+        two versions side by side."""
         assert_loopback(backend_url)
         workdir.mkdir(parents=True, exist_ok=True)
         port = free_port()
@@ -228,11 +231,11 @@ class Promaccel:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "proxy.cli", "serve", "--backend", backend_url,
                  "--host", LOOPBACK, "--port", str(port), "--log-level", "warning", *extra, *args],
-                stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT), env=env,
+                stdout=out, stderr=subprocess.STDOUT, cwd=str(code_dir or ROOT), env=env,
             )
         url = f"http://{LOOPBACK}:{port}"
         try:
-            wait_http(url + "/-/healthy", proc, timeout=60, log=log)
+            wait_http(url + "/-/healthy", proc, timeout=300, log=log)
         except BaseException:
             stop(proc)
             raise
