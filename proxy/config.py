@@ -67,7 +67,7 @@ class _Strict(BaseModel):
 
 
 class HoldsConfig(_Strict):
-    """What a backend holds (issue 6): metrics whose names fully match one of `metrics`
+    """What a backend holds: metrics whose names fully match one of `metrics`
     (anchored regexes; "*" for every metric) over a time window: `last` (a duration back
     from now) or `since`, optionally `until` (RFC 3339, a date, unix seconds, `now-6h`).
     Resolved to absolute times by shardplanner.routing.resolve_window."""
@@ -153,7 +153,7 @@ class BackendConfig(_Strict):
     service: str = Field(default="aps", min_length=1)
     profile: str | None = None
     throttle_retries: int = Field(default=5, ge=0, le=20, description="429/503 retries per call (AMP)")
-    # Hybrid fleets (issue 6): what this backend holds (one window, or a list unioned);
+    # Hybrid fleets: what this backend holds (one window, or a list unioned);
     # absent: every metric, all the time. Where several backends hold the same data the
     # `primary` one's values win, then higher `priority`, then the order of this list.
     holds: HoldsConfig | list[HoldsConfig] | None = None
@@ -223,7 +223,7 @@ _REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
 
 
 class CacheConfig(_Strict):
-    """Results cache (issue 5). Durations in ms inside; see README's configuration reference.
+    """Results cache. Durations in ms inside; see README's configuration reference.
 
     Read by proxy/cache/ (store), proxy/pipeline/ (what is cached when) and proxy/api/admin.py
     (admin endpoints)."""

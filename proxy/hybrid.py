@@ -1,4 +1,4 @@
-"""Hybrid fleets (issue 6): which backend answers what, per request.
+"""Hybrid fleets: which backend answers what, per request.
 
 `shardplanner/routing.py` decides, purely, which backend(s) hold what a piece reads at each
 evaluation timestamp. This module turns that into per-request state for the executor:

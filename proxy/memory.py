@@ -7,10 +7,8 @@ answer of a few million samples is made of such buffers (numpy arrays, Arrow pay
 JSON chunks), so after one heavy query promaccel's RSS stays ~100 MiB above what it holds.
 Setting the threshold explicitly (`mallopt(M_MMAP_THRESHOLD)`) turns the raising off.
 
-It is a trade, so it is opt-in: `PROMACCEL_MMAP_THRESHOLD=131072` (bytes). Measured here with
-one cold 24 h query of 3 M samples: RSS after the answer +263 MiB -> +105 MiB over the idle
-process, peak +263 -> +229 MiB; but every large buffer then costs fresh pages (page faults),
-and a warm 24 h dashboard refresh took ~20% longer (median 575 -> 700 ms, CPU 0.42 -> 0.50 s).
+It is a trade (less resident memory after heavy queries, page faults on every large buffer:
+figures in docs/ARCHITECTURE.md), so it is opt-in: `PROMACCEL_MMAP_THRESHOLD=131072` (bytes).
 Unset or 0: glibc's own behaviour. Nothing happens where there is no glibc (musl, macOS) or
 when glibc's own MALLOC_MMAP_THRESHOLD_ is set.
 """

@@ -23,19 +23,99 @@ AggOp = Literal["sum", "min", "max", "count", "group", "avg", "topk", "bottomk"]
 
 
 @dataclass(frozen=True)
-class QueryRequest:
-    """A validated query. Range query: start/end/step set. Instant query: time_ms set."""
+class Span:
+    """When a query is evaluated: at start, start + step, ... up to end (a range), or once
+    (an instant: start == end, no step). The one time shape of requests, pieces, cache units,
+    fetches and cache keys.
 
-    query: str
-    start_ms: int | None = None
-    end_ms: int | None = None
+        Span.range(0, 3_600_000, 60_000).points  -> 61
+        Span.instant(5_000).time_ms              -> 5_000
+    """
+
+    start_ms: int
+    end_ms: int
     step_ms: int | None = None
-    time_ms: int | None = None
-    lookback_ms: int = 300_000
+
+    def __post_init__(self) -> None:
+        if self.step_ms is None and self.start_ms != self.end_ms:
+            raise ValueError("an instant span has start_ms == end_ms")
+        if self.step_ms is not None and (self.step_ms <= 0 or self.end_ms < self.start_ms):
+            raise ValueError(f"bad range span {self.start_ms}..{self.end_ms} step {self.step_ms}")
+
+    @classmethod
+    def range(cls, start_ms: int, end_ms: int, step_ms: int) -> Span:
+        return cls(start_ms, end_ms, step_ms)
+
+    @classmethod
+    def instant(cls, time_ms: int) -> Span:
+        return cls(time_ms, time_ms, None)
 
     @property
     def is_range(self) -> bool:
         return self.step_ms is not None
+
+    @property
+    def time_ms(self) -> int:
+        """The evaluation time of an instant (the first one of a range)."""
+        return self.start_ms
+
+    @property
+    def step(self) -> int:
+        """The step of a range span (ValueError for an instant)."""
+        if self.step_ms is None:
+            raise ValueError("an instant span has no step")
+        return self.step_ms
+
+    @property
+    def points(self) -> int:
+        return 1 if self.step_ms is None else (self.end_ms - self.start_ms) // self.step_ms + 1
+
+    def with_bounds(self, start_ms: int, end_ms: int) -> Span:
+        """The same grid (step) over [start_ms, end_ms]; an instant at start_ms."""
+        return Span(start_ms, end_ms, self.step_ms) if self.step_ms is not None else Span.instant(start_ms)
+
+
+class Timed:
+    """The optional views of a `span` that older code reads (None where they do not apply)."""
+
+    span: Span
+
+    @property
+    def is_range(self) -> bool:
+        return self.span.step_ms is not None
+
+    @property
+    def start_ms(self) -> int | None:
+        return self.span.start_ms if self.span.step_ms is not None else None
+
+    @property
+    def end_ms(self) -> int | None:
+        return self.span.end_ms if self.span.step_ms is not None else None
+
+    @property
+    def step_ms(self) -> int | None:
+        return self.span.step_ms
+
+    @property
+    def time_ms(self) -> int | None:
+        return None if self.span.step_ms is not None else self.span.start_ms
+
+
+@dataclass(frozen=True)
+class QueryRequest(Timed):
+    """A validated query: its PromQL, when it is evaluated, and its lookback delta."""
+
+    query: str
+    span: Span
+    lookback_ms: int = 300_000
+
+    @classmethod
+    def range(cls, query: str, start_ms: int, end_ms: int, step_ms: int, lookback_ms: int = 300_000) -> QueryRequest:
+        return cls(query, Span.range(start_ms, end_ms, step_ms), lookback_ms)
+
+    @classmethod
+    def instant(cls, query: str, time_ms: int, lookback_ms: int = 300_000) -> QueryRequest:
+        return cls(query, Span.instant(time_ms), lookback_ms)
 
 
 @dataclass(frozen=True)
@@ -85,21 +165,14 @@ class ShardSpec:
 
 
 @dataclass(frozen=True)
-class Piece:
-    """One backend call. Range piece: start/end/step; instant piece: time_ms."""
+class Piece(Timed):
+    """One planned query: the PromQL to send and when it is evaluated."""
 
     query: str
-    start_ms: int | None = None
-    end_ms: int | None = None
-    step_ms: int | None = None
-    time_ms: int | None = None
+    span: Span
     shard: ShardSpec | None = None
     # For avg: which partial this piece computes ("sum" or "count"); None otherwise.
     role: str | None = None
-
-    @property
-    def is_range(self) -> bool:
-        return self.step_ms is not None
 
 
 @dataclass(frozen=True)

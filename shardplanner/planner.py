@@ -76,6 +76,7 @@ from shardplanner.plan import (
     PlannerSettings,
     QueryRequest,
     ShardSpec,
+    Span,
 )
 from shardplanner.promql import CannotParse, TooComplex, parse
 from shardplanner.serialize import to_promql
@@ -110,8 +111,7 @@ def plan(
     except CannotParse:
         return _single(req, req.query, notes=("unparsable by planner",))
 
-    start_ms, end_ms = _whole_query_bounds(req)
-    pinned = _pin(expr, start_ms, end_ms)
+    pinned = _pin(expr, req.span.start_ms, req.span.end_ms)
     rewritten = pinned != expr
     notes: list[str] = []
 
@@ -127,7 +127,7 @@ def plan(
     if shard is not None and shard.mode == "aggregate" and shard.agg is not None and shard.agg.op == "avg":
         roles = _ROLE_ORDER
     n_time = len(times) if window is None else len(window.windows)
-    steps = _steps(req.start_ms, req.end_ms, req.step_ms) if req.is_range else 1
+    steps = req.span.points
     estimate = estimate_samples(pinned, steps, settings, shard_values)
     wanted = settings.shards
     if shard is not None and settings.auto_shards:
@@ -161,24 +161,13 @@ def plan(
         for eval_ms, sub_range_ms in window.windows:
             windowed = window.with_range(sub_range_ms)
             for spec, role, node in shard_exprs(windowed):
-                pieces.append(Piece(to_promql(node), time_ms=eval_ms, shard=spec, role=role))
+                pieces.append(Piece(to_promql(node), Span.instant(eval_ms), shard=spec, role=role))
     else:
         variants = [(spec, role, text(node)) for spec, role, node in shard_exprs(pinned)]
         for t in times:
+            span = req.span.with_bounds(t[0], t[1]) if req.is_range else req.span
             for spec, role, query in variants:
-                if req.is_range:
-                    pieces.append(
-                        Piece(
-                            query,
-                            start_ms=t[0],
-                            end_ms=t[1],
-                            step_ms=req.step_ms,
-                            shard=spec,
-                            role=role,
-                        )
-                    )
-                else:
-                    pieces.append(Piece(query, time_ms=req.time_ms, shard=spec, role=role))
+                pieces.append(Piece(query, span, shard=spec, role=role))
 
     merge = _merge_recipe(shard, window, len(pieces))
     if rewritten:
@@ -200,21 +189,7 @@ def plan(
 
 
 def _single(req: QueryRequest, query: str, notes: tuple[str, ...] = (), expr: Expr | None = None) -> Plan:
-    if req.is_range:
-        piece = Piece(query, start_ms=req.start_ms, end_ms=req.end_ms, step_ms=req.step_ms)
-    else:
-        piece = Piece(query, time_ms=req.time_ms)
-    return Plan(request=req, pieces=(piece,), merge=MergeRecipe("passthrough"), notes=notes, expr=expr)
-
-
-def _whole_query_bounds(req: QueryRequest) -> tuple[int, int]:
-    if req.is_range:
-        if req.start_ms is None or req.end_ms is None:
-            raise ValueError("a range query needs start_ms and end_ms")
-        return req.start_ms, req.end_ms
-    if req.time_ms is None:
-        raise ValueError("an instant query needs time_ms")
-    return req.time_ms, req.time_ms
+    return Plan(request=req, pieces=(Piece(query, req.span),), merge=MergeRecipe("passthrough"), notes=notes, expr=expr)
 
 
 def _pin(expr: Expr, start_ms: int, end_ms: int) -> Expr:
@@ -315,8 +290,7 @@ def _time_pieces(
     """Time pieces of a range query within the budget; `[(start, end)]` when not split."""
     if not req.is_range:
         return [(0, 0)]  # placeholder: one instant evaluation
-    start, end, step = req.start_ms, req.end_ms, req.step_ms
-    assert start is not None and end is not None and step is not None
+    start, end, step = req.span.start_ms, req.span.end_ms, req.span.step
     whole = [(start, end)]
     interval = settings.split_interval_ms
     if interval is None or end - start < settings.min_range_to_split_ms:
@@ -428,7 +402,7 @@ def _instant_window(
     longer than the split interval, and anything whose sub-window count exceeds max_pieces even
     after coarsening."""
     interval = settings.split_interval_ms
-    if not settings.split_instant_windows or interval is None or req.time_ms is None:
+    if not settings.split_instant_windows or interval is None or req.is_range:
         return None
     top = unparen(expr)
     grouping: tuple[str, ...] = ()
@@ -450,7 +424,7 @@ def _instant_window(
     disjoint = needs_disjoint and settings.closed_range_windows
     if disjoint and interval < 2:
         return None
-    t, offset, rng = req.time_ms, arg.selector.offset_ms, arg.range_ms
+    t, offset, rng = req.span.time_ms, arg.selector.offset_ms, arg.range_ms
     found = _coarsened(
         lambda i: count_windows(t, offset, rng, i, disjoint=disjoint),
         interval,
@@ -466,11 +440,6 @@ def _instant_window(
 
 
 # --- samples estimate and auto shard count -------------------------------------------------
-
-
-def _steps(start_ms: int | None, end_ms: int | None, step_ms: int | None) -> int:
-    assert start_ms is not None and end_ms is not None and step_ms is not None
-    return (end_ms - start_ms) // step_ms + 1
 
 
 def _weighted_selectors(
@@ -593,7 +562,7 @@ def _auto_shard_count(
         est = estimate_samples(window.with_range(max(r for _, r in window.windows)), 1,
                                settings, shard_values)
     elif req.is_range:
-        longest = max(_steps(a, b, req.step_ms) for a, b in times)
+        longest = max(req.span.with_bounds(a, b).points for a, b in times)
         est = estimate_samples(expr, longest, settings, shard_values)
     else:
         est = estimate_samples(expr, 1, settings, shard_values)

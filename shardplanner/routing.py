@@ -1,4 +1,4 @@
-"""Which backend holds the data a piece reads: routing for hybrid fleets (issue 6). Pure.
+"""Which backend holds the data a piece reads: routing for hybrid fleets. Pure.
 
 During a migration to AMP each backend holds some metrics for some time window. A piece can
 be answered by a backend only if that backend holds *every* sample the piece reads, so the
@@ -579,15 +579,8 @@ def route(
     piece: Piece, holdings: Sequence[BackendHolding], lookback_ms: int = DEFAULT_LOOKBACK_MS
 ) -> Route:
     """`route_piece` for a planner `Piece` (range or instant)."""
-    if piece.is_range:
-        assert piece.start_ms is not None and piece.end_ms is not None
-        return route_piece(
-            piece.query, piece.start_ms, piece.end_ms, holdings, lookback_ms,
-            step_ms=piece.step_ms,
-        )
-    if piece.time_ms is None:
-        raise ValueError("an instant piece needs time_ms")
-    return route_piece(piece.query, piece.time_ms, piece.time_ms, holdings, lookback_ms)
+    span = piece.span
+    return route_piece(piece.query, span.start_ms, span.end_ms, holdings, lookback_ms, step_ms=span.step_ms)
 
 
 # --- the fleet: coverage per backend -------------------------------------------------------

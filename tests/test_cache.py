@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -25,14 +26,12 @@ from proxy.cache import (
 )
 from proxy.config import CacheConfig
 from proxy.metrics import METRICS
-from shardplanner.plan import Piece, ShardSpec
+from shardplanner.plan import Piece, ShardSpec, Span
 
 SHARD = ShardSpec("Hostname", 1, 4, "=~", "node-1|node-5")
 BASE = CacheKey(
     query='avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL{Hostname=~"node-1|node-5"})',
-    start_ms=1_700_000_000_000,
-    end_ms=1_700_003_600_000,
-    step_ms=30_000,
+    span=Span.range(1_700_000_000_000, 1_700_003_600_000, 30_000),
     step_offset_ms=0,
     shard=SHARD,
     lookback_ms=300_000,
@@ -59,7 +58,7 @@ def meta(metrics: tuple[str, ...] = ("DCGM_FI_DEV_GPU_UTIL",), start_ms: int = 0
 
 
 def key(i: int, **kw: Any) -> CacheKey:
-    return dataclasses.replace(BASE, start_ms=i * 3_600_000, end_ms=(i + 1) * 3_600_000, **kw)
+    return dataclasses.replace(BASE, span=BASE.span.with_bounds(i * 3_600_000, (i + 1) * 3_600_000), **kw)
 
 
 def item(k: CacheKey, payload: bytes, ttl_ms: int | None = 60_000, m: PieceMeta | None = None) -> CacheItem:
@@ -90,7 +89,7 @@ def test_key_golden() -> None:
     # Changing the canonical form silently would orphan every stored entry (and worse, a
     # form that maps two different pieces to one text would serve wrong answers): bump
     # FORMAT_VERSION / KEY_PREFIX instead and update this test.
-    k = CacheKey(query="up", start_ms=0, end_ms=60_000, step_ms=15_000, route=("p",))
+    k = CacheKey(query="up", span=Span.range(0, 60_000, 15_000), route=("p",))
     assert k.canonical() == '["piece",1,"up",0,60000,15000,null,0,null,300000,["p"],""]'
     assert k.redis_key(0) == (
         "promaccel:v1:g0:" + __import__("hashlib").sha256(k.canonical().encode()).hexdigest()
@@ -98,26 +97,24 @@ def test_key_golden() -> None:
 
 
 def test_for_piece_carries_every_piece_field() -> None:
-    piece = Piece(query="sum(up)", start_ms=1_000_000, end_ms=2_000_000, step_ms=30_000, shard=SHARD)
+    piece = Piece(query="sum(up)", span=Span.range(1_000_000, 2_000_000, 30_000), shard=SHARD)
     k = CacheKey.for_piece(piece, lookback_ms=60_000, route=["amp", "prom"], tenant="t")
-    assert (k.query, k.start_ms, k.end_ms, k.step_ms, k.time_ms) == ("sum(up)", 1_000_000, 2_000_000, 30_000, None)
+    assert (k.query, k.span) == ("sum(up)", Span.range(1_000_000, 2_000_000, 30_000))
     assert k.shard == SHARD and k.lookback_ms == 60_000 and k.route == ("amp", "prom") and k.tenant == "t"
     assert k.step_offset_ms == 1_000_000 % 30_000
-    inst = CacheKey.for_piece(Piece(query="up", time_ms=5_000), lookback_ms=300_000, route=["p"])
-    assert inst.time_ms == 5_000 and inst.step_offset_ms == 0
+    inst = CacheKey.for_piece(Piece(query="up", span=Span.instant(5_000)), lookback_ms=300_000, route=["p"])
+    assert inst.span == Span.instant(5_000) and inst.step_offset_ms == 0
 
 
 _texts = st.text(st.characters(blacklist_categories=("Cs",)), max_size=20)
 _ints = st.integers(min_value=-(2**62), max_value=2**62)
-_opt_ints = st.none() | _ints
+_spans = st.builds(Span.instant, _ints) | st.builds(
+    lambda a, n, step: Span.range(a, a + n * step, step), _ints, st.integers(0, 1000), st.integers(1, 10**6))
 _shards = st.none() | st.builds(ShardSpec, _texts, _ints, _ints, st.sampled_from(["=~", "!~"]), _texts)
 _keys = st.builds(
     CacheKey,
     query=_texts,
-    start_ms=_opt_ints,
-    end_ms=_opt_ints,
-    step_ms=_opt_ints,
-    time_ms=_opt_ints,
+    span=_spans,
     step_offset_ms=_ints,
     shard=_shards,
     lookback_ms=_ints,
@@ -156,10 +153,11 @@ def test_distinct_keys_have_distinct_canonical_forms(a: CacheKey, b: CacheKey) -
 
 
 def test_adjacent_string_fields_cannot_be_confused() -> None:
-    a = CacheKey(query="up", tenant="a,b")
-    b = CacheKey(query='up",', tenant="b")
+    a = CacheKey(query="up", span=Span.instant(0), tenant="a,b")
+    b = CacheKey(query='up",', span=Span.instant(0), tenant="b")
     assert a.canonical() != b.canonical()
-    assert CacheKey(query="x", route=("a", "b")).canonical() != CacheKey(query="x", route=("a,b",)).canonical()
+    x = CacheKey(query="x", span=Span.instant(0))
+    assert replace(x, route=("a", "b")).canonical() != replace(x, route=("a,b",)).canonical()
 
 
 # --------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ import yaml
 from loadtests.compare import diff_answers
 from proxy.cache import CacheKey, encode_value
 from proxy.config import ConfigError, build_config
+from shardplanner.plan import Span
 from tests.corpus import QUERIES
 from tests.servers import Promaccel, RedisServer, free_port
 
@@ -363,7 +364,7 @@ def test_corrupt_value_under_a_real_key(prom: Any, redis_server: RedisServer, la
     good = r.get(corrupt)
     assert good is not None
     r.set(corrupt, good[:-7] + b"garbage")  # checksum mismatch
-    foreign = CacheKey(query="up", start_ms=0, end_ms=60_000, step_ms=60_000)
+    foreign = CacheKey(query="up", span=Span.range(0, 60_000, 60_000))
     r.set(collide, encode_value(foreign, b"not arrow at all"))  # a sound frame for another key
     time.sleep(2.5)  # the landing zone has let go of the fetched pieces
     warm = post(proxy.url, "/api/v1/query_range", params)

@@ -30,23 +30,19 @@ from proxy.cache import (
 )
 from proxy.cache.redis_store import GENERATION_KEY, INVALIDATED_AT_KEY
 from proxy.config import CacheConfig
+from shardplanner.plan import Span
 from tests.redis_cluster import LocalCluster, RedisNode, redis_cli
 from tests.servers import free_port
 
 pytestmark = pytest.mark.redis
 
-BASE = CacheKey(
-    query="sum by (Hostname) (DCGM_FI_DEV_FB_USED)",
-    start_ms=1_700_000_000_000,
-    end_ms=1_700_003_600_000,
-    step_ms=30_000,
-    route=("prometheus",),
-)
+BASE = CacheKey(query="sum by (Hostname) (DCGM_FI_DEV_FB_USED)",
+                span=Span.range(1_700_000_000_000, 1_700_003_600_000, 30_000), route=("prometheus",))
 H = 3_600_000
 
 
 def key(i: int, **kw: Any) -> CacheKey:
-    return dataclasses.replace(BASE, start_ms=i * H, end_ms=(i + 1) * H, **kw)
+    return dataclasses.replace(BASE, span=BASE.span.with_bounds(i * H, (i + 1) * H), **kw)
 
 
 def meta(metrics: tuple[str, ...] = ("DCGM_FI_DEV_FB_USED",), start_ms: int = 0, end_ms: int = H) -> PieceMeta:

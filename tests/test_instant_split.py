@@ -27,7 +27,7 @@ from loadtests.compare import diff_answers
 from proxy.result import QueryResult
 from proxy.result.merge import merge
 from shardplanner.ast import MatrixSel, walk
-from shardplanner.plan import PlannerSettings, QueryRequest
+from shardplanner.plan import PlannerSettings, QueryRequest, Span
 from shardplanner.planner import plan
 from shardplanner.promql import parse
 from shardplanner.shards import series_in_shard
@@ -126,7 +126,7 @@ def test_split_window_merge_matches_whole_window(func: str, agg: str | None, by:
         for range_ms, offset_ms in ((35_000, 0), (40_000, 0), (30_001, 0), (25_000, 3_000), (21_000, -1_000)):
             inner = f"{func}(m[{range_ms}ms]{f' offset {offset_ms}ms' if offset_ms else ''})"
             q = inner if agg is None else f"{agg} by ({', '.join(by)}) ({inner})"
-            p = plan(QueryRequest(q, time_ms=t), settings, {"Hostname": hosts[:-1]})
+            p = plan(QueryRequest(q, Span.instant(t)), settings, {"Hostname": hosts[:-1]})
             assert p.merge.combine_time and len({x.time_ms for x in p.pieces}) >= 2, (q, t)
             assert p.sharded == (shards > 1)
             # Evaluate every piece as Prometheus would (its own window, its own shard).
@@ -171,7 +171,7 @@ def test_shared_boundaries_would_double_count() -> None:
     shared = replace(PlannerSettings(split_interval_ms=INTERVAL, split_instant_windows=True),
                      closed_range_windows=False)
     for settings, want in ((replace(shared, closed_range_windows=True), 41.0), (shared, 44.0)):
-        p = plan(QueryRequest(q, time_ms=40_000), settings, {})
+        p = plan(QueryRequest(q, Span.instant(40_000)), settings, {})
         pieces = []
         for x in p.pieces:
             (msel,) = [n for n in walk(parse(x.query)) if isinstance(n, MatrixSel)]

@@ -16,6 +16,7 @@ from proxy.result import QueryResult
 from proxy.result.merge import concat
 from proxy.result.pieces import slice_time, split_time
 from shardplanner.footprint import digest_query, footprint
+from shardplanner.plan import Span
 from shardplanner.timesplit import split_range
 
 H = 3_600_000
@@ -129,7 +130,7 @@ def test_cells_match_the_planners_pieces(start: int, span: int, step: int, inter
 
 
 def _unit(start: int, end: int, step: int = 60_000, query: str = "x", shard: int = -1) -> Unit:
-    return Unit(query, None, shard, start, end, step, None)
+    return Unit(query, None, shard, Span.range(start, end, step))
 
 
 def test_coalesce_units_contiguous_runs_and_budget() -> None:

@@ -27,7 +27,7 @@ from proxy.pipeline.slots import SlotMaker
 from proxy.pipeline.units import Fetch
 from proxy.pipeline.values import AmbiguousTies, Answer, PieceFailed, Query
 from proxy.result import QueryResult
-from shardplanner.plan import QueryRequest
+from shardplanner.plan import QueryRequest, Span
 
 H = 3_600_000
 T0 = 1_700_000_000_000 // H * H  # hour-aligned
@@ -45,7 +45,7 @@ def config(**planner: Any) -> Any:
 def range_query(query: str, hours: int = 3, step: int = 60_000) -> Query:
     """`hours` hour cells of points, T0 to T0 + hours - step."""
     end = T0 + hours * H - step
-    req = QueryRequest(query=query, start_ms=T0, end_ms=end, step_ms=step)
+    req = QueryRequest(query=query, span=Span.range(T0, end, step))
     pairs = [("query", query), ("start", str(T0 / 1000)), ("end", str(end / 1000)), ("step", str(step / 1000))]
     return Query(req=req, pairs=pairs, path="/api/v1/query_range", timeout_s=5)
 
@@ -150,13 +150,13 @@ def test_route_passes_single_backend_queries_through() -> None:
 
 def test_forwards_whole_only_what_was_not_rewritten() -> None:
     planner = Planner(config(split_interval="1h", shards=1), FakeBackend())
-    short = range_query("up", hours=0)
-    short = replace(short, req=replace(short.req, end_ms=T0 + 600_000))
+    short = range_query("up", hours=1)
+    short = replace(short, req=replace(short.req, span=short.req.span.with_bounds(T0, T0 + 600_000)))
     assert forwards_whole(replace(short, plan=run(planner.plan(short.req))))
     split = range_query("up", hours=3)
     assert not forwards_whole(replace(split, plan=run(planner.plan(split.req))))
-    pinned = range_query("up @ start()", hours=0)
-    pinned = replace(pinned, req=replace(pinned.req, end_ms=T0 + 600_000))
+    pinned = range_query("up @ start()", hours=1)
+    pinned = replace(pinned, req=replace(pinned.req, span=pinned.req.span.with_bounds(T0, T0 + 600_000)))
     assert not forwards_whole(replace(pinned, plan=run(planner.plan(pinned.req))))  # rewritten text
     arrow = replace(short, want_arrow=True, plan=run(planner.plan(short.req)))
     assert not forwards_whole(arrow)  # an Arrow answer is re-encoded
@@ -194,7 +194,7 @@ def test_merge_concatenates_time_pieces_in_order() -> None:
 def test_merge_reruns_a_tied_topk_unsharded() -> None:
     planner = Planner(config(shards=2), FakeBackend())
     planner.shard_values.get = lambda labels: _values({"Hostname": ("a", "b", "c", "d")})  # type: ignore[method-assign]
-    q = Query(req=QueryRequest(query="topk(1, DCGM_FI_DEV_GPU_UTIL)", time_ms=T0), pairs=[], path="/api/v1/query",
+    q = Query(req=QueryRequest(query="topk(1, DCGM_FI_DEV_GPU_UTIL)", span=Span.instant(T0)), pairs=[], path="/api/v1/query",
               timeout_s=5)
     q = replace(q, plan=run(planner.plan(q.req)))
     assert q.plan is not None and q.plan.sharded
@@ -266,20 +266,20 @@ def test_coalesce_groups_contiguous_pieces_and_serves_landed_ones() -> None:
 def test_fan_out_runs_calls_under_one_deadline() -> None:
     class SlowFetcher:
         async def fetch(self, f: Fetch, extra: Any, timeout_s: float, ctx: Any, router: Any) -> QueryResult:
-            await asyncio.sleep(0.01 if f.time_ms == 1 else 5)
+            await asyncio.sleep(0.01 if f.span.time_ms == 1 else 5)
             return QueryResult.empty("vector")
 
     q = replace(range_query("up"), timeout_s=0.2)
-    fast = Fetch("up", None, -1, None, None, None, 1)
+    fast = Fetch("up", None, -1, Span.instant(1))
     results, shared = run(FanOut(SlowFetcher())(Calls(q, [fast], [])))  # type: ignore[arg-type]
     assert len(results) == 1 and shared == []
-    slow = Fetch("up", None, -1, None, None, None, 2)
+    slow = Fetch("up", None, -1, Span.instant(2))
     with pytest.raises(PromError, match="timed out after 0.2s"):
         run(FanOut(SlowFetcher())(Calls(q, [fast, slow], [])))  # type: ignore[arg-type]
 
     class FailingFetcher:
         async def fetch(self, f: Fetch, *a: Any) -> QueryResult:
-            if f.time_ms == 1:
+            if f.span.time_ms == 1:
                 await asyncio.sleep(5)  # cancelled when its sibling fails
                 return QueryResult.empty("vector")
             raise PieceFailed(BackendReply(422, b"{}", "application/json"))

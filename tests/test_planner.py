@@ -24,7 +24,7 @@ from shardplanner.ast import (
     transform,
 )
 from shardplanner.explain import explain, explain_text
-from shardplanner.plan import MergeRecipe, Plan, PlannerSettings, QueryRequest
+from shardplanner.plan import MergeRecipe, Plan, PlannerSettings, QueryRequest, Span
 from shardplanner.planner import estimate_samples, plan, samples_limit_message
 from shardplanner.promql import parse
 from shardplanner.serialize import quote_string, to_promql
@@ -45,7 +45,7 @@ I3 = 'instance!~"' + "|".join(INSTANCES[:8]) + '"'
 
 
 def instant(query: str, s: PlannerSettings = S4, values: dict[str, list[str]] = VALUES) -> Plan:
-    return plan(QueryRequest(query, time_ms=T), s, values)
+    return plan(QueryRequest(query, Span.instant(T)), s, values)
 
 
 # --- golden table ----------------------------------------------------------------------------
@@ -285,8 +285,8 @@ def test_pieces_reparse_to_the_injected_ast() -> None:
 @pytest.mark.parametrize("query", ["sum(x", 'up{a="\\x80"}', "up{a=`b`} @ -5", ""])
 def test_unparsable_is_forwarded_unplanned(query: str) -> None:
     for req in (
-        QueryRequest(query, time_ms=T),
-        QueryRequest(query, start_ms=0, end_ms=HOUR * 5, step_ms=60_000),
+        QueryRequest(query, Span.instant(T)),
+        QueryRequest(query, Span.range(0, HOUR * 5, 60_000)),
     ):
         p = plan(req, PlannerSettings(shards=4, split_interval_ms=HOUR), VALUES)
         assert p.merge == PASS
@@ -303,7 +303,7 @@ def test_unparsable_is_forwarded_unplanned(query: str) -> None:
 
 def test_original_bytes_are_kept_when_nothing_is_rewritten() -> None:
     query = "sum  by(namespace)(\n  DCGM_FI_DEV_GPU_UTIL  # comment\n)"
-    req = QueryRequest(query, start_ms=0, end_ms=6 * HOUR, step_ms=60_000)
+    req = QueryRequest(query, Span.range(0, 6 * HOUR, 60_000))
     p = plan(req, PlannerSettings(split_interval_ms=HOUR), VALUES)
     assert p.time_split and not p.sharded and p.merge == M("concat")
     assert {x.query for x in p.pieces} == {query}
@@ -314,7 +314,7 @@ def test_at_start_end_pinned_to_the_whole_range_before_splitting() -> None:
     query = (
         "rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[5m] @ start()) - DCGM_FI_DEV_GPU_UTIL @ end()"
     )
-    req = QueryRequest(query, start_ms=1_000_000, end_ms=1_000_000 + 5 * HOUR, step_ms=60_000)
+    req = QueryRequest(query, Span.range(1_000_000, 1_000_000 + 5 * HOUR, 60_000))
     p = plan(req, PlannerSettings(split_interval_ms=HOUR), VALUES)
     assert p.time_split and len(p.pieces) == 6
     assert {x.query for x in p.pieces} == {
@@ -328,7 +328,7 @@ def test_at_start_end_pinned_to_the_whole_range_before_splitting() -> None:
 
 
 def test_range_query_of_a_matrix_is_left_to_the_backend() -> None:
-    req = QueryRequest("DCGM_FI_DEV_GPU_UTIL[5m]", start_ms=0, end_ms=5 * HOUR, step_ms=60_000)
+    req = QueryRequest("DCGM_FI_DEV_GPU_UTIL[5m]", Span.range(0, 5 * HOUR, 60_000))
     p = plan(req, PlannerSettings(shards=4, split_interval_ms=HOUR), VALUES)
     assert p.merge == PASS and len(p.pieces) == 1
 
@@ -337,9 +337,7 @@ def test_range_query_of_a_matrix_is_left_to_the_backend() -> None:
 
 
 def test_time_split_and_piece_order() -> None:
-    req = QueryRequest(
-        "avg(DCGM_FI_DEV_GPU_UTIL)", start_ms=30 * 60_000, end_ms=3 * HOUR, step_ms=60_000
-    )
+    req = QueryRequest("avg(DCGM_FI_DEV_GPU_UTIL)", Span.range(30 * 60_000, 3 * HOUR, 60_000))
     p = plan(req, PlannerSettings(shards=2, split_interval_ms=HOUR), VALUES)
     assert p.time_split and p.sharded
     assert p.merge == M("aggregate", "avg")
@@ -360,7 +358,7 @@ def test_time_split_and_piece_order() -> None:
 
 
 def test_min_range_to_split() -> None:
-    req = QueryRequest("DCGM_FI_DEV_GPU_UTIL", start_ms=0, end_ms=2 * HOUR, step_ms=60_000)
+    req = QueryRequest("DCGM_FI_DEV_GPU_UTIL", Span.range(0, 2 * HOUR, 60_000))
     s = PlannerSettings(split_interval_ms=HOUR, min_range_to_split_ms=3 * HOUR)
     p = plan(req, s, VALUES)
     assert not p.time_split and p.merge == PASS
@@ -370,14 +368,12 @@ def test_sliding_window_reuses_interior_pieces() -> None:
     s = PlannerSettings(shards=4, split_interval_ms=HOUR)
     step = 30_000
     a = plan(
-        QueryRequest("sum(DCGM_FI_DEV_GPU_UTIL)", start_ms=T - 6 * HOUR, end_ms=T, step_ms=step),
+        QueryRequest("sum(DCGM_FI_DEV_GPU_UTIL)", Span.range(T - 6 * HOUR, T, step)),
         s,
         VALUES,
     )
     b = plan(
-        QueryRequest(
-            "sum(DCGM_FI_DEV_GPU_UTIL)", start_ms=T - 6 * HOUR + step, end_ms=T + step, step_ms=step
-        ),
+        QueryRequest("sum(DCGM_FI_DEV_GPU_UTIL)", Span.range(T - 6 * HOUR + step, T + step, step)),
         s,
         VALUES,
     )
@@ -386,9 +382,7 @@ def test_sliding_window_reuses_interior_pieces() -> None:
 
 
 def test_query_parameter_functions_are_not_split() -> None:
-    req = QueryRequest(
-        "DCGM_FI_DEV_GPU_UTIL - start()", start_ms=0, end_ms=5 * HOUR, step_ms=60_000
-    )
+    req = QueryRequest("DCGM_FI_DEV_GPU_UTIL - start()", Span.range(0, 5 * HOUR, 60_000))
     p = plan(req, PlannerSettings(split_interval_ms=HOUR), VALUES)
     assert not p.time_split
     assert any("start/end/step" in n for n in p.notes)
@@ -398,7 +392,7 @@ def test_query_parameter_functions_are_not_split() -> None:
 
 
 def test_max_pieces_reduces_shards_then_coarsens_time() -> None:
-    req = QueryRequest("avg(DCGM_FI_DEV_GPU_UTIL)", start_ms=0, end_ms=24 * HOUR, step_ms=60_000)
+    req = QueryRequest("avg(DCGM_FI_DEV_GPU_UTIL)", Span.range(0, 24 * HOUR, 60_000))
     p = plan(req, PlannerSettings(shards=8, split_interval_ms=HOUR, max_pieces=100), VALUES)
     assert len(p.pieces) == 100 and p.pieces[0].shard is not None and p.pieces[0].shard.count == 2
     p = plan(req, PlannerSettings(shards=8, split_interval_ms=HOUR, max_pieces=10), VALUES)
@@ -424,7 +418,7 @@ def test_never_more_pieces_than_the_budget(
 ) -> None:
     start = T - minutes * 60_000
     s = PlannerSettings(shards=shards, split_interval_ms=interval, max_pieces=max_pieces)
-    p = plan(QueryRequest(query, start_ms=start, end_ms=T, step_ms=step), s, VALUES)
+    p = plan(QueryRequest(query, Span.range(start, T, step)), s, VALUES)
     assert 1 <= len(p.pieces) <= max_pieces
     # Whatever the coarsening, every shard covers the same grid exactly once.
     by_shard: dict[tuple[int, str | None], list[int]] = {}
@@ -434,7 +428,7 @@ def test_never_more_pieces_than_the_budget(
         by_shard.setdefault(key, []).extend(range(x.start_ms, x.end_ms + 1, step))
     for pts in by_shard.values():
         assert pts == list(range(start, T + 1, step))
-    assert p == plan(QueryRequest(query, start_ms=start, end_ms=T, step_ms=step), s, VALUES)
+    assert p == plan(QueryRequest(query, Span.range(start, T, step)), s, VALUES)
 
 
 def test_no_known_values_means_no_sharding() -> None:
@@ -459,7 +453,7 @@ WIN = PlannerSettings(split_interval_ms=6 * HOUR, split_instant_windows=True)
 
 def test_instant_max_over_time_window_split() -> None:
     t = 10 * 24 * HOUR + 123
-    p = plan(QueryRequest("max_over_time(DCGM_FI_DEV_GPU_TEMP[1d])", time_ms=t), WIN, VALUES)
+    p = plan(QueryRequest("max_over_time(DCGM_FI_DEV_GPU_TEMP[1d])", Span.instant(t)), WIN, VALUES)
     assert p.time_split and p.merge == M("aggregate", "max", (), without=True, combine_time=True)
     assert [(x.time_ms, x.query) for x in p.pieces] == [
         (9 * 24 * HOUR + 6 * HOUR, "max_over_time(DCGM_FI_DEV_GPU_TEMP[5h59m59s877ms])"),
@@ -469,9 +463,7 @@ def test_instant_max_over_time_window_split() -> None:
         (t, "max_over_time(DCGM_FI_DEV_GPU_TEMP[123ms])"),
     ]
     p = plan(
-        QueryRequest(
-            "min by (namespace) (min_over_time(DCGM_FI_DEV_GPU_TEMP[1d] offset 1h))", time_ms=t
-        ),
+        QueryRequest("min by (namespace) (min_over_time(DCGM_FI_DEV_GPU_TEMP[1d] offset 1h))", Span.instant(t)),
         replace(WIN, shards=2),
         VALUES,
     )
@@ -499,7 +491,7 @@ def test_instant_max_over_time_window_split() -> None:
     ],
 )
 def test_no_window_split(query: str) -> None:
-    p = plan(QueryRequest(query, time_ms=T), WIN, VALUES)
+    p = plan(QueryRequest(query, Span.instant(T)), WIN, VALUES)
     assert not p.time_split and len(p.pieces) == 1
 
 
@@ -507,7 +499,7 @@ def test_instant_sum_and_count_over_time_use_disjoint_windows() -> None:
     # Prometheus 2 windows are closed: every sub-window but the oldest starts 1 ms after its
     # neighbour's end, so a sample on an epoch-aligned boundary is summed/counted once.
     t = 10 * 24 * HOUR
-    p = plan(QueryRequest("sum_over_time(DCGM_FI_DEV_GPU_TEMP[1d])", time_ms=t), WIN, VALUES)
+    p = plan(QueryRequest("sum_over_time(DCGM_FI_DEV_GPU_TEMP[1d])", Span.instant(t)), WIN, VALUES)
     assert p.time_split and p.merge == M("aggregate", "sum", (), without=True, combine_time=True)
     assert [(x.time_ms, x.query) for x in p.pieces] == [
         (9 * 24 * HOUR + 6 * HOUR, "sum_over_time(DCGM_FI_DEV_GPU_TEMP[6h])"),
@@ -517,7 +509,7 @@ def test_instant_sum_and_count_over_time_use_disjoint_windows() -> None:
     ]
     # count_over_time -> sum of counts; under sum by: sum.
     q = "sum by (namespace) (count_over_time(DCGM_FI_DEV_GPU_TEMP[1d] offset 30m))"
-    p = plan(QueryRequest(q, time_ms=t + 1), WIN, VALUES)
+    p = plan(QueryRequest(q, Span.instant(t + 1)), WIN, VALUES)
     assert p.merge == M("aggregate", "sum", ("namespace",), combine_time=True)
     # Sample time w1 = t + 1ms - 30m, w0 = w1 - 1d = 8d23h30m + 1ms: the oldest sub-window is
     # [w0, 9d] (29m59.999s), the newest [9d18h + 1ms, w1] (5h30m), eval times shifted by 30m.
@@ -531,34 +523,34 @@ def test_instant_sum_and_count_over_time_use_disjoint_windows() -> None:
         sub.format("29m59s999ms"), *[sub.format("5h59m59s999ms")] * 3, sub.format("5h30m"),
     ]
     # Left-open windows (Prometheus 3) need no adjustment.
-    p = plan(QueryRequest("count_over_time(DCGM_FI_DEV_GPU_TEMP[1d])", time_ms=t),
+    p = plan(QueryRequest("count_over_time(DCGM_FI_DEV_GPU_TEMP[1d])", Span.instant(t)),
              replace(WIN, closed_range_windows=False), VALUES)
     assert {x.query for x in p.pieces} == {"count_over_time(DCGM_FI_DEV_GPU_TEMP[6h])"}
     # max/min keep shared boundaries (idempotent) whatever the windows.
-    p = plan(QueryRequest("max_over_time(DCGM_FI_DEV_GPU_TEMP[1d])", time_ms=t), WIN, VALUES)
+    p = plan(QueryRequest("max_over_time(DCGM_FI_DEV_GPU_TEMP[1d])", Span.instant(t)), WIN, VALUES)
     assert {x.query for x in p.pieces} == {"max_over_time(DCGM_FI_DEV_GPU_TEMP[6h])"}
 
 
 def test_instant_window_split_respects_min_range_and_budget() -> None:
     q = "sum(sum_over_time(DCGM_FI_DEV_GPU_TEMP[1d]))"
     s = replace(WIN, min_range_to_split_ms=2 * 24 * HOUR)
-    assert len(plan(QueryRequest(q, time_ms=T), s, VALUES).pieces) == 1
+    assert len(plan(QueryRequest(q, Span.instant(T)), s, VALUES).pieces) == 1
     s = replace(WIN, split_interval_ms=HOUR, max_pieces=6)
-    p = plan(QueryRequest(q, time_ms=10 * 24 * HOUR), s, VALUES)
+    p = plan(QueryRequest(q, Span.instant(10 * 24 * HOUR)), s, VALUES)
     assert len(p.pieces) == 6 and p.merge.combine_time
     assert "time split coarsened to 14400000 ms by max_pieces" in p.notes
 
 
 def test_instant_window_with_shards() -> None:
     q = "sum by (namespace) (sum_over_time(DCGM_FI_DEV_GPU_TEMP[1d]))"
-    p = plan(QueryRequest(q, time_ms=10 * 24 * HOUR), replace(WIN, shards=2), VALUES)
+    p = plan(QueryRequest(q, Span.instant(10 * 24 * HOUR)), replace(WIN, shards=2), VALUES)
     assert p.sharded and p.merge == M("aggregate", "sum", ("namespace",), combine_time=True)
     assert len(p.pieces) == 8 and len({x.shard for x in p.pieces}) == 2
 
 
 def test_window_split_is_off_by_default() -> None:
     s = PlannerSettings(split_interval_ms=6 * HOUR)
-    assert len(plan(QueryRequest("max_over_time(x[1d])", time_ms=T), s, VALUES).pieces) == 1
+    assert len(plan(QueryRequest("max_over_time(x[1d])", Span.instant(T)), s, VALUES).pieces) == 1
 
 
 # --- samples estimate, shards: auto, limits.max_samples ----------------------------------------
@@ -593,7 +585,7 @@ def test_estimate_samples(query: str, steps: int, want: tuple[int, int] | None) 
 
 
 def test_plan_carries_the_estimate_and_the_limit_message() -> None:
-    req = QueryRequest("sum(DCGM_FI_DEV_GPU_UTIL)", start_ms=0, end_ms=2 * HOUR, step_ms=60_000)
+    req = QueryRequest("sum(DCGM_FI_DEV_GPU_UTIL)", Span.range(0, 2 * HOUR, 60_000))
     p = plan(req, PlannerSettings(split_interval_ms=HOUR), VALUES)
     assert (p.estimated_samples, p.estimated_series) == (80 * 121, 80)
     assert explain(p)["estimated_samples"] == 9680 and "estimate: 9,680 samples" in explain_text(p)
@@ -603,7 +595,7 @@ def test_plan_carries_the_estimate_and_the_limit_message() -> None:
     assert "about 9,680 samples (80 series x about 121 samples each)" in msg
     assert "over the limit of 9,679 (limits.max_samples)" in msg
     assert "shorter time range" in msg and "larger step" in msg and "more selective matcher" in msg
-    unknown = plan(QueryRequest("up", time_ms=T), PlannerSettings(), VALUES)
+    unknown = plan(QueryRequest("up", Span.instant(T)), PlannerSettings(), VALUES)
     assert unknown.estimated_samples is None and samples_limit_message(unknown, 1) is None
 
 
@@ -613,7 +605,7 @@ AUTO = PlannerSettings(shards=8, auto_shards=True, split_interval_ms=HOUR, max_s
 def test_auto_shards_from_samples_per_piece() -> None:
     # 3 h at 60 s, split at 1 h: the longest time piece has 60 steps -> 80 x 60 = 4800
     # samples -> ceil(4800 / 1000) = 5 shards.
-    req = QueryRequest("sum by (namespace) (DCGM_FI_DEV_GPU_UTIL)", start_ms=0, end_ms=3 * HOUR, step_ms=60_000)
+    req = QueryRequest("sum by (namespace) (DCGM_FI_DEV_GPU_UTIL)", Span.range(0, 3 * HOUR, 60_000))
     p = plan(req, AUTO, VALUES)
     assert p.sharded and {x.shard.count for x in p.pieces if x.shard} == {5}
     assert len(p.pieces) == 4 * 5 and "auto: 5 shards for about 4800 samples per piece" in p.notes
@@ -630,14 +622,14 @@ def test_auto_shards_from_samples_per_piece() -> None:
 
 
 def test_auto_shards_one_when_small_or_unknown() -> None:
-    req = QueryRequest("sum(DCGM_FI_DEV_GPU_UTIL)", start_ms=0, end_ms=HOUR, step_ms=600_000)
+    req = QueryRequest("sum(DCGM_FI_DEV_GPU_UTIL)", Span.range(0, HOUR, 600_000))
     p = plan(req, AUTO, VALUES)  # the longest piece: 6 of the 7 steps, 80 x 6 = 480 samples
     assert not p.sharded and len(p.pieces) == 2
     assert "not sharded: auto: every piece within max_samples_per_piece (about 480 of 1000 samples)" in p.notes
     # Unsplit: the whole query is the piece.
     p = plan(req, replace(AUTO, split_interval_ms=None, max_samples_per_piece=500), VALUES)
     assert p.sharded and len(p.pieces) == 2
-    p = plan(QueryRequest("sum(up)", time_ms=T), replace(AUTO, shard_labels=(("up", "instance"),)), {})
+    p = plan(QueryRequest("sum(up)", Span.instant(T)), replace(AUTO, shard_labels=(("up", "instance"),)), {})
     assert not p.sharded and "not sharded: auto: no samples estimate" in p.notes[0]
 
 
@@ -645,10 +637,10 @@ def test_auto_shards_for_a_split_instant_window() -> None:
     # max_over_time(x[1d]) at 1h sub-windows: the longest sub-window is 1h = 120 samples per
     # series -> 80 x 120 = 9600 -> 10 shards, capped at 8.
     s = replace(AUTO, split_instant_windows=True)
-    p = plan(QueryRequest("max_over_time(DCGM_FI_DEV_GPU_UTIL[1d])", time_ms=T), s, VALUES)
+    p = plan(QueryRequest("max_over_time(DCGM_FI_DEV_GPU_UTIL[1d])", Span.instant(T)), s, VALUES)
     assert p.merge.combine_time and {x.shard.count for x in p.pieces if x.shard} == {8}
     assert "auto: 8 shards for about 9600 samples per piece" in p.notes
-    p = plan(QueryRequest("max_over_time(DCGM_FI_DEV_GPU_UTIL[1d])", time_ms=T),
+    p = plan(QueryRequest("max_over_time(DCGM_FI_DEV_GPU_UTIL[1d])", Span.instant(T)),
              replace(s, max_samples_per_piece=100_000), VALUES)
     assert not p.sharded and p.merge.combine_time and len(p.pieces) == 25
 
@@ -661,8 +653,8 @@ def test_corpus_plans(name: str) -> None:
     query = CORPUS[name]
     s = PlannerSettings(shards=4, split_interval_ms=HOUR, split_instant_windows=True)
     for req in (
-        QueryRequest(query, time_ms=T),
-        QueryRequest(query, start_ms=T - 3 * HOUR, end_ms=T, step_ms=60_000),
+        QueryRequest(query, Span.instant(T)),
+        QueryRequest(query, Span.range(T - 3 * HOUR, T, 60_000)),
     ):
         p = plan(req, s, VALUES)
         assert p == plan(req, s, VALUES)  # deterministic
@@ -690,7 +682,7 @@ def test_planner_does_no_io_and_never_imports_proxy() -> None:
 
 
 def test_explain() -> None:
-    req = QueryRequest("avg(DCGM_FI_DEV_GPU_UTIL)", start_ms=0, end_ms=2 * HOUR, step_ms=60_000)
+    req = QueryRequest("avg(DCGM_FI_DEV_GPU_UTIL)", Span.range(0, 2 * HOUR, 60_000))
     p = plan(req, PlannerSettings(shards=2, split_interval_ms=HOUR), VALUES)
     d = explain(p)
     assert d["type"] == "range" and d["sharded"] and d["time_split"]
@@ -894,7 +886,7 @@ def test_sharded_plans_match_prometheus(tmp_path: Path) -> None:
                 s = PlannerSettings(
                     shards=shards, split_interval_ms=30 * 60_000, split_instant_windows=True
                 )
-                p = plan(QueryRequest(query, time_ms=t_ms), s, VALUES)
+                p = plan(QueryRequest(query, Span.instant(t_ms)), s, VALUES)
                 assert p.sharded or p.merge.combine_time, (query, p.notes)
                 planned += 1
                 merged = _recombined(p)

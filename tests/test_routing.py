@@ -10,7 +10,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shardplanner.plan import Piece
+from shardplanner.plan import Piece, Span
 from shardplanner.promql import CannotParse, parse
 from shardplanner.routing import (
     BackendHolding,
@@ -204,9 +204,9 @@ def test_same_timestamp_same_backends_whatever_the_piece() -> None:
 
 def test_route_a_planner_piece() -> None:
     q = "avg(DCGM_FI_DEV_GPU_UTIL)"
-    rng = Piece(q, start_ms=NOW - H, end_ms=NOW, step_ms=M)
+    rng = Piece(q, Span.range(NOW - H, NOW, M))
     assert route(rng, STAGE2) == route_piece(q, NOW - H, NOW, STAGE2, step_ms=M)
-    assert route(Piece(q, time_ms=NOW - 40 * D), STAGE2).backends == ("amp",)
+    assert route(Piece(q, Span.instant(NOW - 40 * D)), STAGE2).backends == ("amp",)
     # A parsed expression routes like its text (the planner parses once).
     assert route_piece(parse(q), NOW - H, NOW, STAGE2, step_ms=M) == route(rng, STAGE2)
 

@@ -1,9 +1,8 @@
 """Gzip for answers, with ISA-L's deflate when it is installed.
 
-Grafana asks for gzip on every request, so every answer is compressed: for a warm 24 h
-dashboard refresh (26 MB of JSON) zlib at level 1 was a quarter of promaccel's CPU. ISA-L
-(`isal`) writes the same gzip format about 3.7 times faster at level 1, and smaller
-(measured on a 17 MB matrix answer: zlib 302 ms and 34.1% of the size, ISA-L 82 ms and 32.2%).
+Grafana asks for gzip on every request, so every answer is compressed; ISA-L (`isal`) writes
+the same gzip format several times faster than zlib at level 1, and smaller (figures in
+docs/ARCHITECTURE.md, "The hot path").
 
 Starlette's middleware does the HTTP side (Vary, Content-Length, streaming, skipping small
 or already encoded bodies, compressing chunks of 128 KiB or more in a worker thread); only

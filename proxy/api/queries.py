@@ -30,7 +30,7 @@ def add_query_routes(route: Routes, executor: QueryService, config: Config) -> N
     async def query(request: Request) -> Response:
         pairs = await read_pairs(request, max_body)
         p = parse_instant(first_values(pairs), now_ms=int(time.time() * 1000))
-        req = QueryRequest(query=p.query, time_ms=p.time_ms)
+        req = QueryRequest.instant(p.query, p.time_ms)
         return response_of(await executor.query(req, pairs, request.headers, p.timeout_ms))
 
     @route("/api/v1/query_range")
@@ -44,7 +44,7 @@ def add_query_routes(route: Routes, executor: QueryService, config: Config) -> N
                 f"the query range of {format_duration_ms(p.end_ms - p.start_ms)} exceeds the limit of "
                 f"{format_duration_ms(limit)} (limits.max_query_range): narrow the time range",
             )
-        req = QueryRequest(query=p.query, start_ms=p.start_ms, end_ms=p.end_ms, step_ms=p.step_ms)
+        req = QueryRequest.range(p.query, p.start_ms, p.end_ms, p.step_ms)
         return response_of(await executor.query(req, pairs, request.headers, p.timeout_ms))
 
     @route("/api/v1/explain")
@@ -53,9 +53,9 @@ def add_query_routes(route: Routes, executor: QueryService, config: Config) -> N
         form = first_values(pairs)
         if "step" in form or "start" in form:
             rp = parse_range(form, config.limits.max_points)
-            req = QueryRequest(query=rp.query, start_ms=rp.start_ms, end_ms=rp.end_ms, step_ms=rp.step_ms)
+            req = QueryRequest.range(rp.query, rp.start_ms, rp.end_ms, rp.step_ms)
         else:
             ip = parse_instant(form, now_ms=int(time.time() * 1000))
-            req = QueryRequest(query=ip.query, time_ms=ip.time_ms)
+            req = QueryRequest.instant(ip.query, ip.time_ms)
         data = await executor.explain(req, request.headers, pairs)
         return Response(orjson.dumps({"status": "success", "data": data}), media_type=JSON)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import NamedTuple
 
-from shardplanner.plan import Piece, ShardSpec
+from shardplanner.plan import Piece, ShardSpec, Span
 
 __all__ = ["FORMAT_VERSION", "KEY_PREFIX", "CacheItem", "CacheKey", "PieceMeta"]
 
@@ -31,7 +31,7 @@ class CacheKey:
     """Everything that changes a piece's answer.
 
     query           the piece's PromQL exactly as sent to the backend (after normalisation)
-    start_ms/end_ms/step_ms   range piece; time_ms: instant piece
+    span            when it is evaluated (a range grid, or one instant)
     step_offset_ms  offset of the query's step grid (start mod step of the whole query)
     shard           the injected shard matcher, None when not sharded
     lookback_ms     the query's lookback delta
@@ -41,10 +41,7 @@ class CacheKey:
     """
 
     query: str
-    start_ms: int | None = None
-    end_ms: int | None = None
-    step_ms: int | None = None
-    time_ms: int | None = None
+    span: Span
     step_offset_ms: int = 0
     shard: ShardSpec | None = None
     lookback_ms: int = 300_000
@@ -64,17 +61,11 @@ class CacheKey:
         format_version: int = FORMAT_VERSION,
     ) -> CacheKey:
         if step_offset_ms is None:
-            step_offset_ms = (
-                piece.start_ms % piece.step_ms
-                if piece.step_ms and piece.start_ms is not None
-                else 0
-            )
+            span = piece.span
+            step_offset_ms = span.start_ms % span.step_ms if span.step_ms else 0
         return cls(
             query=piece.query,
-            start_ms=piece.start_ms,
-            end_ms=piece.end_ms,
-            step_ms=piece.step_ms,
-            time_ms=piece.time_ms,
+            span=piece.span,
             step_offset_ms=step_offset_ms,
             shard=piece.shard,
             lookback_ms=lookback_ms,
@@ -90,14 +81,16 @@ class CacheKey:
     def _canonical(self) -> str:
         s = self.shard
         shard = None if s is None else [s.label, s.index, s.count, s.matcher_op, s.matcher_value]
+        span = self.span
+        ranged = span.step_ms is not None
         fields = [
             "piece",
             self.format_version,
             self.query,
-            self.start_ms,
-            self.end_ms,
-            self.step_ms,
-            self.time_ms,
+            span.start_ms if ranged else None,
+            span.end_ms if ranged else None,
+            span.step_ms,
+            None if ranged else span.time_ms,
             self.step_offset_ms,
             shard,
             self.lookback_ms,

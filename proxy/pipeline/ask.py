@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from shardplanner.analysis import is_scalar_expr
+from shardplanner.plan import Span
 from shardplanner.promql import CannotParse, parse
 
 from ..backends import Backend, BackendReply
@@ -37,15 +38,12 @@ def seconds(ms: int) -> str:
     return f"{sign}{whole}.{frac:03d}" if frac else f"{sign}{whole}"
 
 
-def query_call(query: str, start_ms: int | None, end_ms: int | None, step_ms: int | None, time_ms: int | None,
-               extra: Sequence[tuple[str, str]] = ()) -> tuple[str, Pairs]:
-    """Path and form of a range query (step given) or an instant query, times in seconds."""
-    if step_ms is not None:
-        assert start_ms is not None and end_ms is not None
-        return "/api/v1/query_range", [("query", query), ("start", seconds(start_ms)), ("end", seconds(end_ms)),
-                                       ("step", seconds(step_ms)), *extra]
-    assert time_ms is not None
-    return "/api/v1/query", [("query", query), ("time", seconds(time_ms)), *extra]
+def query_call(query: str, span: Span, extra: Sequence[tuple[str, str]] = ()) -> tuple[str, Pairs]:
+    """Path and form of a range or an instant query over `span`, times in seconds."""
+    if span.step_ms is not None:
+        return "/api/v1/query_range", [("query", query), ("start", seconds(span.start_ms)),
+                                       ("end", seconds(span.end_ms)), ("step", seconds(span.step_ms)), *extra]
+    return "/api/v1/query", [("query", query), ("time", seconds(span.time_ms)), *extra]
 
 
 class Asker:

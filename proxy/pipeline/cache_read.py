@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+
+from shardplanner.plan import Span
 
 from ..cache import CacheKey, PieceStore
 from ..config import Config
@@ -87,13 +88,12 @@ class CacheReader:
                 r = found.get(k.digest)
                 if r is None:
                     continue
-                p = s.piece
-                if p.is_range:
+                span = s.piece.span
+                if span.is_range:
                     if r.result_type != "matrix":
                         continue
-                    assert p.start_ms is not None and p.end_ms is not None
-                    if (k.start_ms, k.end_ms) != (p.start_ms, p.end_ms):
-                        r = slice_time(r, p.start_ms, p.end_ms)
+                    if k.span != span:
+                        r = slice_time(r, span.start_ms, span.end_ms)
                 s.result, s.status = r, "hit"
                 break
 
@@ -111,18 +111,18 @@ class CacheReader:
         candidates: list[tuple[Slot, list[CacheKey]]] = []
         for s in slots:
             p = s.piece
-            if s.result is not None or not s.keys or not p.is_range:
+            span = p.span
+            if s.result is not None or not s.keys or not span.is_range:
                 continue
-            assert p.start_ms is not None and p.end_ms is not None and p.step_ms is not None
             keys: list[CacheKey] = []
             for fine in self.config.cache.reuse_finer_steps:
-                if fine >= p.step_ms or p.step_ms % fine:
+                if fine >= span.step or span.step % fine:
                     continue
-                c0, c1 = cell_of(p.start_ms, fine, interval)
-                if p.start_ms < c0 or p.end_ms > c1:
+                c0, c1 = cell_of(span.start_ms, fine, interval)
+                if span.start_ms < c0 or span.end_ms > c1:
                     continue
                 try:
-                    u = self.slots.unit(replace(p, step_ms=fine), c0, c1, ctx, router)
+                    u = self.slots.unit(p, Span.range(c0, c1, fine), ctx, router)
                 except PromError:
                     continue
                 if u.key is not None and u.storable:
@@ -152,9 +152,8 @@ class CacheReader:
                 r = found.get(k.digest)
                 if r is None or r.result_type != "matrix":
                     continue
-                p = s.piece
-                assert p.start_ms is not None and p.end_ms is not None and p.step_ms is not None
-                s.result, s.status = subsample(r, p.start_ms, p.end_ms, p.step_ms), "hit"
+                span = s.piece.span
+                s.result, s.status = subsample(r, span.start_ms, span.end_ms, span.step), "hit"
                 METRICS.cache_finer_step.inc()
                 break
 

@@ -69,19 +69,18 @@ class CrossStore:
             node = node.expr
         if isinstance(node, Number):
             return node.value
-        if req.is_range:
-            assert req.start_ms is not None and req.end_ms is not None and req.step_ms is not None
-            r = router.range_route(req.start_ms, req.end_ms, req.step_ms, node)
+        span = req.span
+        if span.is_range:
+            r = router.range_route(span.start_ms, span.end_ms, span.step, node)
         else:
-            assert req.time_ms is not None
-            r = router.instant_route(req.time_ms, node)
+            r = router.instant_route(span.time_ms, node)
         pinned = pinned_at(node) if merges(r) else None
         if pinned is not None:
             # `sum(x @ T)` is the same at every step: `sum(x)` at T. Asked that way, the
             # overlap merge sees the backends' gaps around T (with `@` every step of its
             # probe would read the same instant).
             free = transform(node, lambda n: replace(n, at=None) if isinstance(n, Selector) else n)
-            at_t = QueryRequest(query=to_promql(free), time_ms=pinned, lookback_ms=req.lookback_ms)
+            at_t = QueryRequest.instant(to_promql(free), pinned, req.lookback_ms)
             value = await self._evaluate(free, at_t, q, counter)
             if isinstance(value, QueryResult):
                 return _restamp(value, req)
@@ -140,11 +139,8 @@ def _restamp(value: QueryResult, req: QueryRequest) -> QueryResult:
 
 
 def _grid(req: QueryRequest) -> npt.NDArray[np.int64]:
-    if req.is_range:
-        assert req.start_ms is not None and req.end_ms is not None and req.step_ms is not None
-        return np.arange(req.start_ms, req.end_ms + 1, req.step_ms, dtype=np.int64)
-    assert req.time_ms is not None
-    return np.array([req.time_ms], dtype=np.int64)
+    span = req.span
+    return np.arange(span.start_ms, span.end_ms + 1, span.step_ms or 1, dtype=np.int64)
 
 
 def _absent_or_scalar(node: Any, inner: QueryResult, req: QueryRequest) -> QueryResult:

@@ -45,7 +45,7 @@ class Fetcher:
 
     async def fetch(self, f: Fetch, extra: Pairs, timeout_s: float, ctx: CacheCtx | None,
                      router: Router | None = None) -> QueryResult:
-        path, form = query_call(f.query, f.start_ms, f.end_ms, f.step_ms, f.time_ms, extra)
+        path, form = query_call(f.query, f.span, extra)
         tenant = ctx.tenant if ctx is not None else tenant_scope()
         key = ("piece", path, tuple(form), tenant, f.route)
         recent = self.landing.recent_call(key)
@@ -97,7 +97,7 @@ class Fetcher:
         fetched_at = wall_ms()
         if fetch_log.isEnabledFor(logging.DEBUG):
             fetch_log.debug("fetch %s start_ms=%s end_ms=%s step_ms=%s time_ms=%s units=%d query=%s",
-                           path, f.start_ms, f.end_ms, f.step_ms, f.time_ms, len(f.units), f.query)
+                            path, f.start_ms, f.end_ms, f.step_ms, f.time_ms, len(f.units), f.query)
         result = await self.route_answer.answer(f, path, form, timeout_s, router)
         keyed = [u for u in f.units if u.key is not None]
         parts = self.cut(f, keyed, result)
@@ -120,16 +120,16 @@ class Fetcher:
     def cut(f: Fetch, units: Sequence[Unit], result: QueryResult) -> list[QueryResult] | None:
         """A fetched answer cut into `units` (units of `f`, in time order); None if it cannot
         be cut (a range call that did not answer with a matrix)."""
-        if f.step_ms is None:
+        if not f.span.is_range:
             return [result for _ in units]
         if result.result_type != "matrix":
             return None
         if f.instants:
-            parts = split_time(result, [(u.time_ms or 0, u.time_ms or 0) for u in units])
-            return [instant_of(part, f.query, u.time_ms or 0) for u, part in zip(units, parts)]
-        if len(units) == 1 and (units[0].start_ms, units[0].end_ms) == (f.start_ms, f.end_ms):
+            parts = split_time(result, [(u.span.time_ms, u.span.time_ms) for u in units])
+            return [instant_of(part, f.query, u.span.time_ms) for u, part in zip(units, parts)]
+        if len(units) == 1 and units[0].span == f.span:
             return [result]
-        return split_time(result, [(u.start_ms or 0, u.end_ms or 0) for u in units])
+        return split_time(result, [(u.span.start_ms, u.span.end_ms) for u in units])
 
     def _store_fetch(self, f: Fetch, units: Sequence[Unit], result: QueryResult, fetched_at: int,
                      baselines: Mapping[tuple[str, int], bytes]) -> None:

@@ -65,15 +65,12 @@ class RouteAnswer:
                 # Other backends answer the rest of the request: say plainly what is missing
                 # (an answer with a warning is never cached).
                 METRICS.backend_missing.labels(route.backend).inc()
-                lo = f.start_ms if f.start_ms is not None else f.time_ms
-                hi = f.end_ms if f.end_ms is not None else f.time_ms
-                return QueryResult.empty("matrix" if f.step_ms is not None else "vector", warnings=[
+                lo, hi = f.span.start_ms, f.span.end_ms
+                return QueryResult.empty("matrix" if f.span.is_range else "vector", warnings=[
                     f"promaccel: backend {route.backend!r} did not answer ({why}); the data from "
                     f"{seconds(lo or 0)} to {seconds(hi or 0)} is missing"])
         if route.kind != "split_time":
-            lo = f.start_ms if f.start_ms is not None else f.time_ms
-            hi = f.end_ms if f.end_ms is not None else f.time_ms
-            assert lo is not None and hi is not None
+            lo, hi = f.span.start_ms, f.span.end_ms
             return await self._ask_part(TimePart(lo, hi, route.backends), path, form, timeout_s, router, f.step_ms)
         outcomes = await asyncio.gather(
             *(self._ask_part(p, path, form, timeout_s, router, f.step_ms) for p in route.parts),

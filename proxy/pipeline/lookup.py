@@ -121,7 +121,7 @@ class Coalesce:
             # until their put lands anyway) and let the whole answer go now (a 24 h answer
             # of 3 M samples is ~50 MB a copy).
             cells = [self.landing.landed(u.key.digest if u.key is not None else None) for u in f.units]
-            if f.step_ms is not None and len(f.units) > 1 and all(c is not None for c in cells):
+            if f.span.is_range and len(f.units) > 1 and all(c is not None for c in cells):
                 results[i] = None  # type: ignore[call-overload]
                 for s, cell in zip(covered, cells):
                     assert cell is not None
@@ -129,10 +129,10 @@ class Coalesce:
                 continue
             result = results[i]
             first = min(covered, key=lambda s: s.order)
-            if f.step_ms is not None:
-                lo = min(s.piece.start_ms or 0 for s in covered)
-                hi = max(s.piece.end_ms or 0 for s in covered)
-                if (f.start_ms, f.end_ms) != (lo, hi):
+            if f.span.is_range:
+                lo = min(s.piece.span.start_ms for s in covered)
+                hi = max(s.piece.span.end_ms for s in covered)
+                if (f.span.start_ms, f.span.end_ms) != (lo, hi):
                     result = slice_time(result, lo, hi)
             segments.append((first.order, f.shard_index, f.role, result))
         del results

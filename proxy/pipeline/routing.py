@@ -28,11 +28,10 @@ def router_for(backends: Sequence[Backend], req: QueryRequest, plan: Plan) -> Ro
 
 
 def whole_route(router: Router, req: QueryRequest) -> PieceRoute:
-    if req.is_range:
-        assert req.start_ms is not None and req.end_ms is not None and req.step_ms is not None
-        return router.range_route(req.start_ms, req.end_ms, req.step_ms)
-    assert req.time_ms is not None
-    return router.instant_route(req.time_ms)
+    span = req.span
+    if span.is_range:
+        return router.range_route(span.start_ms, span.end_ms, span.step)
+    return router.instant_route(span.time_ms)
 
 
 def merges(route: PieceRoute) -> bool:

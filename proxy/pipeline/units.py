@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from shardplanner.footprint import Footprint
-from shardplanner.plan import Piece
+from shardplanner.plan import Piece, Span, Timed
 
 from ..cache import CacheKey
 from ..result import QueryResult
@@ -29,26 +29,19 @@ def cell_of(start_ms: int, step_ms: int, interval_ms: int) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class Unit:
+class Unit(Timed):
     """What one cache entry holds and one fetch covers at least: a cell or a whole piece.
     `key` None: not cacheable. `ttl_ms` None or 0: not stored (recent data)."""
 
     query: str
     role: str | None
     shard_index: int
-    start_ms: int | None
-    end_ms: int | None
-    step_ms: int | None
-    time_ms: int | None
+    span: Span
     key: CacheKey | None = None
     ttl_ms: int | None = None
     footprint: Footprint | None = None
     # Hybrid fleets: the unit's route id (`proxy/hybrid.py` route_id); "" = the primary.
     route: str = ""
-
-    @property
-    def is_range(self) -> bool:
-        return self.step_ms is not None
 
     @property
     def storable(self) -> bool:
@@ -69,20 +62,17 @@ class Slot:
     @property
     def order(self) -> tuple[int, str, int]:
         p = self.piece
-        return (p.shard.index if p.shard else -1, p.role or "", p.start_ms or p.time_ms or 0)
+        return (p.shard.index if p.shard else -1, p.role or "", p.span.start_ms)
 
 
 @dataclass(frozen=True)
-class Fetch:
+class Fetch(Timed):
     """One backend call covering one or more contiguous units of the same query."""
 
     query: str
     role: str | None
     shard_index: int
-    start_ms: int | None
-    end_ms: int | None
-    step_ms: int | None
-    time_ms: int | None
+    span: Span
     units: tuple[Unit, ...] = field(default=(), compare=False)
     route: str = ""
     # A range call over instant units that lie on its step grid (an instant query's
@@ -91,7 +81,7 @@ class Fetch:
 
 
 def bare_unit(p: Piece) -> Unit:
-    return Unit(p.query, p.role, p.shard.index if p.shard else -1, p.start_ms, p.end_ms, p.step_ms, p.time_ms)
+    return Unit(p.query, p.role, p.shard.index if p.shard else -1, p.span)
 
 
 def coalesce(pieces: Sequence[Piece], target_calls: int, max_points: int = 11_000) -> list[Fetch]:
@@ -111,37 +101,33 @@ def coalesce_units(units: Sequence[Unit], target_calls: int, max_points: int = 1
     for u in units:
         if not u.is_range:
             if u.route.startswith("split:"):
-                fetches.append(Fetch(u.query, u.role, u.shard_index, None, None, None, u.time_ms, (u,), u.route))
+                fetches.append(Fetch(u.query, u.role, u.shard_index, u.span, (u,), u.route))
             else:
                 instants.setdefault((u.query, u.role, u.shard_index, u.route), []).append(u)
             continue
-        assert u.step_ms is not None
         # A unit whose route changes along its range (split_time) is fetched by itself.
-        groups.setdefault((u.query, u.role, u.shard_index, u.step_ms,
-                           u.route if not u.route.startswith("split:") else f"{u.route}#{u.start_ms}"),
+        groups.setdefault((u.query, u.role, u.shard_index, u.span.step,
+                           u.route if not u.route.startswith("split:") else f"{u.route}#{u.span.start_ms}"),
                           []).append(u)
     for (query, role, shard_index, route), members in instants.items():
         for run, step in _even_runs(members):
             if step is None:
-                u = run[0]
-                fetches.append(Fetch(query, role, shard_index, None, None, None, u.time_ms, (u,), route))
+                fetches.append(Fetch(query, role, shard_index, run[0].span, (run[0],), route))
                 continue
             for i in range(0, len(run), max_points):
                 chunk = run[i:i + max_points]
-                fetches.append(Fetch(query, role, shard_index, chunk[0].time_ms, chunk[-1].time_ms, step, None,
-                                     tuple(chunk), route, instants=True))
+                span = Span.range(chunk[0].span.time_ms, chunk[-1].span.time_ms, step)
+                fetches.append(Fetch(query, role, shard_index, span, tuple(chunk), route, instants=True))
     if not groups:
         return fetches
     per_group = max(1, target_calls // len(groups))
     for (query, role, shard_index, step, _), members in groups.items():
-        members.sort(key=lambda u: u.start_ms or 0)
+        members.sort(key=lambda u: u.span.start_ms)
         # Contiguous runs on the same grid only.
         runs: list[list[Unit]] = []
         for u in members:
             if runs:
-                last = runs[-1][-1]
-                assert last.end_ms is not None
-                if u.start_ms == last.end_ms + step:
+                if u.span.start_ms == runs[-1][-1].span.end_ms + step:
                     runs[-1].append(u)
                     continue
             runs.append([u])
@@ -153,28 +139,28 @@ def coalesce_units(units: Sequence[Unit], target_calls: int, max_points: int = 1
             size = -(-len(run) // n_calls)
             for i in range(0, len(run), size):
                 for chunk in _within_points(run[i:i + size], step, max_points):
-                    fetches.append(Fetch(query, role, shard_index, chunk[0].start_ms, chunk[-1].end_ms,
-                                         step, None, tuple(chunk), chunk[0].route))
+                    span = Span.range(chunk[0].span.start_ms, chunk[-1].span.end_ms, step)
+                    fetches.append(Fetch(query, role, shard_index, span, tuple(chunk), chunk[0].route))
     return fetches
 
 
 def _even_runs(units: list[Unit]) -> list[tuple[list[Unit], int | None]]:
     """Instant units (one query) in runs of evenly spaced times, oldest first, with their
     spacing; a unit in no run of two or more comes alone with spacing None."""
-    ordered = sorted(units, key=lambda u: u.time_ms or 0)
+    ordered = sorted(units, key=lambda u: u.span.time_ms)
     runs: list[tuple[list[Unit], int | None]] = []
     run: list[Unit] = []
     step: int | None = None
     for u in ordered:
-        t = u.time_ms or 0
-        if run and t == (run[-1].time_ms or 0):
+        t = u.span.time_ms
+        if run and t == run[-1].span.time_ms:
             runs.append(([u], None))  # the same instant twice: its own call
             continue
-        if len(run) >= 2 and step is not None and t - (run[-1].time_ms or 0) == step:
+        if len(run) >= 2 and step is not None and t - run[-1].span.time_ms == step:
             run.append(u)
             continue
         if len(run) == 1:
-            step = t - (run[0].time_ms or 0)
+            step = t - run[0].span.time_ms
             run.append(u)
             continue
         if run:
@@ -191,8 +177,7 @@ def _within_points(chunk: list[Unit], step: int, max_points: int) -> list[list[U
     out: list[list[Unit]] = [[]]
     for u in chunk:
         cur = out[-1]
-        assert u.start_ms is not None and u.end_ms is not None
-        if cur and cur[0].start_ms is not None and (u.end_ms - cur[0].start_ms) // step > max_points - 1:
+        if cur and (u.span.end_ms - cur[0].span.start_ms) // step > max_points - 1:
             out.append([u])
         else:
             cur.append(u)
@@ -201,8 +186,7 @@ def _within_points(chunk: list[Unit], step: int, max_points: int) -> list[list[U
 
 def fit(slot: Slot, unit_result: QueryResult) -> QueryResult:
     """A unit's answer cut to the slot's piece (a cell's answer for a partial piece)."""
-    p, u = slot.piece, slot.unit
-    if p.is_range and (u.start_ms, u.end_ms) != (p.start_ms, p.end_ms):
-        assert p.start_ms is not None and p.end_ms is not None
+    p, u = slot.piece.span, slot.unit.span
+    if p.is_range and p != u:
         return slice_time(unit_result, p.start_ms, p.end_ms)
     return unit_result
