@@ -177,3 +177,23 @@ def test_cached_table_with_a_bad_series_column_is_refused(series: list[int]) -> 
         QueryResult.from_arrow_table(bad)
     back = QueryResult.from_arrow_table(table)
     assert list(back.offsets) == [0, 2, 4]
+
+
+def test_decoded_cells_are_reused_only_for_the_same_bytes() -> None:
+    from proxy.pipeline.cache_read import DecodedCells
+
+    one = QueryResult.from_series("matrix", [({"a": "1"}, [1, 2], [1.0, 2.0])])
+    payload = one.to_ipc_bytes(None)
+    cells = DecodedCells(max_samples=8)
+    assert cells.get("d", payload) is None
+    cells.put("d", payload, one)
+    assert cells.get("d", bytes(payload)) is one  # equal bytes, another object: reused
+    other = QueryResult.from_series("matrix", [({"a": "1"}, [1, 2], [1.0, 3.0])]).to_ipc_bytes(None)
+    assert cells.get("d", other) is None  # the entry changed (re-stored after late data)
+    # Bounded by samples, least recently used out.
+    for i in range(5):
+        cells.put(f"k{i}", payload, one)
+    assert cells.get("k0", payload) is None and cells.get("k4", payload) is one
+    big = QueryResult.from_series("matrix", [({"a": "1"}, list(range(3)), [1.0] * 3)])
+    cells.put("big", big.to_ipc_bytes(None), big)  # over a quarter of the bound: not kept
+    assert cells.get("big", big.to_ipc_bytes(None)) is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from shardplanner.plan import Span
@@ -26,6 +27,44 @@ log = logging.getLogger("promaccel.cache")
 
 # Cached payloads of one lookup above this many bytes are decoded in a worker thread.
 DECODE_IN_THREAD_BYTES = 256 * 1024
+# Decoded cells kept for the next lookup of the same payload, at most this many samples in
+# all (~16 MB of columns): a dashboard's refresh reads the same cells again.
+DECODED_MAX_SAMPLES = 1_000_000
+
+
+class DecodedCells:
+    """Decoded cache payloads by key digest, reused while the payload is byte for byte the same
+    (its length and hash match: hashing is ~100x cheaper than decoding Arrow IPC). Bounded
+    by samples, least recently used first out."""
+
+    def __init__(self, max_samples: int = DECODED_MAX_SAMPLES) -> None:
+        self.max_samples = max_samples
+        self._cells: OrderedDict[str, tuple[int, int, QueryResult]] = OrderedDict()
+        self._samples = 0
+
+    def get(self, digest: str, payload: bytes) -> QueryResult | None:
+        cell = self._cells.get(digest)
+        if cell is None or cell[0] != len(payload) or cell[1] != hash(payload):
+            return None
+        self._cells.move_to_end(digest)
+        return cell[2]
+
+    def put(self, digest: str, payload: bytes, result: QueryResult) -> None:
+        n = result.n_samples
+        if n > self.max_samples // 4:
+            return  # a large cell would push out a whole dashboard's worth of small ones
+        old = self._cells.pop(digest, None)
+        if old is not None:
+            self._samples -= old[2].n_samples
+        self._cells[digest] = (len(payload), hash(payload), result)
+        self._samples += n
+        while self._samples > self.max_samples:
+            _, (_, _, gone) = self._cells.popitem(last=False)
+            self._samples -= gone.n_samples
+
+    def clear(self) -> None:
+        self._cells.clear()
+        self._samples = 0
 
 
 class CacheReader:
@@ -34,8 +73,9 @@ class CacheReader:
         self.store = store
         self.landing = landing
         self.slots = slots
-        # Payloads shared by joined lookups, decoded once: digest -> (payload, answer).
-        self._decoded: dict[str, tuple[bytes, QueryResult]] = {}
+        # Decoded payloads: lookups that joined one read (50 users on one dashboard), and the
+        # next refresh's lookups of the same cells, decode each payload once.
+        self.decoded = DecodedCells()
 
     async def lookup(self, slots: Sequence[Slot]) -> None:
         """Fill the slots that the landing zone or the store can answer (one get_many)."""
@@ -55,18 +95,13 @@ class CacheReader:
         rest = [k for d, k in wanted.items() if d not in found]
         if rest:
             payloads = await self.store().get_many(rest)
-            # Lookups that joined one read (50 users on one dashboard) get the very same
-            # payload object: decode it once. Keyed by digest, checked by identity, kept a
-            # moment (the joined lookups resume together).
-            decoded = self._decoded
-            loop = asyncio.get_running_loop()
             todo: list[tuple[CacheKey, bytes]] = []
             for k, payload in zip(rest, payloads):
                 if payload is None:
                     continue
-                memo = decoded.get(k.digest)
-                if memo is not None and memo[0] is payload:
-                    found[k.digest] = memo[1]
+                memo = self.decoded.get(k.digest, payload)
+                if memo is not None:
+                    found[k.digest] = memo
                 else:
                     todo.append((k, payload))
             # A warm 24 h panel reads megabytes: decode off the event loop (Arrow's
@@ -81,8 +116,7 @@ class CacheReader:
                     log.warning("cached piece %s does not decode (%s): treated as a miss", k.digest[:16], out)
                     continue
                 found[k.digest] = out
-                entry = decoded[k.digest] = (payload, out)
-                loop.call_later(0.5, self._forget_decoded, k.digest, entry)
+                self.decoded.put(k.digest, payload, out)
         for s in slots:
             for k in s.keys:
                 r = found.get(k.digest)
@@ -156,10 +190,6 @@ class CacheReader:
                 s.result, s.status = subsample(r, span.start_ms, span.end_ms, span.step), "hit"
                 METRICS.cache_finer_step.inc()
                 break
-
-    def _forget_decoded(self, digest: str, entry: tuple[bytes, QueryResult]) -> None:
-        if self._decoded.get(digest) is entry:
-            del self._decoded[digest]
 
     def count(self, slots: Sequence[Slot]) -> str:
         """X-Cache value for an answer; counts the query in promaccel_cache_lookups_total."""
