@@ -17,7 +17,7 @@ from proxy.codec.errors import Undecodable
 from proxy.config import load_config
 from proxy.errors import PromError
 from proxy.pipeline.budget import BUDGET, SAMPLES_TALLY, Admit
-from proxy.pipeline.forward import forwards_whole
+from proxy.pipeline.forward import Forward, forwards_whole
 from proxy.pipeline.landing import Landing
 from proxy.pipeline.lookup import Calls, Coalesce, FanOut, Lookup, Pieces, Work
 from proxy.pipeline.merging import Fallback, Merge
@@ -291,3 +291,80 @@ def test_fan_out_runs_calls_under_one_deadline() -> None:
 
 def test_ambiguous_ties_is_an_exception_type() -> None:
     assert issubclass(AmbiguousTies, Exception)
+
+
+# --- Route and CrossStore over a hybrid fleet -------------------------------------------------
+
+
+def hybrid_config() -> Any:
+    from proxy.config import build_config
+
+    return build_config({
+        "backends": [
+            {"name": "local", "url": "http://127.0.0.1:1", "holds": {"metrics": ["node_.*"]}},
+            {"name": "amp", "url": "http://127.0.0.1:2", "holds": {"metrics": ["DCGM_.*"]}},
+        ],
+        "cache": {"enabled": False},
+    })
+
+
+def test_route_sends_a_join_across_stores_to_cross_store_which_evaluates_above_them() -> None:
+    from proxy.backends import Backend
+    from proxy.pipeline.crossstore import CrossStore
+
+    cfg = hybrid_config()
+    backends = [Backend(b) for b in cfg.backends]
+    planner = Planner(cfg, backends[0])
+    q = Query(req=QueryRequest.instant("sum(DCGM_FI_DEV_GPU_UTIL) + sum(node_load1)", T0), pairs=[],
+              path="/api/v1/query", timeout_s=5)
+    q = replace(q, plan=run(planner.plan(q.req)))
+    asked: list[tuple[str, str]] = []
+
+    def per_store(sub: Query) -> Answer:
+        assert sub.router is not None and sub.plan is not None
+        route = sub.router.instant_route(T0)
+        asked.append((sub.req.query, route.backend))
+        value = 2.0 if "DCGM" in sub.req.query else 3.0
+        return Answer(result=QueryResult.from_series("vector", [({}, [T0], [value])]))
+
+    planned = Recorder()
+    cross = CrossStore(planner, backends, Recorder(per_store))
+    answer = run(Route(backends, planned, cross)(q))
+    assert planned.got == []  # no single backend holds both metrics
+    assert sorted(asked) == [("sum(DCGM_FI_DEV_GPU_UTIL)", "amp"), ("sum(node_load1)", "local")]
+    assert answer.result is not None and answer.result.to_pylist() == [({}, [T0], [5.0])]
+    assert answer.headers["X-Promaccel-Pieces"] == "2"
+    # What promaccel cannot evaluate above the stores is a 422 naming them, never a guess.
+    q2 = Query(req=QueryRequest.instant("histogram_quantile(0.9, DCGM_FI_DEV_GPU_UTIL / node_load1)", T0),
+               pairs=[], path="/api/v1/query", timeout_s=5)
+    q2 = replace(q2, plan=run(planner.plan(q2.req)))
+    with pytest.raises(PromError) as err:
+        run(Route(backends, planned, cross)(q2))
+    assert err.value.kind == "execution" and "amp" in str(err.value.body()) and "local" in str(err.value.body())
+
+
+def test_forward_relays_the_backends_bytes_for_a_query_left_whole() -> None:
+    from proxy.pipeline.ask import Asker
+    from proxy.pipeline.cache_read import CacheReader
+    from proxy.pipeline.cache_write import CacheWriter
+    from proxy.singleflight import SingleFlight
+
+    cfg = config(split_interval="1h")
+    backend = FakeBackend()
+    planner = Planner(cfg, backend)
+    slots = SlotMaker(cfg, planner.settings.split_interval_ms)
+    landing = Landing()
+    reader = CacheReader(cfg, lambda: None, landing, slots)  # type: ignore[arg-type,return-value]
+    writer = CacheWriter(cfg, lambda: None, landing)  # type: ignore[arg-type,return-value]
+    rec = Recorder()
+    forward = Forward({"default": backend}, backend, slots, reader, writer, landing, SingleFlight("t"),  # type: ignore[arg-type]
+                      Asker(), rec)
+    whole = Query(req=QueryRequest.instant("up", T0), pairs=[("query", "up"), ("time", str(T0 / 1000))],
+                  path="/api/v1/query", timeout_s=5)
+    answer = run(forward(replace(whole, plan=run(planner.plan(whole.req)))))
+    assert rec.got == [] and backend.calls == [("POST", "/api/v1/query")]
+    assert answer.reply is not None and answer.reply.body.startswith(b'{"status":"success"')
+    assert answer.headers == {"X-Promaccel-Pieces": "1", "X-Cache": "MISS"}
+    split = range_query("up", hours=3)
+    run(forward(replace(split, plan=run(planner.plan(split.req)))))
+    assert len(rec.got) == 1 and len(backend.calls) == 1  # planned: handed down, not forwarded
