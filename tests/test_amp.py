@@ -458,8 +458,11 @@ def test_sample_thresholds_reach_amp(prom: Any, stacks: dict[str, Stack]) -> Non
 def test_wrong_region_is_refused_and_relayed(prom: Any, stacks: dict[str, Stack]) -> None:
     proxy = stacks["wrong_region"].proxy
     resp = httpx.post(proxy.url + "/api/v1/query", data={"query": "up", "time": str(prom.end_s - 60)}, timeout=30)
+    # AWS's own error shape becomes Prometheus's, naming the backend and keeping AWS's message.
     assert resp.status_code == 403
-    assert resp.json() == {"message": "Credential should be scoped to a valid region. "}
+    assert resp.json() == {"status": "error", "errorType": "unavailable",
+                           "error": "backend 'amp' answered /api/v1/query with HTTP 403: "
+                                    "Credential should be scoped to a valid region. "}
     assert httpx.get(proxy.url + "/-/ready", timeout=10).status_code == 503
 
 

@@ -116,8 +116,8 @@ async def fan_out(backends: Sequence[Backend], method: str, path: str, pairs: Pa
 
     async def one(b: Backend) -> BackendReply:
         if method == "POST":
-            return await b.request("POST", path, form=pairs, endpoint=endpoint)
-        return await b.request("GET", path, params=pairs, endpoint=endpoint)
+            return await b.request_sound("POST", path, form=pairs, endpoint=endpoint)
+        return await b.request_sound("GET", path, params=pairs, endpoint=endpoint)
 
     outcomes = await asyncio.gather(*(one(b) for b in asked), return_exceptions=True)
     datas: list[Any] = []

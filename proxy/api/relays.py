@@ -64,9 +64,9 @@ def add_relay_routes(route: Routes, executor: QueryService, backends: Sequence[B
             return await fan_out(backends, request.method, path, pairs, kind, names,
                                  start_ms, end_ms, int(time.time() * 1000), endpoint_label(path))
         if request.method == "POST":
-            reply = await primary.request("POST", path, form=pairs, endpoint=endpoint_label(path))
+            reply = await primary.request_sound("POST", path, form=pairs, endpoint=endpoint_label(path))
         else:
-            reply = await primary.request("GET", path, params=pairs, endpoint=endpoint_label(path))
+            reply = await primary.request_sound("GET", path, params=pairs, endpoint=endpoint_label(path))
         return relay_reply(reply)
 
     def relaying(p: str, kind: str | None) -> Handler:

@@ -14,6 +14,7 @@ is PromError "unavailable" (502).
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 import urllib.parse
 from typing import Mapping, Sequence
@@ -21,7 +22,7 @@ from typing import Mapping, Sequence
 from ..config import BackendConfig
 from ..errors import PromError
 from ..metrics import METRICS
-from .protocol import BackendReply, check_path
+from .protocol import BackendReply, broken_answer, check_path, complete_json, sane_error
 from .retries import with_retries
 from .tenancy import current as forwarded_headers
 from .transports import CONNECTION_ERRORS, DirectAiohttp, is_timeout, make_client, send_httpx
@@ -62,6 +63,32 @@ class Backend:
             return await self._once(method, path, params, form, headers, call_timeout, limited, endpoint)
 
         return await with_retries(attempt, self.cfg, endpoint, timeout_s)
+
+    async def request_sound(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Sequence[tuple[str, str]] | None = None,
+        form: Sequence[tuple[str, str]] | None = None,
+        endpoint: str = "other",
+        timeout_s: float | None = None,
+    ) -> BackendReply:
+        """`request`, with a reply a client may be given: an error as Prometheus-style JSON
+        (an HTML page or any other body becomes one naming the backend), a 200 only with a
+        complete JSON body -- otherwise asked again (reads are idempotent) within the retries,
+        then a 502 naming the backend."""
+        for attempt in range(self.cfg.retries + 1):
+            reply = await self.request(method, path, params=params, form=form, endpoint=endpoint, timeout_s=timeout_s)
+            if not reply.ok:
+                return sane_error(reply, self.name, endpoint)
+            if complete_json(reply.body):
+                return reply
+            METRICS.backend_errors.labels(self.name, "BrokenAnswer").inc()
+            if attempt < self.cfg.retries:
+                METRICS.backend_retries.labels(self.name).inc()
+                await asyncio.sleep(random.uniform(0, 0.05 * 2**attempt))
+        raise broken_answer(self.name, endpoint, "not complete JSON")
 
     async def _once(
         self,

@@ -57,3 +57,74 @@ def check_path(path: str) -> None:
     if (not path.startswith("/") or "?" in path or "#" in path or "\\" in path or "%2f" in lowered
             or "%5c" in lowered or "%25" in path or "." in segments or ".." in segments or "" in segments[1:]):
         raise PromError("internal", f"promaccel refused to send the backend path {path!r}")
+
+
+# A Prometheus-style JSON error: `{"status":"error","errorType":...,"error":...}` (2.42 writes
+# these fields first, in this order).
+_ERROR_START = b'{"status":"error"'
+# errorType for a status when the backend's own body says nothing usable.
+_TYPE_BY_STATUS = {400: "bad_data", 401: "unavailable", 403: "unavailable", 404: "not_found", 422: "execution", 429: "unavailable", 503: "unavailable",
+                   504: "timeout"}
+
+
+def is_prom_error(reply: BackendReply) -> bool:
+    """Is this a complete Prometheus-style JSON error body?"""
+    body = reply.body.strip()
+    if not body.startswith(_ERROR_START) or not body.endswith(b"}"):
+        return False
+    try:
+        import orjson
+
+        data = orjson.loads(body)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and isinstance(data.get("errorType"), str) and isinstance(data.get("error"), str)
+
+
+def sane_error(reply: BackendReply, backend: str, endpoint: str) -> BackendReply:
+    """An error reply as a client may see it: the backend's own Prometheus-style JSON error as
+    it is; anything else (an HTML page from a load balancer, AWS's `{"message": ...}`, a body
+    cut short) becomes Prometheus's error JSON naming the backend -- 5xx as 502/503/504."""
+    if reply.ok or is_prom_error(reply):
+        return reply
+    status = reply.status if reply.status in (502, 503, 504) or 400 <= reply.status < 500 else 502
+    error_type = _TYPE_BY_STATUS.get(status, "unavailable" if status >= 500 else "bad_data")
+    detail = _readable_detail(reply)
+    message = f"backend {backend!r} answered {endpoint} with HTTP {reply.status}" + (f": {detail}" if detail else "")
+    return BackendReply(status, PromError(error_type, message, status=status).body(), "application/json",
+                        dict(reply.headers))
+
+
+def _readable_detail(reply: BackendReply) -> str:
+    """A short, safe description of an error body: AWS's JSON `message`, else nothing (an HTML
+    page or arbitrary bytes are not echoed)."""
+    if b"json" not in reply.content_type.encode("latin-1", "replace").lower():
+        return ""
+    try:
+        import orjson
+
+        data = orjson.loads(reply.body)
+    except ValueError:
+        return ""
+    if isinstance(data, dict):
+        for k in ("message", "Message", "error"):
+            v = data.get(k)
+            if isinstance(v, str):
+                return v[:300]
+    return ""
+
+
+def complete_json(body: bytes) -> bool:
+    """Is `body` one complete JSON object (what every Prometheus API answer is)?"""
+    try:
+        import orjson
+
+        return isinstance(orjson.loads(body), dict)
+    except ValueError:
+        return False
+
+
+def broken_answer(backend: str, endpoint: str, why: str) -> PromError:
+    """A 200 whose body is not a complete Prometheus answer, after the retries."""
+    return PromError("unavailable", f"backend {backend!r} answered {endpoint} with a broken body ({why}); "
+                     "retried, without a sound answer", status=502)

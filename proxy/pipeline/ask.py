@@ -8,7 +8,10 @@ charged to the query's budget (limits.max_backend_calls).
 
 from __future__ import annotations
 
+import asyncio
+import random
 import re
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,9 +21,9 @@ from shardplanner.plan import Span
 from shardplanner.promql import CannotParse, parse
 
 from ..backends import Backend, BackendReply
+from ..backends.protocol import broken_answer, complete_json, sane_error
 from ..codec.errors import CodecError, Undecodable
 from ..codec.json_decode import decode_prometheus_json
-from ..errors import PromError
 from ..metrics import METRICS
 from ..result import QueryResult
 from .budget import BUDGET, SAMPLES_TALLY
@@ -63,25 +66,55 @@ class Asker:
         amp = backend.cfg.kind == "amp" and not any(k == "stats" for k, _ in form)
         if amp:
             form = [*form, ("stats", "all")]
-        reply = await self.relay(backend, path, form, timeout_s)
+        reply, result = await self.sound(backend, path, form, timeout_s)
         if needs_range_form(backend, path, reply):
             return await self.range_form(backend, form, timeout_s)
         if not reply.ok:
             raise PieceFailed(reply)
+        if result is None:
+            raise Undecodable("an answer the merge does not model (e.g. native histograms)")
         if amp:
-            m = _SAMPLES.search(reply.body, max(0, len(reply.body) - 4096))
-            if m is not None:
-                n = int(m.group(1))
-                METRICS.samples_processed.labels(backend.name).inc(n)
-                tally = SAMPLES_TALLY.get()
-                if tally is not None:
-                    tally[0] += n
-        try:
-            return decode_prometheus_json(reply.body)
-        except Undecodable:
-            raise
-        except CodecError as exc:
-            raise PromError("internal", f"could not decode a backend answer: {exc}") from exc
+            self._count_samples(backend, reply.body)
+        return result
+
+    async def sound(self, backend: Backend, path: str, form: Pairs,
+                    timeout_s: float) -> tuple[BackendReply, QueryResult | None]:
+        """A query call whose reply is sound: an error as a Prometheus-style JSON error (an HTML
+        page or any other body becomes one naming the backend), a 200 as a complete answer,
+        decoded (None: valid JSON the merge does not model). A 200 whose body is cut short or
+        garbled is asked again -- every read is idempotent -- within the backend's retries and
+        the deadline, then a 502 naming the backend."""
+        deadline = time.monotonic() + timeout_s
+        attempt = 0
+        while True:
+            reply = await self.relay(backend, path, form, max(0.001, deadline - time.monotonic()))
+            if not reply.ok:
+                return sane_error(reply, backend.name, path), None
+            try:
+                return reply, decode_prometheus_json(reply.body)
+            except Undecodable:
+                if complete_json(reply.body):
+                    return reply, None
+                why = "not complete JSON"
+            except CodecError as exc:
+                why = str(exc)[:200]
+            METRICS.backend_errors.labels(backend.name, "BrokenAnswer").inc()
+            backoff = random.uniform(0, 0.05 * 2**attempt)
+            if attempt >= backend.cfg.retries or time.monotonic() + backoff >= deadline:
+                raise broken_answer(backend.name, path, why)
+            attempt += 1
+            METRICS.backend_retries.labels(backend.name).inc()
+            await asyncio.sleep(backoff)
+
+    @staticmethod
+    def _count_samples(backend: Backend, body: bytes) -> None:
+        m = _SAMPLES.search(body, max(0, len(body) - 4096))
+        if m is not None:
+            n = int(m.group(1))
+            METRICS.samples_processed.labels(backend.name).inc(n)
+            tally = SAMPLES_TALLY.get()
+            if tally is not None:
+                tally[0] += n
 
     async def range_form(self, backend: Backend, form: Pairs, timeout_s: float) -> QueryResult:
         """AMP refuses instant queries that read 32 days or more ("only supported for range

@@ -13,8 +13,6 @@ from shardplanner.footprint import digest_query
 
 from ..cache import CacheItem, PieceMeta, PieceStore
 from ..cache.revalidate import Revalidator
-from ..codec.errors import CodecError
-from ..codec.json_decode import decode_prometheus_json
 from ..config import Config
 from ..metrics import METRICS
 from ..result import QueryResult
@@ -135,14 +133,9 @@ class CacheWriter:
             return {}
         return await self.revalidator.baselines(wanted, timeout_s, backend)
 
-    async def keep_whole(self, body: bytes, unit: Unit, fetched_at_ms: int,
-                          baselines: Mapping[tuple[str, int], bytes]) -> None:
-        # Decoding for the cache happens after the answer was relayed.
-        await asyncio.sleep(0)
-        try:
-            result = decode_prometheus_json(body)
-        except CodecError:
-            return
+    def keep_whole(self, result: QueryResult, unit: Unit, fetched_at_ms: int,
+                   baselines: Mapping[tuple[str, int], bytes]) -> None:
+        """Keep a forwarded answer (decoded when it was checked before being relayed)."""
         if unit.is_range and result.result_type != "matrix":
             return
         self.keep([unit], [result], fetched_at_ms, baselines)

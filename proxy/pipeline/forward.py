@@ -84,7 +84,8 @@ class Forward:
         baselines = await self.writer.baselines([unit], q.timeout_s) if unit is not None else {}
         fetched_at = wall_ms()
         fetch_log.debug("fetch %s whole from %s", q.path, backend.name)
-        reply = await self.ask.relay(backend, q.path, q.pairs, q.timeout_s)
+        # A sound reply or none: the client never gets a broken body or an HTML page.
+        reply, result = await self.ask.sound(backend, q.path, q.pairs, q.timeout_s)
         if needs_range_form(backend, q.path, reply) and any(k == "time" for k, _ in q.pairs):
             try:
                 result = await self.ask.range_form(backend, q.pairs, q.timeout_s)
@@ -93,5 +94,6 @@ class Forward:
             reply = BackendReply(200, encode_prometheus_json(result), JSON)
         if unit is not None and reply.ok:
             self.landing.remember_call(key, reply, fetched_at)
-            self.writer.spawn(self.writer.keep_whole(reply.body, unit, fetched_at, baselines))
+            if result is not None:
+                self.writer.keep_whole(result, unit, fetched_at, baselines)
         return reply

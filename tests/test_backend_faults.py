@@ -1,0 +1,137 @@
+"""Backend faults: every answer exact, or Prometheus's error JSON naming the backend.
+
+A real promaccel in front of a fault-injecting backend (tests/faulty.py) in front of the real
+test Prometheus. Transient faults -- an HTML 502, a 503, a 200 whose JSON is cut short, a body
+shorter than its Content-Length, a closed connection -- on a request's first try are retried
+(reads are idempotent) and the answer is Prometheus's own; the same faults on every try give a
+502/503 with Prometheus's error JSON naming the backend: never a 200 with a broken body, never
+an HTML page. Nothing broken is cached: with the backend healthy again, answers are exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from loadtests.compare import diff_answers
+from tests import faulty
+from tests.servers import Promaccel
+
+TRANSIENT = ("html502", "json503", "trunc200", "short", "reset")
+pytestmark = pytest.mark.prom
+
+
+@pytest.fixture(scope="module")
+def backend(prom: Any) -> Iterator[faulty.FaultyBackend]:
+    b = faulty.start(prom.url)
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+@pytest.fixture(scope="module")
+def servers(backend: faulty.FaultyBackend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Promaccel]]:
+    work = tmp_path_factory.mktemp("faults")
+    out = {
+        "planned": Promaccel.start(backend.url, ("--split-interval", "1h", "--shards", "2"), work / "planned"),
+        "whole": Promaccel.start(backend.url, ("--split-interval", "none", "--shards", "1"), work / "whole"),
+    }
+    try:
+        yield out
+    finally:
+        for s in out.values():
+            s.stop()
+
+
+def _queries(prom: Any, salt: int) -> list[tuple[str, dict[str, str]]]:
+    """The test's queries; `salt` makes their text (hence their cache keys) new per test, so
+    each one reaches the backend."""
+    end = prom.end_s - 600
+    return [
+        ("/api/v1/query_range", {"query": f"sum by (Hostname) (DCGM_FI_DEV_GPU_UTIL) + 0 * {salt}",
+                                 "start": str(end - 7200), "end": str(end), "step": "60"}),
+        ("/api/v1/query", {"query": f"max(DCGM_FI_DEV_GPU_TEMP) + 0 * {salt}", "time": str(end)}),
+        ("/api/v1/labels", {}),
+        ("/api/v1/series", {"match[]": "DCGM_FI_DEV_GPU_TEMP", "start": str(end - 600), "end": str(end)}),
+    ]
+
+
+def _same(direct: dict[str, Any], proxied: dict[str, Any]) -> bool:
+    if isinstance(direct.get("data"), list):  # labels, series: relayed as they are
+        return direct == proxied
+    return diff_answers(direct, proxied) == []
+
+
+def _check_error(r: httpx.Response) -> None:
+    assert r.status_code in (502, 503, 504), (r.status_code, r.text[:200])
+    assert r.headers["content-type"].startswith("application/json"), r.headers
+    body = orjson.loads(r.content)
+    assert body["status"] == "error" and body["errorType"] in ("unavailable", "timeout"), body
+    assert "'default'" in body["error"] and "<html" not in r.text.lower(), body
+
+
+@pytest.mark.parametrize("fault", TRANSIENT)
+def test_a_transient_fault_is_retried_and_the_answer_is_exact(prom: Any, backend: faulty.FaultyBackend,
+                                                             servers: dict[str, Promaccel], fault: str) -> None:
+    for i, (name, server) in enumerate(servers.items()):
+        for path, form in _queries(prom, salt=10 * TRANSIENT.index(fault) + i):
+            backend.set(None)
+            direct = httpx.post(prom.url + path, data=form, timeout=60)
+            backend.set(fault, first=1)
+            proxied = httpx.post(server.url + path, data=form, timeout=60)
+            assert proxied.status_code == direct.status_code == 200, (name, path, proxied.text[:300])
+            assert _same(direct.json(), proxied.json()), (name, path)
+            assert backend.faults_sent >= 1  # the fault did happen
+    backend.set(None)
+
+
+@pytest.mark.parametrize("fault", TRANSIENT)
+def test_a_lasting_fault_is_a_prometheus_error_naming_the_backend(prom: Any, backend: faulty.FaultyBackend,
+                                                                 servers: dict[str, Promaccel], fault: str) -> None:
+    salt = 100 + 10 * TRANSIENT.index(fault)
+    try:
+        for server in servers.values():
+            for path, form in _queries(prom, salt):
+                backend.set(fault, first=None)
+                _check_error(httpx.post(server.url + path, data=form, timeout=60))
+    finally:
+        backend.set(None)
+    # Nothing broken was kept: the same queries, backend healthy, are exact.
+    for server in servers.values():
+        for path, form in _queries(prom, salt):
+            direct = httpx.post(prom.url + path, data=form, timeout=60)
+            proxied = httpx.post(server.url + path, data=form, timeout=60)
+            assert proxied.status_code == 200 and _same(direct.json(), proxied.json()), path
+
+
+def test_a_backends_own_error_is_relayed_as_it_is(prom: Any, backend: faulty.FaultyBackend,
+                                                  servers: dict[str, Promaccel]) -> None:
+    backend.set(None)
+    form = {"query": "sum(rate(x[5m])", "time": str(prom.end_s)}
+    direct = httpx.post(prom.url + "/api/v1/query", data=form, timeout=60)
+    for server in servers.values():
+        proxied = httpx.post(server.url + "/api/v1/query", data=form, timeout=60)
+        assert (proxied.status_code, proxied.content) == (direct.status_code, direct.content)
+
+
+def test_faulty_backend_itself(tmp_path: Path, prom: Any, backend: faulty.FaultyBackend) -> None:
+    """The fault injector does inject (so the tests above cannot pass by accident)."""
+    form = {"query": "up", "time": str(prom.end_s)}
+    backend.set("html502", first=None)
+    r = httpx.post(backend.url + "/api/v1/query", data=form, timeout=30)
+    assert r.status_code == 502 and b"<html>" in r.content
+    backend.set("trunc200", first=None)
+    r = httpx.post(backend.url + "/api/v1/query", data=form, timeout=30)
+    assert r.status_code == 200
+    with pytest.raises(ValueError):
+        orjson.loads(r.content)
+    backend.set("html502", first=1)
+    assert httpx.post(backend.url + "/api/v1/query", data=form, timeout=30).status_code == 502
+    assert httpx.post(backend.url + "/api/v1/query", data=form, timeout=30).status_code == 200
+    backend.set(None)
