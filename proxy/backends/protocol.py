@@ -63,8 +63,8 @@ def check_path(path: str) -> None:
 # these fields first, in this order).
 _ERROR_START = b'{"status":"error"'
 # errorType for a status when the backend's own body says nothing usable.
-_TYPE_BY_STATUS = {400: "bad_data", 401: "unavailable", 403: "unavailable", 404: "not_found", 422: "execution", 429: "unavailable", 503: "unavailable",
-                   504: "timeout"}
+_TYPE_BY_STATUS = {400: "bad_data", 401: "unavailable", 403: "unavailable", 404: "not_found", 422: "execution",
+                   429: "unavailable", 503: "unavailable", 504: "timeout"}
 
 
 def is_prom_error(reply: BackendReply) -> bool:
