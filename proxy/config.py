@@ -411,6 +411,9 @@ class ListenConfig(_Strict):
     body_timeout: DurationMs = Field(default=60_000, gt=0)
     keep_alive_timeout: DurationMs = Field(default=120_000, gt=0)
     max_concurrency: int = Field(default=1024, ge=1)
+    # On SIGTERM/SIGINT: stop accepting, let queries in flight finish for at most this long
+    # (Kubernetes gives 30 s by default before SIGKILL), then close the pools.
+    shutdown_timeout: DurationMs = Field(default=25_000, gt=0)
 
 
 class Config(_Strict):

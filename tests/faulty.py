@@ -50,7 +50,16 @@ class FaultyBackend:
         return self
 
     def stop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        async def shutdown() -> None:
+            me = asyncio.current_task()
+            tasks = [t for t in asyncio.all_tasks() if t is not me]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._client.aclose()
+            self._loop.stop()
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self._loop)
         self._thread.join(10)
 
     def _run(self) -> None:
@@ -62,6 +71,7 @@ class FaultyBackend:
             self._loop.run_forever()
         finally:
             server.close()
+            self._loop.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -73,7 +83,7 @@ class FaultyBackend:
                 body = await reader.readexactly(int(headers.get("content-length", "0") or 0))
                 if not await self._answer(writer, method, target, headers, body):
                     return
-        except (asyncio.IncompleteReadError, ConnectionError):
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             pass
         finally:
             writer.close()

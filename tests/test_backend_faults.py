@@ -135,3 +135,68 @@ def test_faulty_backend_itself(tmp_path: Path, prom: Any, backend: faulty.Faulty
     assert httpx.post(backend.url + "/api/v1/query", data=form, timeout=30).status_code == 502
     assert httpx.post(backend.url + "/api/v1/query", data=form, timeout=30).status_code == 200
     backend.set(None)
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_shutdown_lets_queries_in_flight_finish(prom: Any, backend: faulty.FaultyBackend, tmp_path: Path,
+                                                sig: str) -> None:
+    """SIGTERM while a query waits on a slow backend: the query still gets its exact answer, a
+    new connection is refused, and the process exits within listen.shutdown_timeout."""
+    import signal
+    import threading
+    import time
+
+    cfg = tmp_path / "promaccel.yaml"
+    cfg.write_text("listen:\n  shutdown_timeout: 20s\ncache:\n  enabled: false\n")
+    server = Promaccel.start(backend.url, ("--config", str(cfg)), tmp_path)
+    form = {"query": "max(DCGM_FI_DEV_GPU_TEMP) + 0 * 7777", "time": str(prom.end_s - 600)}
+    direct = httpx.post(prom.url + "/api/v1/query", data=form, timeout=60)
+    backend.set("stall", first=None)  # 3 s before the backend answers
+    got: dict[str, httpx.Response] = {}
+
+    def ask() -> None:
+        got["r"] = httpx.post(server.url + "/api/v1/query", data=form, timeout=60)
+
+    t = threading.Thread(target=ask)
+    try:
+        t.start()
+        time.sleep(1.0)  # the query is waiting on the backend
+        t0 = time.monotonic()
+        server.proc.send_signal(getattr(signal, sig))
+        time.sleep(0.3)
+        with pytest.raises(httpx.TransportError):
+            httpx.get(server.url + "/-/healthy", timeout=2)  # no longer accepting
+        t.join(30)
+        # uvicorn re-raises the signal once it has shut down: the exit is the signal's (or 0).
+        assert server.proc.wait(30) in (0, -getattr(signal, sig))
+        assert time.monotonic() - t0 < 20
+    finally:
+        backend.set(None)
+        if server.proc.poll() is None:
+            server.stop()
+    assert got["r"].status_code == 200 and diff_answers(direct.json(), got["r"].json()) == []
+
+
+def test_shutdown_is_bounded_by_its_timeout(prom: Any, backend: faulty.FaultyBackend, tmp_path: Path) -> None:
+    """A query that outlives listen.shutdown_timeout does not hold the process: it exits on time."""
+    import signal
+    import threading
+    import time
+
+    cfg = tmp_path / "promaccel.yaml"
+    cfg.write_text("listen:\n  shutdown_timeout: 1s\ncache:\n  enabled: false\n")
+    server = Promaccel.start(backend.url, ("--config", str(cfg)), tmp_path)
+    form = {"query": "max(DCGM_FI_DEV_GPU_TEMP) + 0 * 8888", "time": str(prom.end_s - 600)}
+    backend.set("stall", first=None)  # 3 s before the backend answers
+    t = threading.Thread(target=lambda: httpx.post(server.url + "/api/v1/query", data=form, timeout=60), daemon=True)
+    try:
+        t.start()
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        server.proc.wait(30)
+        assert time.monotonic() - t0 < 2.5  # 1 s of grace, not the backend's 3 s
+    finally:
+        backend.set(None)
+        if server.proc.poll() is None:
+            server.stop()

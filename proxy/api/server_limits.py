@@ -221,4 +221,5 @@ def configure(listen: ListenConfig) -> dict[str, Any]:
     cls.header_timeout_s = listen.header_timeout / 1000
     cls.body_timeout_s = listen.body_timeout / 1000
     return {"http": cls, "timeout_keep_alive": listen.keep_alive_timeout / 1000,
-            "limit_concurrency": listen.max_concurrency}
+            "limit_concurrency": listen.max_concurrency,
+            "timeout_graceful_shutdown": listen.shutdown_timeout / 1000}
