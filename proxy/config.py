@@ -144,6 +144,11 @@ class BackendConfig(_Strict):
     max_keepalive: int = Field(default=32, ge=0)
     max_parallel: int = Field(default=4, ge=1, description="concurrent pieces per backend")
     retries: int = Field(default=2, ge=0, le=10)
+    # Retries this backend may take beyond each call's own: every call earns retry_ratio of a
+    # retry, every retry spends one (at most 50 saved) and retry_floor per second are always
+    # allowed -- a sick backend gets ~retry_ratio more calls, not (retries + 1) times as many.
+    retry_ratio: float = Field(default=0.2, ge=0, le=100)
+    retry_floor: float = Field(default=10.0, ge=0)
     transport: Literal["aiohttp", "httpx"] = "aiohttp"
     # AMP only. Requests are SigV4-signed for `service` in `region` (taken from an
     # aps-workspaces.<region>.amazonaws.com URL when not given) with credentials from

@@ -54,6 +54,10 @@ class _Metrics:
         self.backend_retries = Counter(
             "promaccel_backend_retries_total", "Backend calls retried", ["backend"], registry=r
         )
+        self.backend_retries_denied = Counter(
+            "promaccel_backend_retries_denied_total", "Retries not taken: the backend's retry budget was spent",
+            ["backend"], registry=r,
+        )
         # AMP throttling (429/503): `outcome` is retried or gave_up (budget or deadline spent).
         self.backend_throttled = Counter(
             "promaccel_backend_throttled_total",

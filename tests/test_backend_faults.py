@@ -38,9 +38,14 @@ def backend(prom: Any) -> Iterator[faulty.FaultyBackend]:
 @pytest.fixture(scope="module")
 def servers(backend: faulty.FaultyBackend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Promaccel]]:
     work = tmp_path_factory.mktemp("faults")
+    # A retry budget that never runs out: these tests are about what is retried, not how often
+    # (test_a_sick_backend_is_not_hammered_with_retries is).
+    cfg = work / "promaccel.yaml"
+    cfg.write_text(f"backends:\n  - name: default\n    url: {backend.url}\n    retry_ratio: 100\n"
+                   "    retry_floor: 100000\n")
     out = {
-        "planned": Promaccel.start(backend.url, ("--split-interval", "1h", "--shards", "2"), work / "planned"),
-        "whole": Promaccel.start(backend.url, ("--split-interval", "none", "--shards", "1"), work / "whole"),
+        "planned": Promaccel.start(None, ("--split-interval", "1h", "--shards", "2"), work / "planned", config=cfg),
+        "whole": Promaccel.start(None, ("--split-interval", "none", "--shards", "1"), work / "whole", config=cfg),
     }
     try:
         yield out
@@ -200,3 +205,42 @@ def test_shutdown_is_bounded_by_its_timeout(prom: Any, backend: faulty.FaultyBac
         backend.set(None)
         if server.proc.poll() is None:
             server.stop()
+
+
+def test_retry_budget() -> None:
+    from proxy.backends.retries import RETRY_BUDGET_CAP, RetryBudget
+
+    now = [0.0]
+    budget = RetryBudget(ratio=0.2, floor=5.0, clock=lambda: now[0])
+    assert sum(budget.spend() for _ in range(1000)) == RETRY_BUDGET_CAP  # the saved retries, then none
+    for _ in range(10):
+        budget.earn()  # ten calls earn two retries
+    assert [budget.spend() for _ in range(3)] == [True, True, False]
+    now[0] += 1.0  # the floor: five a second
+    assert sum(budget.spend() for _ in range(10)) == 5
+
+
+def test_a_sick_backend_is_not_hammered_with_retries(prom: Any, backend: faulty.FaultyBackend,
+                                                     tmp_path: Path) -> None:
+    """Every call fails: 200 queries cost about 200 calls plus the budget's retries (50 saved,
+    20% of the calls, 10 a second), not the 600 that 2 retries each would make; each answer
+    is Prometheus's error JSON."""
+    import time
+
+    cfg = tmp_path / "promaccel.yaml"
+    cfg.write_text("cache:\n  enabled: false\n")
+    server = Promaccel.start(backend.url, ("--config", str(cfg), "--split-interval", "none"), tmp_path)
+    try:
+        backend.set("html502", first=None)
+        before, t0 = backend.calls, time.monotonic()
+        for i in range(200):
+            _check_error(httpx.post(server.url + "/api/v1/query",
+                                    data={"query": f"up + 0 * {i}", "time": str(prom.end_s)}, timeout=30))
+        calls, took = backend.calls - before, time.monotonic() - t0
+        assert calls <= 200 + 50 + 0.2 * 200 + 10 * took + 2, (calls, took)
+        assert calls < 450, calls
+        text = httpx.get(server.url + "/metrics", timeout=10).text
+        assert 'promaccel_backend_retries_denied_total{backend="default"}' in text
+    finally:
+        backend.set(None)
+        server.stop()

@@ -23,7 +23,7 @@ from ..config import BackendConfig
 from ..errors import PromError
 from ..metrics import METRICS
 from .protocol import BackendReply, broken_answer, check_path, complete_json, sane_error
-from .retries import with_retries
+from .retries import RetryBudget, with_retries
 from .tenancy import current as forwarded_headers
 from .transports import CONNECTION_ERRORS, DirectAiohttp, is_timeout, make_client, send_httpx
 
@@ -35,6 +35,7 @@ class Backend:
         self._client = make_client(cfg)
         self._direct = DirectAiohttp(cfg) if cfg.transport == "aiohttp" and cfg.kind != "amp" else None
         self._sem = asyncio.Semaphore(cfg.max_parallel)
+        self.retry_budget = RetryBudget(cfg.retry_ratio, cfg.retry_floor)
         # tenancy.forward_headers go to Prometheus-compatible backends only, never to AMP.
         self._forwards = cfg.kind != "amp"
 
@@ -62,7 +63,14 @@ class Backend:
         async def attempt(call_timeout: float | None) -> BackendReply:
             return await self._once(method, path, params, form, headers, call_timeout, limited, endpoint)
 
-        return await with_retries(attempt, self.cfg, endpoint, timeout_s)
+        return await with_retries(attempt, self.cfg, endpoint, timeout_s, self.retry_budget)
+
+    def may_retry(self) -> bool:
+        """Spend one retry of this backend's budget (False, and counted, when it is spent)."""
+        if self.retry_budget.spend():
+            return True
+        METRICS.backend_retries_denied.labels(self.name).inc()
+        return False
 
     async def request_sound(
         self,
@@ -85,7 +93,7 @@ class Backend:
             if complete_json(reply.body):
                 return reply
             METRICS.backend_errors.labels(self.name, "BrokenAnswer").inc()
-            if attempt < self.cfg.retries:
+            if attempt < self.cfg.retries and self.may_retry():
                 METRICS.backend_retries.labels(self.name).inc()
                 await asyncio.sleep(random.uniform(0, 0.05 * 2**attempt))
         raise broken_answer(self.name, endpoint, "not complete JSON")

@@ -23,15 +23,48 @@ from .protocol import RETRY_STATUSES, THROTTLE_STATUSES, BackendReply, retry_aft
 
 THROTTLE_BACKOFF_S = 0.1
 THROTTLE_BACKOFF_CAP_S = 5.0
+RETRY_BUDGET_CAP = 50.0
+
+
+class RetryBudget:
+    """Retries one backend may take (`backends[].retry_ratio`, `retry_floor`): each call earns
+    `ratio` of a retry, each retry spends one, at most RETRY_BUDGET_CAP saved, and `floor`
+    retries per second are always allowed. When most calls fail, retries stay a fraction of
+    the calls instead of multiplying them."""
+
+    def __init__(self, ratio: float, floor: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ratio, self.floor, self._clock = ratio, floor, clock
+        self.tokens = RETRY_BUDGET_CAP
+        self._t = clock()
+
+    def _refill(self) -> None:
+        now = self._clock()
+        self.tokens = min(RETRY_BUDGET_CAP, self.tokens + (now - self._t) * self.floor)
+        self._t = now
+
+    def earn(self) -> None:
+        """A call was made."""
+        self.tokens = min(RETRY_BUDGET_CAP, self.tokens + self.ratio)
+
+    def spend(self) -> bool:
+        """May one more retry be made? (Spends it when so.)"""
+        self._refill()
+        if self.tokens >= 1.0 - 1e-9:  # float sums of ratio (0.2 x 10 = 1.9999...)
+            self.tokens -= 1.0
+            return True
+        return False
 
 # One try of the call, given the timeout of that try (None: the backend's own).
 Attempt = Callable[[float | None], Awaitable[BackendReply]]
 
 
 async def with_retries(attempt_once: Attempt, cfg: BackendConfig, endpoint: str,
-                       timeout_s: float | None) -> BackendReply:
-    """Run `attempt_once` until it gives an answer worth returning (module docstring)."""
+                       timeout_s: float | None, budget: RetryBudget | None = None) -> BackendReply:
+    """Run `attempt_once` until it gives an answer worth returning (module docstring);
+    `budget`: the backend's retry budget (a retry it denies is not taken)."""
     name = cfg.name
+    if budget is not None:
+        budget.earn()
     throttle = cfg.kind == "amp"
     budget_s = timeout_s if timeout_s is not None else cfg.timeout / 1000
     deadline = time.monotonic() + budget_s
@@ -42,7 +75,7 @@ async def with_retries(attempt_once: Attempt, cfg: BackendConfig, endpoint: str,
         try:
             reply = await attempt_once(call_timeout)
         except PromError as exc:
-            if exc.kind == "timeout" or attempt >= cfg.retries:
+            if exc.kind == "timeout" or attempt >= cfg.retries or not _may_retry(budget, name):
                 raise
         else:
             if 300 <= reply.status < 400:
@@ -63,12 +96,19 @@ async def with_retries(attempt_once: Attempt, cfg: BackendConfig, endpoint: str,
                 # The next try gets what is left of the deadline, not a fresh timeout.
                 call_timeout = max(0.001, deadline - time.monotonic())
                 continue
-            if reply.status not in RETRY_STATUSES or attempt >= cfg.retries:
+            if reply.status not in RETRY_STATUSES or attempt >= cfg.retries or not _may_retry(budget, name):
                 return reply
             METRICS.backend_retries.labels(name).inc()
         attempt += 1
         # Exponential backoff with full jitter: 50 ms, 100 ms, 200 ms ...
         await asyncio.sleep(random.uniform(0, 0.05 * (2 ** (attempt - 1))))
+
+
+def _may_retry(budget: RetryBudget | None, name: str) -> bool:
+    if budget is None or budget.spend():
+        return True
+    METRICS.backend_retries_denied.labels(name).inc()
+    return False
 
 
 def throttle_delay(throttled: int, reply: BackendReply) -> float:

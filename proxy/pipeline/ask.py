@@ -100,7 +100,7 @@ class Asker:
                 why = str(exc)[:200]
             METRICS.backend_errors.labels(backend.name, "BrokenAnswer").inc()
             backoff = random.uniform(0, 0.05 * 2**attempt)
-            if attempt >= backend.cfg.retries or time.monotonic() + backoff >= deadline:
+            if attempt >= backend.cfg.retries or time.monotonic() + backoff >= deadline or not backend.may_retry():
                 raise broken_answer(backend.name, path, why)
             attempt += 1
             METRICS.backend_retries.labels(backend.name).inc()
