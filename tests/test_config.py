@@ -154,7 +154,8 @@ def test_server_limits(tmp_path: Path) -> None:
     path = _write(tmp_path, "backends: [{url: 'http://x'}]\nlisten: {header_timeout: 1.5, body_timeout: 2m, "
                   "keep_alive_timeout: 5s, max_header_bytes: 8192, max_concurrency: 10}\n")
     args = configure(load_config(path).listen)
-    assert args == {"http": LimitedHttpToolsProtocol, "timeout_keep_alive": 5.0, "limit_concurrency": 10}
+    assert args == {"http": LimitedHttpToolsProtocol, "timeout_keep_alive": 5.0, "limit_concurrency": 10,
+                    "timeout_graceful_shutdown": 25.0}
     assert (LimitedHttpToolsProtocol.header_timeout_s, LimitedHttpToolsProtocol.body_timeout_s,
             LimitedHttpToolsProtocol.max_header_bytes) == (1.5, 120.0, 8192)
     configure(listen)  # back to the defaults for this process
