@@ -1,7 +1,8 @@
 # promaccel — `make demo` runs promaccel over a generated GPU fleet; `make test` runs the suite;
 # `make lint` runs ruff and mypy.
 # They set everything up on a fresh Debian/Ubuntu machine (venv, PyPI packages, and Debian's
-# prometheus and redis-server when missing). Services always run on their own loopback ports.
+# prometheus, redis-server and kubernetes-client (kubectl) when missing). Services always run
+# on their own loopback ports.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -22,10 +23,11 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 system-deps:
-	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null || ! command -v redis-server >/dev/null; then \
-	  echo "installing Debian's prometheus and redis-server"; \
+	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null || ! command -v redis-server >/dev/null \
+	    || ! command -v kubectl >/dev/null; then \
+	  echo "installing Debian's prometheus, redis-server and kubernetes-client (kubectl: tests/test_deploy.py)"; \
 	  $(SUDO) apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus redis-server >/dev/null; \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus redis-server kubernetes-client >/dev/null; \
 	fi
 
 test: setup
