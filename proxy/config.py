@@ -339,6 +339,15 @@ class LimitsConfig(_Strict):
     # Most new cache entries one query may write: the rest of its pieces are answered but not
     # kept (a ten-year range would otherwise leave thousands of keys for cache.ttl). 0: no limit.
     max_new_cache_keys: int = Field(default=2_048, ge=0)
+    # Admission: queries (query, query_range) running at once, in all and per client (the
+    # tenant's forwarded headers when tenancy.forward_headers is set, else the client's
+    # address -- behind Grafana every viewer has Grafana's address, hence off by default);
+    # beyond them a query waits in a queue of at most max_queued, at most queue_timeout,
+    # then gets 429 with Retry-After and Prometheus's error body. 0: no limit.
+    max_queries_in_flight: int = Field(default=256, ge=0)
+    max_queries_per_client: int = Field(default=0, ge=0)
+    max_queued: int = Field(default=1024, ge=0)
+    queue_timeout: DurationMs = Field(default=30_000, ge=0)
 
 
 # Headers promaccel sets itself or that describe the connection, never forwarded.

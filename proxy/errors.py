@@ -31,11 +31,13 @@ STATUS_BY_KIND: dict[str, int] = {
 
 
 class PromError(Exception):
-    def __init__(self, kind: str, message: str, *, status: int | None = None) -> None:
+    def __init__(self, kind: str, message: str, *, status: int | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.status = status if status is not None else STATUS_BY_KIND.get(kind, 500)
+        self.headers = headers or {}  # e.g. Retry-After on a 429
 
     def body(self) -> bytes:
         # Prometheus's own field order: status, errorType, error.

@@ -244,3 +244,68 @@ def test_a_sick_backend_is_not_hammered_with_retries(prom: Any, backend: faulty.
     finally:
         backend.set(None)
         server.stop()
+
+
+def test_admission_bounds_queries_in_flight_with_a_bounded_wait(prom: Any, backend: faulty.FaultyBackend,
+                                                                 tmp_path: Path) -> None:
+    """Two queries in flight at most, one waiting at most 0.5 s: of four slow queries at once, two
+    are answered exactly and two get 429 with Retry-After and Prometheus's error body; /-/healthy
+    is never held back; afterwards queries run again."""
+    import concurrent.futures
+
+    cfg = tmp_path / "promaccel.yaml"
+    cfg.write_text("cache:\n  enabled: false\nlimits:\n  max_queries_in_flight: 2\n  max_queries_per_client: 0\n"
+                   "  max_queued: 1\n  queue_timeout: 500ms\n")
+    server = Promaccel.start(backend.url, ("--config", str(cfg), "--split-interval", "none"), tmp_path)
+    forms = [{"query": f"max(DCGM_FI_DEV_GPU_TEMP) + 0 * {i}", "time": str(prom.end_s - 600)} for i in range(4)]
+    try:
+        backend.set("stall", first=None)  # 3 s each
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            futs = [pool.submit(httpx.post, server.url + "/api/v1/query", data=f, timeout=30) for f in forms]
+            assert httpx.get(server.url + "/-/healthy", timeout=2).status_code == 200
+            answers = [f.result() for f in futs]
+        assert sorted(r.status_code for r in answers) == [200, 200, 429, 429], [r.text for r in answers]
+        for r in answers:
+            if r.status_code == 429:
+                body = r.json()
+                assert r.headers["retry-after"] == "1" and body["status"] == "error"
+                assert "limits.max_queries_in_flight" in body["error"]
+        backend.set(None)
+        direct = httpx.post(prom.url + "/api/v1/query", data=forms[0], timeout=30)
+        again = httpx.post(server.url + "/api/v1/query", data=forms[0], timeout=30)
+        assert again.status_code == 200 and diff_answers(direct.json(), again.json()) == []
+    finally:
+        backend.set(None)
+        server.stop()
+
+
+def test_admission_order_and_per_client_limit() -> None:
+    import asyncio
+
+    from proxy.errors import PromError
+    from proxy.pipeline.budget import Admission
+
+    async def scenario() -> list[str]:
+        adm = Admission(total=2, per_client=1, max_queued=2, timeout_s=1.0)
+        events: list[str] = []
+        await adm.acquire("a")
+        await adm.acquire("b")
+
+        async def wait(client: str) -> None:
+            await adm.acquire(client)
+            events.append(f"in {client}")
+
+        w1 = asyncio.create_task(wait("a"))  # a is at its own limit: waits
+        w2 = asyncio.create_task(wait("c"))
+        await asyncio.sleep(0.01)
+        try:
+            await adm.acquire("d")  # two already wait: refused at once
+        except PromError as exc:
+            events.append(f"refused d {exc.status}")
+        adm.release("b")  # room for one: c (a is still at its limit) goes first
+        await asyncio.sleep(0.01)
+        adm.release("a")
+        await asyncio.gather(w1, w2)
+        return events
+
+    assert asyncio.run(scenario()) == ["refused d 429", "in c", "in a"]

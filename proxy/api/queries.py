@@ -23,6 +23,11 @@ from .responses import JSON, response_of
 from .routing import Routes
 
 
+def _client(request: Request) -> str:
+    """The client's address (who counts against limits.max_queries_per_client)."""
+    return request.client.host if request.client is not None else ""
+
+
 def add_query_routes(route: Routes, executor: QueryService, config: Config) -> None:
     max_body = config.limits.max_body_bytes
 
@@ -31,7 +36,7 @@ def add_query_routes(route: Routes, executor: QueryService, config: Config) -> N
         pairs = await read_pairs(request, max_body)
         p = parse_instant(first_values(pairs), now_ms=int(time.time() * 1000))
         req = QueryRequest.instant(p.query, p.time_ms)
-        return response_of(await executor.query(req, pairs, request.headers, p.timeout_ms))
+        return response_of(await executor.query(req, pairs, request.headers, p.timeout_ms, _client(request)))
 
     @route("/api/v1/query_range")
     async def query_range(request: Request) -> Response:
@@ -45,7 +50,7 @@ def add_query_routes(route: Routes, executor: QueryService, config: Config) -> N
                 f"{format_duration_ms(limit)} (limits.max_query_range): narrow the time range",
             )
         req = QueryRequest.range(p.query, p.start_ms, p.end_ms, p.step_ms)
-        return response_of(await executor.query(req, pairs, request.headers, p.timeout_ms))
+        return response_of(await executor.query(req, pairs, request.headers, p.timeout_ms, _client(request)))
 
     @route("/api/v1/explain")
     async def explain(request: Request) -> Response:

@@ -55,7 +55,7 @@ def response_of(answer: Answer) -> Response:
 
 def error(exc: PromError) -> Response:
     """Prometheus's error answer: its JSON body and the HTTP status of its kind."""
-    return Response(exc.body(), status_code=exc.status, media_type=JSON)
+    return Response(exc.body(), status_code=exc.status, media_type=JSON, headers=exc.headers or None)
 
 
 def unknown_path(path: str) -> Response:

@@ -11,6 +11,7 @@ from shardplanner.explain import explain as explain_plan
 from shardplanner.plan import QueryRequest
 
 from ..backends import Backend
+from ..backends.tenancy import scope as tenant_scope
 from ..cache import PieceStore, make_store
 from ..cache.revalidate import Revalidator
 from ..config import Config
@@ -74,12 +75,14 @@ class QueryService:
     # --- queries ----------------------------------------------------------------------------
 
     async def query(self, req: QueryRequest, pairs: Pairs, headers: Mapping[str, str],
-                    timeout_ms: int | None) -> Answer:
+                    timeout_ms: int | None, client: str = "") -> Answer:
         """An instant (req.time_ms) or range query; `pairs` are the client's parameters as
-        sent, `timeout_ms` its `timeout` parameter (capped by limits.query_timeout)."""
+        sent, `timeout_ms` its `timeout` parameter (capped by limits.query_timeout), `client`
+        its address. Admission counts a client by its tenant (tenancy.forward_headers) when
+        there is one, else by its address."""
         path = "/api/v1/query_range" if req.is_range else "/api/v1/query"
         q = Query(req=req, pairs=pairs, path=path, timeout_s=self._timeout_s(timeout_ms), headers=headers,
-                  want_arrow=ARROW_STREAM in headers.get("accept", ""))
+                  client=tenant_scope() or client, want_arrow=ARROW_STREAM in headers.get("accept", ""))
         return await self.run(q)
 
     async def explain(self, req: QueryRequest, headers: Mapping[str, str] | None = None,

@@ -50,6 +50,7 @@ class Query:
     path: str  # /api/v1/query or /api/v1/query_range
     timeout_s: float
     headers: Mapping[str, str] = field(default_factory=dict)
+    client: str = ""  # who asks (admission): the client's address
     want_arrow: bool = False
     plan: Plan | None = None  # set by the Plan stage
     cache: CacheCtx | None = None  # set by the Plan stage when the cache applies
