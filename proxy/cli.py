@@ -62,6 +62,11 @@ def _setup(args: argparse.Namespace, cfg: Config) -> None:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
     install_log_redaction()  # and the filter on basicConfig's handler
+    if cfg.log_format == "json":
+        from .api.access_log import JsonFormatter
+
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(JsonFormatter())
     if not (getattr(args, "debug_libraries", False) or _env_flag(DEBUG_LIBRARIES_ENV)):
         # Their DEBUG output carries request and answer bodies (botocore: STS credentials);
         # one line per backend call at INFO (httpx) would drown the access log.

@@ -438,6 +438,12 @@ class Config(_Strict):
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     tenancy: TenancyConfig = Field(default_factory=TenancyConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # text: one line per request, human-readable; json: one JSON object per log record (the
+    # access line carries query id, Grafana's headers, plan shape, pieces, cache, backend calls,
+    # samples, bytes, duration).
+    log_format: Literal["text", "json"] = "text"
+    # A query that takes longer is logged again at WARNING with its plan (0: never).
+    slow_query_log: DurationMs = 10_000
 
     @model_validator(mode="after")
     def _tenancy(self) -> "Config":

@@ -309,3 +309,36 @@ def test_admission_order_and_per_client_limit() -> None:
         return events
 
     assert asyncio.run(scenario()) == ["refused d 429", "in c", "in a"]
+
+
+def test_json_access_log_describes_each_query(prom: Any, tmp_path: Path) -> None:
+    """`log_format: json`: one JSON object per request, with the query id the client got, the
+    query, Grafana's headers, the plan's shape, pieces, cache status, backend calls, bytes and
+    duration; a query over `slow_query_log` is logged again at WARNING."""
+    import time
+
+    cfg = tmp_path / "promaccel.yaml"
+    cfg.write_text("log_format: json\nslow_query_log: 1ms\n")
+    server = Promaccel.start(prom.url, ("--config", str(cfg), "--log-level", "info", "--split-interval", "1h",
+                                        "--shards", "2"), tmp_path)
+    try:
+        form = {"query": "sum by (Hostname) (DCGM_FI_DEV_GPU_UTIL)", "start": str(prom.end_s - 7200),
+                "end": str(prom.end_s - 600), "step": "60"}
+        r = httpx.post(server.url + "/api/v1/query_range", data=form, timeout=60,
+                       headers={"X-Dashboard-Uid": "gpu-fleet", "X-Panel-Id": "7", "Authorization": "Bearer s3cret"})
+        assert r.status_code == 200
+        qid = r.headers["x-promaccel-query-id"]
+        time.sleep(0.5)
+    finally:
+        server.stop()
+    records = [orjson.loads(line) for line in server.log.read_text().splitlines() if line.startswith("{")]
+    access = [x for x in records if x.get("logger") == "promaccel.access" and x.get("query_id") == qid]
+    assert len(access) == 1, records[-5:]
+    a = access[0]
+    assert a["path"] == "/api/v1/query_range" and a["status"] == 200 and a["query"] == form["query"]
+    assert a["dashboard_uid"] == "gpu-fleet" and a["panel_id"] == "7"
+    assert a["plan_pieces"] == a["pieces"] >= 2 and a["sharded"] is True and a["cache"] in ("MISS", "PARTIAL")
+    assert a["backend_calls"] >= 1 and a["bytes"] > 100 and a["duration_ms"] > 0
+    slow = [x for x in records if x.get("logger") == "promaccel.slow" and x.get("query_id") == qid]
+    assert len(slow) == 1 and slow[0]["level"] == "warning"
+    assert "s3cret" not in server.log.read_text()

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 
+import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..metrics import METRICS
@@ -33,11 +35,21 @@ def endpoint_label(path: str) -> str:
     return "other"
 
 
-class AccessLog:
-    """Times each request, counts it by endpoint, and logs it with Grafana's headers."""
+# Response headers that describe a query's execution, as access-log fields.
+_ANSWER_FIELDS = {b"x-promaccel-pieces": "pieces", b"x-cache": "cache", b"x-promaccel-backend-calls": "backend_calls",
+                  b"x-promaccel-samples-processed": "samples_processed"}
 
-    def __init__(self, app: ASGIApp) -> None:
+
+class AccessLog:
+    """Times each request, counts it by endpoint, gives it a query id (X-Promaccel-Query-Id),
+    and logs one line for it: method, path, status, duration, bytes sent, Grafana's headers,
+    and for queries their text, plan shape, pieces, cache status, backend calls and samples
+    (`log_format: json`: as fields of one JSON object). A query slower than
+    `slow_query_log` is logged again at WARNING."""
+
+    def __init__(self, app: ASGIApp, slow_query_s: float = 0.0) -> None:
         self.app = app
+        self.slow_query_s = slow_query_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -45,23 +57,68 @@ class AccessLog:
             return
         t0 = time.perf_counter()
         status = 500
+        sent = 0
+        query_id = uuid.uuid4().hex[:16]
+        answer: dict[str, object] = {}
 
         async def send_wrapper(message: Message) -> None:
-            nonlocal status
+            nonlocal status, sent
             if message["type"] == "http.response.start":
                 status = message["status"]
+                headers = list(message.get("headers", []))
+                for k, v in headers:
+                    name = _ANSWER_FIELDS.get(k.lower())
+                    if name is not None:
+                        text = v.decode("latin-1")
+                        answer[name] = int(text) if text.isdigit() else text
+                headers.append((b"x-promaccel-query-id", query_id.encode()))
+                message = {**message, "headers": headers}
+            elif message["type"] == "http.response.body":
+                sent += len(message.get("body", b""))
             await send(message)
 
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
             elapsed = time.perf_counter() - t0
-            endpoint = endpoint_label(scope.get("path", ""))
+            path = scope.get("path", "")
+            endpoint = endpoint_label(path)
             METRICS.requests.labels(endpoint, str(status)).inc()
             METRICS.request_latency.labels(endpoint).observe(elapsed)
-            if access_log.isEnabledFor(logging.INFO):
+            slow = bool(self.slow_query_s) and elapsed >= self.slow_query_s and endpoint in _QUERY_ENDPOINTS
+            if slow or access_log.isEnabledFor(logging.INFO):
                 hdrs = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", [])}
-                grafana = " ".join(f"{h}={hdrs[h]}" for h in GRAFANA_HEADERS if h in hdrs)
-                access_log.info(
-                    "%s %s %d %.1fms %s", scope.get("method"), scope.get("path"), status, elapsed * 1000, grafana
-                )
+                fields: dict[str, object] = {
+                    "query_id": query_id, "method": scope.get("method"), "path": path, "status": status,
+                    "duration_ms": round(elapsed * 1000, 1), "bytes": sent,
+                    **{h.removeprefix("x-").replace("-", "_"): hdrs[h] for h in GRAFANA_HEADERS if h in hdrs},
+                    **(scope.get("state", {}).get("promaccel_query") or {}), **answer,
+                }
+                text = " ".join(f"{k}={v}" for k, v in fields.items() if k not in ("method", "path", "status",
+                                                                                 "duration_ms", "query"))
+                if access_log.isEnabledFor(logging.INFO):
+                    access_log.info("%s %s %d %.1fms %s", scope.get("method"), path, status, elapsed * 1000, text,
+                                    extra={"fields": fields})
+                if slow:
+                    slow_log.warning("slow query %.1fs: %s", elapsed, fields.get("query", path),
+                                     extra={"fields": fields})
+
+
+_QUERY_ENDPOINTS = frozenset({"/api/v1/query", "/api/v1/query_range"})
+slow_log = logging.getLogger("promaccel.slow")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time, level, logger, message, and the record's `fields`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, object] = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(), "logger": record.name, "msg": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            out.update(fields)
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(out, default=str).decode()

@@ -82,5 +82,5 @@ def create_app(config: Config) -> FastAPI:
     # Level 1 with ISA-L (compress.py): zlib's level 9 (Starlette's default) cost ~35 ms per
     # 340 KB answer, zlib's level 1 ~4 ms, ISA-L's ~1 ms.
     app.add_middleware(FastGZipMiddleware, minimum_size=1024)
-    app.add_middleware(AccessLog)
+    app.add_middleware(AccessLog, slow_query_s=config.slow_query_log / 1000)
     return app

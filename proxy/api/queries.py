@@ -16,7 +16,7 @@ from shardplanner.plan import QueryRequest
 
 from ..config import Config
 from ..errors import PromError
-from ..pipeline import QueryService
+from ..pipeline import Answer, QueryService
 from .forms import first_values, read_pairs
 from .params import format_duration_ms, parse_instant, parse_range
 from .responses import JSON, response_of
@@ -28,6 +28,12 @@ def _client(request: Request) -> str:
     return request.client.host if request.client is not None else ""
 
 
+def _answer(request: Request, req: QueryRequest, answer: Answer) -> Response:
+    """The response, and what the access log says about the query (request.state)."""
+    request.state.promaccel_query = {"query": req.query[:1000], "range": req.is_range, **answer.info}
+    return response_of(answer)
+
+
 def add_query_routes(route: Routes, executor: QueryService, config: Config) -> None:
     max_body = config.limits.max_body_bytes
 
@@ -36,7 +42,8 @@ def add_query_routes(route: Routes, executor: QueryService, config: Config) -> N
         pairs = await read_pairs(request, max_body)
         p = parse_instant(first_values(pairs), now_ms=int(time.time() * 1000))
         req = QueryRequest.instant(p.query, p.time_ms)
-        return response_of(await executor.query(req, pairs, request.headers, p.timeout_ms, _client(request)))
+        return _answer(request, req, await executor.query(req, pairs, request.headers, p.timeout_ms,
+                                                          _client(request)))
 
     @route("/api/v1/query_range")
     async def query_range(request: Request) -> Response:
@@ -50,7 +57,8 @@ def add_query_routes(route: Routes, executor: QueryService, config: Config) -> N
                 f"{format_duration_ms(limit)} (limits.max_query_range): narrow the time range",
             )
         req = QueryRequest.range(p.query, p.start_ms, p.end_ms, p.step_ms)
-        return response_of(await executor.query(req, pairs, request.headers, p.timeout_ms, _client(request)))
+        return _answer(request, req, await executor.query(req, pairs, request.headers, p.timeout_ms,
+                                                          _client(request)))
 
     @route("/api/v1/explain")
     async def explain(request: Request) -> Response:

@@ -137,9 +137,12 @@ class Admit:
             tally = [0]
             SAMPLES_TALLY.set(tally)
             BUDGET.set(Budget(self.limits.max_backend_calls, self.limits.max_new_cache_keys))
+            budget = BUDGET.get()
             answer = await self.next(q)
         finally:
             self.admission.release(client)
         if tally[0]:
             answer.headers["X-Promaccel-Samples-Processed"] = str(tally[0])
+        if budget is not None:
+            answer.headers["X-Promaccel-Backend-Calls"] = str(budget.calls)
         return answer

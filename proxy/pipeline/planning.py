@@ -149,4 +149,7 @@ class Plan:
         mode = "sharded" if plan.sharded else ("split" if plan.time_split else "whole")
         METRICS.planned.labels(mode, "" if plan.sharded else reason_code(plan.notes)).inc()
         ctx = self.planner.cache_ctx(q, self.primary) if self.cache_enabled and not q.unmergeable else None
-        return await self.next(replace(q, plan=plan, cache=ctx))
+        answer = await self.next(replace(q, plan=plan, cache=ctx))
+        answer.info.update(plan_pieces=len(plan.pieces), sharded=plan.sharded, time_split=plan.time_split,
+                           plan_reason=reason_code(plan.notes))
+        return answer

@@ -75,6 +75,8 @@ class Answer:
     reply: BackendReply | None = None
     headers: dict[str, str] = field(default_factory=dict)
     arrow: bool = False  # encode `result` as an Arrow IPC stream
+    # For the access log: the plan's shape (pieces, sharded, split, why not).
+    info: dict[str, object] = field(default_factory=dict)
 
 
 class AmbiguousTies(Exception):
