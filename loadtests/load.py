@@ -364,13 +364,25 @@ scrape_configs: []
 """
 
 
+def die_with_parent() -> None:
+    """Popen preexec_fn (Linux): the child gets SIGTERM when the process that started it dies,
+    even by SIGKILL, so a crashed harness leaves no server behind. Called in a process itself:
+    it gets SIGTERM when its parent dies (`kill` of the `make` running it)."""
+    import ctypes
+
+    prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)  # Linux only
+    if prctl is not None:
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def start_prometheus(data_dir: str, port: int | None = None, *, timeout: float = 60.0,
-                     extra_args: tuple[str, ...] = (), log_path: str | None = None) -> subprocess.Popen:
+                     extra_args: tuple[str, ...] = (), log_path: str | None = None,
+                     tied: bool = False) -> subprocess.Popen:
     """Start prometheus on 127.0.0.1:port over data_dir and wait until /-/ready answers 200.
 
     The returned Popen also has `.port`, `.url` and `.log_path`. Raises LoadError with the
     log's tail if prometheus exits or is not ready in `timeout` seconds. Stop it with
-    stop_prometheus().
+    stop_prometheus(). `tied`: it also stops when this process dies (die_with_parent).
     """
     binary = _which("prometheus")
     data_dir = os.path.abspath(data_dir)
@@ -386,7 +398,7 @@ def start_prometheus(data_dir: str, port: int | None = None, *, timeout: float =
            *extra_args]
     with open(log_path, "wb") as lf:
         proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=data_dir)
+                                cwd=data_dir, preexec_fn=die_with_parent if tied else None)
     url = f"http://127.0.0.1:{port}"
     proc.port, proc.url, proc.log_path = port, url, log_path  # type: ignore[attr-defined]
     deadline = time.monotonic() + timeout
