@@ -10,10 +10,11 @@ BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 # `make test` runs the suite on this many pytest-xdist workers (0: in this process), each test
-# file whole on one worker, longest first (tests/conftest.py).
+# file whole on one worker, longest first (tests/conftest.py). PROMACCEL_TEST_PORTS=LOW-HIGH
+# keeps every port the suite binds in that range (tests/servers.py).
 TEST_WORKERS ?= 2
 
-.PHONY: setup system-deps test test-fast demo bench clean lint
+.PHONY: setup system-deps test test-fast demo bench bench-quick clean lint
 
 setup: system-deps $(VENV)/.installed
 
@@ -37,11 +38,19 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not prom and not redis and not slow" $(PYTEST_ARGS)
 
+# promaccel on 127.0.0.1:9091, the reference Prometheus on :9090 (DEMO_ARGS="--port N ...");
+# Ctrl-C, SIGTERM or SIGHUP stops it and everything it started.
 demo: setup
-	$(BIN)/python -m loadtests.demo
+	$(BIN)/python -m loadtests.demo $(DEMO_ARGS)
 
+# The full benchmark: the first run builds two datasets (~30 min on 2 cores, cached under
+# .cache/bench/), then every scenario replays for ~10-15 min. bench-quick: the same scenarios on
+# the small CI fleet (one dataset, no 7 d window), about 3 minutes with its dataset build.
 bench: setup
 	$(BIN)/python -m loadtests.bench $(BENCH_ARGS)
+
+bench-quick: setup
+	$(BIN)/python -m loadtests.bench --small $(BENCH_ARGS)
 
 # ruff over the repository, mypy over shardplanner/ (strict) and proxy/; both configured in
 # pyproject.toml.

@@ -484,9 +484,11 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
     base URL and stops it on exit."""
     import uvicorn
 
+    import loadtests.load  # its free_port honours $PROMACCEL_TEST_PORTS (and the suite's port blocks)
+
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, 0))
+    sock.bind((host, loadtests.load.free_port()))
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

@@ -313,7 +313,43 @@ def build_tsdb(spec: FleetSpec, data_dir: str, *, slice_seconds: int = SLICE_SEC
 
 # --------------------------------------------------------------------------- prometheus
 
+# `PROMACCEL_TEST_PORTS=20000-29999` confines the ports the harness and the test suite bind
+# to that range (inclusive), e.g. on a shared host whose other services use the rest.
+PORTS_ENV = "PROMACCEL_TEST_PORTS"
+
+
+def port_range() -> tuple[int, int] | None:
+    """[low, high) from $PROMACCEL_TEST_PORTS ("LOW-HIGH", both included), or None."""
+    text = os.environ.get(PORTS_ENV, "").strip()
+    if not text:
+        return None
+    m = re.fullmatch(r"(\d+)\s*-\s*(\d+)", text)
+    if m is None or not 1024 <= int(m.group(1)) <= int(m.group(2)) <= 65535:
+        raise ValueError(f"{PORTS_ENV}={text!r}: expected LOW-HIGH, e.g. 20000-29999 (1024 <= LOW <= HIGH <= 65535)")
+    return int(m.group(1)), int(m.group(2)) + 1
+
+
+def port_bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
+    """A free loopback port: from $PROMACCEL_TEST_PORTS when set, else the kernel's pick."""
+    import random
+
+    confined = port_range()
+    if confined is not None:
+        low, high = confined
+        for _ in range(min(4 * (high - low), 2000)):
+            port = random.randrange(low, high)
+            if port_bindable(port):
+                return port
+        raise RuntimeError(f"no free port in {PORTS_ENV}={os.environ[PORTS_ENV]}")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -328,13 +364,25 @@ scrape_configs: []
 """
 
 
+def die_with_parent() -> None:
+    """Popen preexec_fn (Linux): the child gets SIGTERM when the process that started it dies,
+    even by SIGKILL, so a crashed harness leaves no server behind. Called in a process itself:
+    it gets SIGTERM when its parent dies (`kill` of the `make` running it)."""
+    import ctypes
+
+    prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)  # Linux only
+    if prctl is not None:
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def start_prometheus(data_dir: str, port: int | None = None, *, timeout: float = 60.0,
-                     extra_args: tuple[str, ...] = (), log_path: str | None = None) -> subprocess.Popen:
+                     extra_args: tuple[str, ...] = (), log_path: str | None = None,
+                     tied: bool = False) -> subprocess.Popen:
     """Start prometheus on 127.0.0.1:port over data_dir and wait until /-/ready answers 200.
 
     The returned Popen also has `.port`, `.url` and `.log_path`. Raises LoadError with the
     log's tail if prometheus exits or is not ready in `timeout` seconds. Stop it with
-    stop_prometheus().
+    stop_prometheus(). `tied`: it also stops when this process dies (die_with_parent).
     """
     binary = _which("prometheus")
     data_dir = os.path.abspath(data_dir)
@@ -350,7 +398,7 @@ def start_prometheus(data_dir: str, port: int | None = None, *, timeout: float =
            *extra_args]
     with open(log_path, "wb") as lf:
         proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=data_dir)
+                                cwd=data_dir, preexec_fn=die_with_parent if tied else None)
     url = f"http://127.0.0.1:{port}"
     proc.port, proc.url, proc.log_path = port, url, log_path  # type: ignore[attr-defined]
     deadline = time.monotonic() + timeout

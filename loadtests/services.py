@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Sequence
 from urllib.parse import urlsplit
 
-from loadtests.load import free_port  # noqa: F401  (re-exported: bench and tests use it from here)
+from loadtests.load import die_with_parent, free_port  # noqa: F401  (free_port re-exported: bench and tests use it from here)
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK = "127.0.0.1"
@@ -89,7 +89,8 @@ class RedisServer:
     proc: subprocess.Popen[bytes]
 
     @classmethod
-    def start(cls, workdir: Path) -> "RedisServer":
+    def start(cls, workdir: Path, *, tied: bool = False) -> "RedisServer":
+        """`tied`: it also stops when this process dies (loadtests.load.die_with_parent)."""
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server not found: `make setup` installs Debian's redis-server")
@@ -98,7 +99,7 @@ class RedisServer:
         proc = subprocess.Popen(
             [binary, "--port", str(port), "--bind", LOOPBACK, "--save", "", "--appendonly", "no",
              "--dir", str(workdir), "--logfile", str(workdir / "redis.log"), "--daemonize", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, preexec_fn=die_with_parent if tied else None,
         )
         server = cls(f"redis://{LOOPBACK}:{port}/0", port, proc)
         deadline = time.monotonic() + 20

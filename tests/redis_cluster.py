@@ -2,8 +2,8 @@
 can be stopped and started again on the same port), and a local three-node Redis Cluster.
 
 Each node runs on a free loopback port with its own directory and is always stopped by the
-caller (`stop()`). Redis Cluster also listens on port + 10000 (the cluster bus), so cluster
-ports are picked with that port free too.
+caller (`stop()`). A cluster node also listens on its cluster bus port, picked like any
+other (`--cluster-port`, Redis 7), so both stay in this worker's port block.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.servers import free_port, port_bindable, port_block, stop
+from tests.servers import free_port, stop
 
 
 def _binary(name: str) -> str:
@@ -26,17 +26,13 @@ def _binary(name: str) -> str:
     return path
 
 
-def free_cluster_port(taken: Collection[int] = ()) -> int:
-    """A free port whose cluster bus port (+10000) is free too (both in this xdist worker's
-    port block when it is wide enough: tests/servers.py)."""
-    low, high = port_block()
+def free_cluster_ports(taken: Collection[int] = ()) -> tuple[int, int]:
+    """A free port and a free cluster bus port for a Redis Cluster node, both from this xdist
+    worker's port block (tests/servers.py)."""
     for _ in range(200):
-        port = free_port(low, high - 10000) if high - low > 10200 else free_port()
-        if port + 10000 <= 65535 and port not in taken and port + 10000 not in taken and port_bindable(port + 10000):
-            return port
-    for port in range(20000, 55535):  # ephemeral range mostly above 55535: scan below it
-        if port not in taken and port_bindable(port) and port_bindable(port + 10000):
-            return port
+        port, bus = free_port(), free_port()
+        if len({port, bus}) == 2 and not {port, bus} & set(taken):
+            return port, bus
     raise RuntimeError("no free port pair for a Redis Cluster node")
 
 
@@ -105,12 +101,12 @@ class LocalCluster:
         taken: set[int] = set()
         try:
             for i in range(size):
-                port = free_cluster_port(taken)
-                taken |= {port, port + 10000}
+                port, bus = free_cluster_ports(taken)
+                taken |= {port, bus}
                 node = RedisNode(
                     port, workdir / f"node-{i}",
                     ("--cluster-enabled", "yes", "--cluster-config-file", str(workdir / f"node-{i}" / "nodes.conf"),
-                     "--cluster-node-timeout", "5000"),
+                     "--cluster-node-timeout", "5000", "--cluster-port", str(bus)),
                 )
                 cluster.nodes.append(node)
                 node.start()

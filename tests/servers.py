@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -32,31 +31,36 @@ ROOT = Path(__file__).resolve().parent.parent
 # So the suite picks its ports below the kernel's ephemeral range (never used for bind(0) or
 # outgoing connections), each xdist worker from its own block.
 
+#
+# PROMACCEL_TEST_PORTS=LOW-HIGH (e.g. 20000-29999, both included) confines every port the suite
+# binds to that range instead (shared among the xdist workers the same way): the servers it
+# starts, the Redis Cluster buses, and the ports the harness picks in subprocesses
+# (loadtests.load.free_port reads the same variable).
+
 PORTS_FROM = 10000
 _recent: list[int] = []
 
 
 def port_block() -> tuple[int, int]:
     """[low, high) of the ports this process hands out: its xdist worker's share of
-    [PORTS_FROM, start of the ephemeral range)."""
-    try:
-        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        ephemeral = 32768
+    $PROMACCEL_TEST_PORTS, or of [PORTS_FROM, start of the ephemeral range)."""
+    confined = loadtests.load.port_range()
+    if confined is not None:
+        low, high = confined
+    else:
+        try:
+            ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            ephemeral = 32768
+        low, high = PORTS_FROM, ephemeral
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     index = int(worker[2:]) if worker[2:].isdigit() else 0
     count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
-    span = (ephemeral - PORTS_FROM) // count
-    return PORTS_FROM + index * span, PORTS_FROM + (index + 1) * span
+    span = (high - low) // count
+    return low + index * span, low + (index + 1) * span
 
 
-def port_bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+port_bindable = loadtests.load.port_bindable
 
 
 def free_port(low: int | None = None, high: int | None = None) -> int:
@@ -66,13 +70,16 @@ def free_port(low: int | None = None, high: int | None = None) -> int:
 
     block_low, block_high = port_block()
     low, high = low or block_low, high or block_high
-    if high - low >= 200:
+    confined = loadtests.load.port_range() is not None
+    if high - low >= 200 or confined:
         for _ in range(500):
             port = random.randrange(low, high)
             if port not in _recent and port_bindable(port):
                 _recent.append(port)
-                del _recent[:-256]
+                del _recent[:-max(1, min(256, (high - low) // 2))]
                 return port
+        if confined:
+            raise RuntimeError(f"no free port in {low}..{high - 1} ({loadtests.load.PORTS_ENV})")
     return _kernel_free_port()
 
 

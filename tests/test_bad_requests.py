@@ -86,6 +86,56 @@ def test_bad_request(prom: Any, passthrough: Any, name: str, method: str, path: 
             assert orjson.loads(direct.content)["errorType"] == body["errorType"]
 
 
+# Parameter errors: status and body byte for byte as Prometheus 2.42 writes them, GET and POST
+# (query and query_range are validated by promaccel itself; errors the backend decides,
+# malformed PromQL, are relayed as they are).
+PARAM_ERRORS: list[tuple[str, str, dict[str, str]]] = [
+    ("range_missing_query", R, {"start": "0", "end": "60", "step": "15"}),
+    ("range_empty_query", R, {"query": "", "start": "0", "end": "60", "step": "15"}),
+    ("range_missing_start", R, {"query": "up", "end": "60", "step": "15"}),
+    ("range_missing_end", R, {"query": "up", "start": "0", "step": "15"}),
+    ("range_missing_step", R, {"query": "up", "start": "0", "end": "60"}),
+    ("range_bad_start", R, {"query": "up", "start": "yesterday", "end": "60", "step": "15"}),
+    ("range_bad_end_rfc3339", R, {"query": "up", "start": "0", "end": "2023-02-30T00:00:00Z", "step": "15"}),
+    ("range_nan_start", R, {"query": "up", "start": "NaN", "end": "60", "step": "15"}),
+    ("range_inf_end", R, {"query": "up", "start": "0", "end": "+Inf", "step": "15"}),
+    ("range_end_before_start", R, {"query": "up", "start": "100", "end": "50", "step": "15"}),
+    ("range_zero_step", R, {"query": "up", "start": "0", "end": "60", "step": "0"}),
+    ("range_zero_duration_step", R, {"query": "up", "start": "0", "end": "60", "step": "0s"}),
+    ("range_negative_step", R, {"query": "up", "start": "0", "end": "60", "step": "-15"}),
+    ("range_bad_step", R, {"query": "up", "start": "0", "end": "60", "step": "fast"}),
+    ("range_bad_step_unit", R, {"query": "up", "start": "0", "end": "60", "step": "15x"}),
+    ("range_nan_step", R, {"query": "up", "start": "0", "end": "60", "step": "NaN"}),
+    ("range_too_many_points", R, {"query": "up", "start": "0", "end": "86400", "step": "1"}),
+    ("range_bad_timeout", R, {"query": "up", "start": "0", "end": "60", "step": "15", "timeout": "never"}),
+    ("range_nan_end", R, {"query": "up", "start": "0", "end": "NaN", "step": "15"}),
+    ("range_end_before_start_and_zero_step", R, {"query": "up", "start": "100", "end": "50", "step": "0"}),
+    ("instant_missing_query", Q, {"time": "0"}),
+    ("instant_empty_query", Q, {"query": "", "time": "0"}),
+    ("instant_bad_time", Q, {"query": "up", "time": "tomorrow"}),
+    ("instant_bad_timeout", Q, {"query": "up", "time": "0", "timeout": "-"}),
+    ("series_without_match", "/api/v1/series", {}),
+    ("series_bad_start", "/api/v1/series", {"match[]": "up", "start": "x"}),
+    ("series_bad_end", "/api/v1/series", {"match[]": "up", "end": "x"}),
+    ("labels_bad_start", "/api/v1/labels", {"start": "x"}),
+    ("label_values_bad_start", "/api/v1/label/job/values", {"start": "x"}),
+]
+
+
+# label values: GET only, in Prometheus as in promaccel
+PARAM_CASES = [(m, *c) for c in PARAM_ERRORS for m in ("GET", "POST") if m == "GET" or "/label/" not in c[1]]
+
+
+@pytest.mark.parametrize("method, name, path, params", PARAM_CASES, ids=[f"{c[1]}-{c[0]}" for c in PARAM_CASES])
+def test_parameter_error_is_prometheus_byte_for_byte(prom: Any, passthrough: Any, method: str, name: str,
+                                                      path: str, params: dict[str, str]) -> None:
+    direct = _send(prom.url, method, path, params, {})
+    proxied = _send(passthrough.url, method, path, params, {})
+    assert direct.status_code == 400, (name, direct.text)  # a parameter error, as the table says
+    assert (proxied.status_code, proxied.content) == (direct.status_code, direct.content), name
+    assert proxied.headers["content-type"] == direct.headers["content-type"], name
+
+
 def test_oversized_body(passthrough: Any) -> None:
     big = {"query": "up", "time": "0", "pad": "x" * (2 * 1024 * 1024)}
     r = httpx.post(passthrough.url + Q, data=big, timeout=30)

@@ -135,34 +135,49 @@ def _timeout(form: dict[str, str]) -> int | None:
         raise invalid_param("timeout", str(exc)) from exc
 
 
-def _query(form: dict[str, str]) -> str:
+def _query(form: dict[str, str], *, param_prefix: bool) -> str:
     query = form.get("query", "")
     if not query.strip():
-        # Prometheus: the parser's verdict on an empty input.
-        raise invalid_param("query", "1:1: parse error: no expression found in input")
+        # Prometheus 2.42: the parser's verdict on an empty input; /query wraps it as a
+        # parameter error, /query_range does not.
+        message = "1:1: parse error: no expression found in input"
+        raise invalid_param("query", message) if param_prefix else bad_data(message)
     return query
+
+
+# A NaN or infinite Unix time: Go's int64 conversion of it (math.MinInt64 on amd64) makes a
+# time before every valid one, so Prometheus answers the range checks it then fails (end before
+# start, too many points). promaccel compares with this and refuses a query still holding it.
+_GO_NAN_TIME_MS = -(2**63)
+
+
+def _range_time_ms(form: dict[str, str], name: str) -> int:
+    text = form.get(name, "")
+    f = _parse_float(text)
+    if f is not None and (math.isnan(f) or math.isinf(f)):
+        return _GO_NAN_TIME_MS
+    try:
+        return parse_time_ms(text)
+    except ValueError as exc:
+        raise invalid_param(name, str(exc)) from exc
 
 
 def parse_range(form: dict[str, str], max_points: int = MAX_POINTS_PER_SERIES) -> RangeParams:
     """Validate /api/v1/query_range parameters in the order Prometheus does."""
-    try:
-        start_ms = parse_time_ms(form.get("start", ""))
-    except ValueError as exc:
-        raise invalid_param("start", str(exc)) from exc
-    try:
-        end_ms = parse_time_ms(form.get("end", ""))
-    except ValueError as exc:
-        raise invalid_param("end", str(exc)) from exc
+    start_ms = _range_time_ms(form, "start")
+    end_ms = _range_time_ms(form, "end")
     if end_ms < start_ms:
-        raise bad_data("end timestamp must not be before start time")
+        raise invalid_param("end", "end timestamp must not be before start time")
+    step_text = form.get("step", "")
     try:
-        step_ms = parse_duration_param_ms(form.get("step", ""))
+        # Go's conversion of a NaN step is math.MinInt64: a negative step.
+        nan = _parse_float(step_text)
+        step_ms = -1 if nan is not None and math.isnan(nan) else parse_duration_param_ms(step_text)
     except ValueError as exc:
         raise invalid_param("step", str(exc)) from exc
     if step_ms <= 0:
-        raise bad_data(
-            "zero or negative query resolution step widths are not accepted. "
-            "Try a positive integer"
+        raise invalid_param(
+            "step", "zero or negative query resolution step widths are not accepted. Try a positive integer"
         )
     if (end_ms - start_ms) // step_ms > max_points:
         raise bad_data(
@@ -170,7 +185,11 @@ def parse_range(form: dict[str, str], max_points: int = MAX_POINTS_PER_SERIES) -
             "Try decreasing the query resolution (?step=XX)"
         )
     timeout_ms = _timeout(form)
-    return RangeParams(_query(form), start_ms, end_ms, step_ms, timeout_ms)
+    query = _query(form, param_prefix=False)
+    for name, ms in (("start", start_ms), ("end", end_ms)):
+        if ms == _GO_NAN_TIME_MS:  # both NaN: Prometheus evaluates at an overflowed time
+            raise invalid_param(name, f'cannot parse "{form.get(name, "")}" to a valid timestamp')
+    return RangeParams(query, start_ms, end_ms, step_ms, timeout_ms)
 
 
 def parse_instant(form: dict[str, str], now_ms: int) -> InstantParams:
@@ -179,11 +198,12 @@ def parse_instant(form: dict[str, str], now_ms: int) -> InstantParams:
         try:
             time_ms = parse_time_ms(text)
         except ValueError as exc:
-            raise invalid_param("time", str(exc)) from exc
+            # Prometheus's parseTimeParam wraps the reason once more.
+            raise invalid_param("time", f"Invalid time value for 'time': {exc}") from exc
     else:
         time_ms = now_ms
     timeout_ms = _timeout(form)
-    return InstantParams(_query(form), time_ms, timeout_ms)
+    return InstantParams(_query(form, param_prefix=True), time_ms, timeout_ms)
 
 
 def parse_optional_time(form: dict[str, str], name: str) -> int | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -16,11 +16,13 @@ import numpy.typing as npt
 
 from shardplanner.analysis import ABSENT_LIKE, absent_like, pinned_at
 from shardplanner.ast import Agg, Binary, Call, Number, Paren, Selector, transform
-from shardplanner.plan import MergeRecipe, QueryRequest
+from shardplanner.plan import MergeRecipe, Plan, QueryRequest
+from shardplanner.routing import Route as PieceRoute
 from shardplanner.serialize import to_promql
 
 from ..backends import Backend
 from ..errors import PromError
+from ..hybrid import Router
 from ..metrics import METRICS
 from ..result import QueryResult, ResultType
 from ..result.binop import BinopError, evaluate_binary
@@ -34,8 +36,37 @@ _LOCAL_AGGS = frozenset({"sum", "min", "max", "count", "group", "avg", "topk", "
 _ABSENT_LIKE = ABSENT_LIKE
 
 
+@dataclass(frozen=True)
+class Sub:
+    """A subtree one backend (or an overlap, or a time split) answers: planned, and run from
+    Merge down like any query."""
+
+    req: QueryRequest
+    plan: Plan
+    route: PieceRoute
+
+
+@dataclass(frozen=True)
+class Op:
+    """An operator promaccel evaluates above its arguments: `binary`, `absent` (absent,
+    absent_over_time, scalar), `aggregate`, or `pinned` (an `@`-pinned answer restamped at
+    every step of `req`)."""
+
+    kind: str
+    node: Any
+    args: tuple[Step, ...]
+    req: QueryRequest
+
+
+Step = Sub | Op | float  # float: a number literal
+
+
 class CrossStore:
-    """Stage: evaluate the operators above per-store subqueries."""
+    """Stage: evaluate the operators above per-store subqueries.
+
+    `tree()` decides, without running anything, which subtrees run as queries of their own and
+    which operators promaccel evaluates above them (or refuses the query with the 422 it
+    answers); the stage runs that tree, and /api/v1/explain shows it."""
 
     def __init__(self, planner: Planner, backends: Sequence[Backend], run: Stage[Query, Answer]) -> None:
         self.planner = planner
@@ -43,28 +74,34 @@ class CrossStore:
         self.run = run  # the planned path (merge and below) for each subquery
 
     async def __call__(self, q: Query) -> Answer:
-        assert q.whole is not None and q.plan is not None
-        whole = q.whole
-        expr = q.plan.expr
-        if q.unmergeable or expr is None:
-            raise PromError("execution", whole.reason)
-        counter = [0]
+        pieces = "0"
         try:
             async with asyncio.timeout(q.timeout_s):
-                result = await self._evaluate(expr, q.req, q, counter)
+                tree = await self.tree(q)
+                pieces = str(piece_count(tree))
+                result = await self._execute(tree, q)
         except TimeoutError:
             raise PromError("timeout", f"query timed out after {q.timeout_s:g}s") from None
         except PieceFailed as failed:
-            return Answer(reply=failed.reply, headers={"X-Promaccel-Pieces": str(counter[0])})
-        if not isinstance(result, QueryResult):
-            raise PromError("execution", whole.reason)
+            return Answer(reply=failed.reply, headers={"X-Promaccel-Pieces": pieces})
+        assert isinstance(result, QueryResult)  # tree() refuses a number at the top
         METRICS.planned.labels("cross_store", "").inc()
-        return Answer(result=result, headers={"X-Promaccel-Pieces": str(counter[0]), "X-Cache": "MISS"},
+        return Answer(result=result, headers={"X-Promaccel-Pieces": pieces, "X-Cache": "MISS"},
                       arrow=q.want_arrow)
 
-    async def _evaluate(self, node: Any, req: QueryRequest, q: Query, counter: list[int]) -> QueryResult | float:
-        router = q.router
-        assert router is not None and q.whole is not None
+    async def tree(self, q: Query) -> Step:
+        """The evaluation tree of `q` (routed: `q.router`, `q.whole` set); a PromError (422) for
+        a query that cannot be answered exactly."""
+        assert q.whole is not None and q.plan is not None and q.router is not None
+        reason = q.whole.reason or "the query cannot be answered exactly across the backends' holdings"
+        if q.unmergeable or q.plan.expr is None:
+            raise PromError("execution", reason)
+        tree = await self._tree(q.plan.expr, q.req, q.router, reason)
+        if isinstance(tree, float):
+            raise PromError("execution", reason)
+        return tree
+
+    async def _tree(self, node: Any, req: QueryRequest, router: Router, reason: str) -> Step:
         while isinstance(node, Paren):
             node = node.expr
         if isinstance(node, Number):
@@ -81,42 +118,96 @@ class CrossStore:
             # probe would read the same instant).
             free = transform(node, lambda n: replace(n, at=None) if isinstance(n, Selector) else n)
             at_t = QueryRequest.instant(to_promql(free), pinned, req.lookback_ms)
-            value = await self._evaluate(free, at_t, q, counter)
-            if isinstance(value, QueryResult):
-                return _restamp(value, req)
+            inner = await self._tree(free, at_t, router, reason)
+            if not isinstance(inner, float):
+                return Op("pinned", node, (inner,), req)
         if r.kind != "unroutable" and not (merges(r) and absent_like(node)):
             # A scalar-typed side (scalar(x), time()) comes back as a one-series matrix for a
             # range query; evaluate_binary knows it is a scalar from the expression.
             sub = replace(req, query=to_promql(node))
-            plan = await self.planner.plan(sub)
-            counter[0] += len(plan.pieces)
-            answer = await self.run(replace(q, req=sub, plan=plan, router=router_for(self.backends, sub, plan),
-                                            whole=None))
-            assert answer.result is not None
-            return answer.result
+            return Sub(sub, await self.planner.plan(sub), r)
         if isinstance(node, Binary):
-            lhs, rhs = await asyncio.gather(
-                self._evaluate(node.lhs, req, q, counter),
-                self._evaluate(node.rhs, req, q, counter),
-            )
-            try:
-                return evaluate_binary(node, lhs, rhs)
-            except BinopError as exc:
-                raise PromError("execution", exc.message) from None
+            lhs, rhs = await asyncio.gather(self._tree(node.lhs, req, router, reason),
+                                            self._tree(node.rhs, req, router, reason))
+            return Op("binary", node, (lhs, rhs), req)
         if isinstance(node, Call) and node.func in _ABSENT_LIKE and len(node.args) == 1:
             # absent()/scalar() over backends that are merged: the merge cannot see that an
             # "absent" from a backend in an outage is wrong, so the argument is merged first
             # and the function applied here, on the merged series.
             arg = node.args[0]
             inner_expr = Call("count_over_time", (arg,)) if node.func == "absent_over_time" else arg
-            inner = await self._evaluate(inner_expr, req, q, counter)
-            if isinstance(inner, QueryResult):
-                return _absent_or_scalar(node, inner, req)
+            inner = await self._tree(inner_expr, req, router, reason)
+            if not isinstance(inner, float):
+                return Op("absent", node, (inner,), req)
         if isinstance(node, Agg) and node.op in _LOCAL_AGGS and (node.param is None or isinstance(node.param, Number)):
-            inner = await self._evaluate(node.expr, req, q, counter)
-            if isinstance(inner, QueryResult):
-                return _aggregate_locally(node, inner, req.time_ms)
-        raise PromError("execution", q.whole.reason)
+            inner = await self._tree(node.expr, req, router, reason)
+            if not isinstance(inner, float):
+                return Op("aggregate", node, (inner,), req)
+        raise PromError("execution", reason)
+
+    async def _execute(self, step: Step, q: Query) -> QueryResult | float:
+        if isinstance(step, float):
+            return step
+        if isinstance(step, Sub):
+            answer = await self.run(replace(q, req=step.req, plan=step.plan, whole=None,
+                                            router=router_for(self.backends, step.req, step.plan)))
+            assert answer.result is not None
+            return answer.result
+        args = await asyncio.gather(*(self._execute(a, q) for a in step.args))
+        if step.kind == "binary":
+            try:
+                return evaluate_binary(step.node, args[0], args[1])
+            except BinopError as exc:
+                raise PromError("execution", exc.message) from None
+        inner = args[0]
+        assert isinstance(inner, QueryResult)  # tree() never puts a number under these
+        if step.kind == "pinned":
+            return _restamp(inner, step.req)
+        if step.kind == "absent":
+            return _absent_or_scalar(step.node, inner, step.req)
+        return _aggregate_locally(step.node, inner, step.req.time_ms)
+
+
+def piece_count(step: Step) -> int:
+    """The pieces the subqueries of a tree plan (X-Promaccel-Pieces of its answer)."""
+    if isinstance(step, Sub):
+        return len(step.plan.pieces)
+    if isinstance(step, Op):
+        return sum(piece_count(a) for a in step.args)
+    return 0
+
+
+def subqueries(step: Step) -> list[Sub]:
+    """The subtrees of a tree that run as queries of their own, left to right."""
+    if isinstance(step, Sub):
+        return [step]
+    if isinstance(step, Op):
+        return [s for a in step.args for s in subqueries(a)]
+    return []
+
+
+def operator_text(op: Op) -> str:
+    """What promaccel evaluates at `op`, in PromQL words: `* on (Hostname) group_left ()`,
+    `sum by (namespace)`, `topk(5)`, `absent`, `@ 1761955200`."""
+    node = op.node
+    if op.kind == "binary":
+        text = str(node.op) + (" bool" if node.return_bool else "")
+        m = node.matching
+        if m is not None:
+            text += f" {'on' if m.on else 'ignoring'} ({', '.join(m.labels)})"
+            if m.group is not None:
+                text += f" group_{m.group} ({', '.join(m.include)})"
+        return text
+    if op.kind == "aggregate":
+        text = str(node.op)
+        if node.grouping is not None:
+            text += f" {'without' if node.without else 'by'} ({', '.join(node.grouping)})"
+        return text + (f" (param {node.param.value:g})" if node.param is not None else "")
+    if op.kind == "absent":
+        return str(node.func)
+    at = pinned_at(node)
+    assert at is not None
+    return f"@ {at / 1000:g}"
 
 
 def _restamp(value: QueryResult, req: QueryRequest) -> QueryResult:

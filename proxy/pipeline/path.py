@@ -55,6 +55,7 @@ class Parts:
     reader: CacheReader
     writer: CacheWriter
     fetcher: Fetcher
+    cross_store: CrossStore
 
 
 def build(config: Config, backends: Sequence[Backend], store: Callable[[], PieceStore]) -> tuple[Stage[Query, Answer], Parts]:
@@ -79,4 +80,4 @@ def build(config: Config, backends: Sequence[Backend], store: Callable[[], Piece
     route = Route(backends, forward, cross_store)
     plan = Plan(planner, primary, cache_on, route)
     admit = Admit(config.limits, plan)
-    return admit, Parts(planner, slots, landing, reader, writer, fetcher)
+    return admit, Parts(planner, slots, landing, reader, writer, fetcher, cross_store)

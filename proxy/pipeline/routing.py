@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from shardplanner.analysis import absent_like, edge_ms, pinned_at
 from shardplanner.plan import Plan, QueryRequest
@@ -39,6 +40,20 @@ def merges(route: PieceRoute) -> bool:
     return route.kind == "overlap" or any(len(p.backends) > 1 for p in route.parts)
 
 
+def goes_cross_store(whole: PieceRoute, expr: Any) -> bool:
+    """Is a query routed `whole` evaluated by CrossStore: no single backend answers it, or its
+    answer is not per series over merged backends (absent(), scalar(), an `@`-pinned one)?"""
+    return whole.kind == "unroutable" or (merges(whole) and expr is not None and (
+        absent_like(expr) or pinned_at(expr) is not None))
+
+
+def check_mergeable(q: Query, whole: PieceRoute) -> None:
+    """A query whose parameters make its answer unmergeable (stats) needs one backend."""
+    if whole.kind != "single" and q.unmergeable:
+        raise PromError("execution", f"{', '.join(sorted(k for k, _ in q.pairs if k in UNMERGEABLE_PARAMS))} "
+                        f"cannot be answered for a query that needs several backends ({whole.key()})")
+
+
 class Route:
     """Stage (hybrid fleets only): route the query; a query no single backend answers, or one
     whose answer is not per series over merged backends, branches to cross-store evaluation."""
@@ -61,10 +76,7 @@ class Route:
         router.partial_ok = whole.kind != "single"
         expr = q.plan.expr
         q = replace(q, router=router, whole=whole)
-        if whole.kind == "unroutable" or (merges(whole) and expr is not None and (
-                absent_like(expr) or pinned_at(expr) is not None)):
+        if goes_cross_store(whole, expr):
             return await self.cross_store(q)
-        if whole.kind != "single" and q.unmergeable:
-            raise PromError("execution", f"{', '.join(sorted(k for k, _ in q.pairs if k in UNMERGEABLE_PARAMS))} "
-                            f"cannot be answered for a query that needs several backends ({whole.key()})")
+        check_mergeable(q, whole)
         return await self.next(q)

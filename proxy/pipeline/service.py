@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from shardplanner.explain import explain as explain_plan
-from shardplanner.plan import QueryRequest
+from shardplanner.plan import Plan, QueryRequest
+from shardplanner.routing import Route as PieceRoute
 
 from ..backends import Backend
 from ..backends.tenancy import scope as tenant_scope
@@ -16,8 +18,10 @@ from ..cache import PieceStore, make_store
 from ..cache.revalidate import Revalidator
 from ..config import Config
 from ..errors import PromError
+from ..hybrid import Router
+from .crossstore import Op, Step, Sub, operator_text, piece_count, subqueries
 from .path import build
-from .routing import router_for, whole_route
+from .routing import check_mergeable, goes_cross_store, router_for, whole_route
 from .units import coalesce_units
 from .values import ARROW_STREAM, Answer, Pairs, Query
 
@@ -87,37 +91,84 @@ class QueryService:
 
     async def explain(self, req: QueryRequest, headers: Mapping[str, str] | None = None,
                       pairs: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+        """The plan of a query as the query path would run it: its pieces, their cache status and
+        route; for a hybrid fleet the route, and for a query evaluated across stores the tree
+        (`cross_store`: the subqueries each backend answers, the operators promaccel evaluates
+        above them). A query the path refuses has `route.kind` "unroutable" and the reason."""
         parts = self.parts
         plan = await parts.planner.plan(req)
         data = explain_plan(plan)
         q = Query(req=req, pairs=list(pairs), path="", timeout_s=0, headers=headers or {}, plan=plan)
-        ctx = parts.planner.cache_ctx(q, self.primary) if self.cache_enabled else None
         router = router_for(self.backends, req, plan) if self.hybrid else None
         if router is not None:
             whole = whole_route(router, req)
-            data["route"] = {"kind": whole.kind, "backends": list(whole.backends),
-                             "parts": [[p.start_ms, p.end_ms, list(p.backends)] for p in whole.parts],
-                             "reason": whole.reason or None, "notes": list(whole.notes)}
-            if whole.kind == "unroutable":
+            data["route"] = _route_data(whole)
+            q = replace(q, router=router, whole=whole)
+            try:
+                if goes_cross_store(whole, plan.expr):
+                    tree = await parts.cross_store.tree(q)
+                    return await self._explain_cross_store(data, q, tree)
+                check_mergeable(q, whole)
+            except PromError as exc:
+                data["route"].update(kind="unroutable", reason=exc.message)
                 return data
+        data.update(await self._pieces(q, plan, router, data["pieces"]))
+        return data
+
+    async def _pieces(self, q: Query, plan: Plan, router: Router | None, pieces: list[dict[str, Any]]) -> dict[str, Any]:
+        """Each piece's cache status (and route, cache unit) into `pieces`; the backend calls
+        the misses take and the cache counts."""
+        parts = self.parts
+        ctx = parts.planner.cache_ctx(q, self.primary) if self.cache_enabled else None
         slots = parts.slots.slots(plan, ctx, router)
         if ctx is not None:
             await parts.reader.lookup(slots)
         missing = [s.unit for s in slots if s.result is None]
-        data["fetches"] = len(coalesce_units(missing, self.primary.cfg.max_parallel, self.config.limits.max_points))
-        for d, s in zip(data["pieces"], slots):
+        for d, s in zip(pieces, slots):
             d["cache"] = s.status
             if s.unit.route:
                 d["route"] = router.routes[s.unit.route].key() if router is not None else s.unit.route
             if s.unit.key is not None and s.unit.is_range and (s.unit.start_ms, s.unit.end_ms) != (
                     s.piece.start_ms, s.piece.end_ms):
                 d["cache_unit"] = [s.unit.start_ms, s.unit.end_ms]
-        data["cache"] = {
-            "enabled": self.cache_enabled,
-            "hits": sum(1 for s in slots if s.status == "hit"),
-            "misses": sum(1 for s in slots if s.status == "miss"),
-            "uncacheable": sum(1 for s in slots if s.status == "uncacheable"),
+        return {
+            "fetches": len(coalesce_units(missing, self.primary.cfg.max_parallel, self.config.limits.max_points)),
+            "cache": {
+                "enabled": self.cache_enabled,
+                "hits": sum(1 for s in slots if s.status == "hit"),
+                "misses": sum(1 for s in slots if s.status == "miss"),
+                "uncacheable": sum(1 for s in slots if s.status == "uncacheable"),
+            },
         }
+
+    async def _explain_cross_store(self, data: dict[str, Any], q: Query, tree: Step) -> dict[str, Any]:
+        """Explain of a query CrossStore evaluates: the whole query's own pieces are not what
+        runs; the subqueries' pieces are (X-Promaccel-Pieces counts them)."""
+        subs = subqueries(tree)
+        described: dict[int, dict[str, Any]] = {}
+        for sub in subs:
+            sub_q = replace(q, req=sub.req, plan=sub.plan, whole=None)
+            sub_router = router_for(self.backends, sub.req, sub.plan)
+            d = explain_plan(sub.plan)
+            info = {"query": sub.req.query, "route": _route_data(sub.route),
+                    **{k: d[k] for k in ("type", "time_ms", "sharded", "time_split", "merge", "piece_count", "pieces")}}
+            info.update(await self._pieces(sub_q, sub.plan, sub_router, info["pieces"]))
+            described[id(sub)] = info
+        route = data["route"]
+        if route["kind"] == "unroutable":
+            route["notes"] = [*route["notes"], "no single backend holds everything the query reads: each "
+                              "subquery in cross_store runs where its data is, promaccel evaluates the operators "
+                              "above them"]
+            route.update(kind="cross_store", reason=None, parts=[],
+                         backends=list(dict.fromkeys(b for s in subs for b in s.route.backends)))
+        data.update(pieces=[], piece_count=piece_count(tree), time_pieces=[], shards=[], sharded=False,
+                    time_split=False, cross_store=_tree_data(tree, described),
+                    fetches=sum(d["fetches"] for d in described.values()))
+        cache = {"enabled": self.cache_enabled, "hits": 0, "misses": 0, "uncacheable": 0}
+        for d in described.values():
+            for k in ("hits", "misses", "uncacheable"):
+                cache[k] += d["cache"][k]
+        data["cache"] = cache
         return data
 
     # --- cache administration -----------------------------------------------------------------
@@ -164,3 +215,21 @@ class QueryService:
             ok = False
         self._ready_cache[backend.name] = (now, ok)
         return ok
+
+
+def _route_data(route: PieceRoute) -> dict[str, Any]:
+    return {"kind": route.kind, "backends": list(route.backends),
+            "parts": [[p.start_ms, p.end_ms, list(p.backends)] for p in route.parts],
+            "reason": route.reason or None, "notes": list(route.notes)}
+
+
+def _tree_data(step: Step, described: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """A cross-store tree as explain shows it: `{"subquery": {...}}` where one backend (or an
+    overlap, or a time split) answers, `{"evaluate": "<operator>", "by": "promaccel", "args":
+    [...]}` above them, `{"number": v}` for literals."""
+    if isinstance(step, Sub):
+        return {"subquery": described[id(step)]}
+    if isinstance(step, Op):
+        return {"evaluate": operator_text(step), "kind": step.kind, "by": "promaccel",
+                "args": [_tree_data(a, described) for a in step.args]}
+    return {"number": step}
