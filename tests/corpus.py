@@ -7,6 +7,8 @@ Dashboard panels first, then PromQL coverage (every aggregation, binary matching
 
 from __future__ import annotations
 
+from loadtests.compare import EMPTY, Expect, error
+
 GPU = "DCGM_FI_DEV_GPU_UTIL"
 
 QUERIES: dict[str, str] = {
@@ -18,7 +20,9 @@ QUERIES: dict[str, str] = {
     "temp_top10": "topk(10, avg_over_time(DCGM_FI_DEV_GPU_TEMP[5m]))",
     "power_by_node": "sum by (Hostname) (DCGM_FI_DEV_POWER_USAGE)",
     "power_total": "sum(DCGM_FI_DEV_POWER_USAGE)",
-    "xid_count": "count(DCGM_FI_DEV_XID_ERRORS > 0)",
+    # GPUs with an XID error in the last 2 h (XIDs are rare: `count(x > 0)` alone is empty
+    # at most instants; `or_vector0` is that panel's usual form)
+    "xid_count": "count(max_over_time(DCGM_FI_DEV_XID_ERRORS[2h]) > 0)",
     "nvlink_by_node": "sum by (Hostname) (rate(DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL[5m]))",
     "net_rx_by_instance": "sum by (instance) (rate(node_network_receive_bytes_total[5m]))",
     "net_tx_by_instance": "sum by (instance) (rate(node_network_transmit_bytes_total[5m]))",
@@ -38,6 +42,9 @@ QUERIES: dict[str, str] = {
     "stdvar_by_ns": "stdvar by (namespace) (DCGM_FI_DEV_GPU_TEMP)",
     "topk5": f"topk(5, {GPU})",
     "bottomk3_by_ns": "bottomk by (namespace) (3, DCGM_FI_DEV_POWER_USAGE)",
+    # by the shard labels: each group whole in one shard, winners in Prometheus's value order
+    "topk_by_node": "topk by (Hostname) (2, DCGM_FI_DEV_POWER_USAGE)",
+    "bottomk_by_instance": "bottomk by (instance) (2, rate(node_network_receive_bytes_total[5m]))",
     "quantile_09": "quantile(0.9, DCGM_FI_DEV_GPU_TEMP)",
     "quantile_by_ns": f"quantile by (namespace) (0.5, {GPU})",
     "count_values": "count_values(\"xid\", DCGM_FI_DEV_XID_ERRORS)",
@@ -65,18 +72,28 @@ QUERIES: dict[str, str] = {
     "timestamp_fn": "timestamp(DCGM_FI_DEV_XID_ERRORS)",
     # --- binary ops with vector matching --------------------------------------------------
     "fb_ratio_same_labels": "DCGM_FI_DEV_FB_USED / (DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE)",
-    "on_matching": "DCGM_FI_DEV_FB_USED / on (UUID) DCGM_FI_DEV_FB_FREE",
-    "ignoring_matching": "DCGM_FI_DEV_FB_USED - ignoring (pod) DCGM_FI_DEV_FB_FREE",
+    # on (UUID) alone is a duplicate-series error: an ended pod's series stays visible for the
+    # lookback next to the GPU's next series; (UUID, pod) is unique, as is everything but
+    # the two labels ignored (both fixed per GPU)
+    "on_matching": "DCGM_FI_DEV_FB_USED / on (UUID, pod) DCGM_FI_DEV_FB_FREE",
+    "ignoring_matching": "DCGM_FI_DEV_FB_USED - ignoring (pci_bus_id, modelName) DCGM_FI_DEV_FB_FREE",
     "group_left": (
         "sum by (Hostname, namespace) (DCGM_FI_DEV_POWER_USAGE) / on (Hostname) "
         "group_left sum by (Hostname) (DCGM_FI_DEV_POWER_USAGE)"
     ),
+    # modelName is one per node: copied from the "one" side onto each (Hostname, namespace)
     "group_right_labels": (
+        "sum by (Hostname, modelName) (DCGM_FI_DEV_POWER_USAGE) / on (Hostname) "
+        "group_right (modelName) sum by (Hostname, namespace) (DCGM_FI_DEV_POWER_USAGE)"
+    ),
+    # an error on purpose: the "one" side has no namespace to copy, so the results collide
+    "group_right_error": (
         "sum by (Hostname) (DCGM_FI_DEV_POWER_USAGE) / on (Hostname) "
         "group_right (namespace) sum by (Hostname, namespace) (DCGM_FI_DEV_POWER_USAGE)"
     ),
     "and_op": f"{GPU} and DCGM_FI_DEV_GPU_TEMP > 60",
-    "or_op": "DCGM_FI_DEV_XID_ERRORS > 0 or DCGM_FI_DEV_GPU_TEMP > 80",
+    # both sides contribute: hot GPUs' temperatures, busy GPUs' utilisation where not hot
+    "or_op": "DCGM_FI_DEV_GPU_TEMP > 60 or DCGM_FI_DEV_GPU_UTIL > 50",
     "unless_op": f"{GPU} unless {GPU} < 20",
     "vector_vector_compare_bool": "DCGM_FI_DEV_FB_USED > bool DCGM_FI_DEV_FB_FREE",
     "or_vector0": "count(DCGM_FI_DEV_XID_ERRORS > 0) or vector(0)",
@@ -85,10 +102,14 @@ QUERIES: dict[str, str] = {
     # --- offset, @, subqueries ------------------------------------------------------------
     "offset_5m": "sum(DCGM_FI_DEV_POWER_USAGE offset 5m)",
     "offset_1h_rate": "sum by (instance) (rate(node_network_receive_bytes_total[5m] offset 1h))",
-    "negative_offset": "avg(DCGM_FI_DEV_GPU_TEMP offset -10m)",
-    "at_start": "sum(DCGM_FI_DEV_POWER_USAGE @ start())",
+    # over a window, so that it still reads data 60 s before the data's end
+    "negative_offset": "avg(max_over_time(DCGM_FI_DEV_GPU_TEMP[15m] offset -10m))",
+    # Range windows start up to 15 min before the data and instants reach 60 s before its
+    # end: `@ start()` is moved into the data by an offset, over a range window reaching back
+    # (and short enough that no hybrid scenario's store boundary falls inside it)
+    "at_start": "sum(max_over_time(DCGM_FI_DEV_POWER_USAGE[30m] @ start() offset -20m))",
     "at_end": "max by (Hostname) (DCGM_FI_DEV_GPU_TEMP @ end())",
-    "at_start_offset": "avg(DCGM_FI_DEV_GPU_TEMP @ start() offset 5m)",
+    "at_start_offset": "avg(avg_over_time(DCGM_FI_DEV_GPU_TEMP[25m] @ start() offset -20m))",
     "offset_then_at_end": "avg(DCGM_FI_DEV_GPU_TEMP offset 5m @ end())",
     "subquery_step": f"max_over_time(avg({GPU})[30m:1m])",
     "subquery_nostep": "max_over_time(rate(DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL[5m])[20m:])",
@@ -154,4 +175,11 @@ QUERIES: dict[str, str] = {
     ),
     "number_literal": "1 + 2 * 3",
     "string_literal": '"hello"',
+}
+
+# What each case's reference answer (Prometheus directly) is in every window the suites use;
+# a case not listed must have data (tests/equivalence.py fails it otherwise).
+EXPECT: dict[str, Expect] = {
+    "absent_present": EMPTY,
+    "group_right_error": error("execution", "multiple matches for labels: grouping labels must ensure unique matches"),
 }
