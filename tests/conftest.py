@@ -76,6 +76,7 @@ UNIT_COST: dict[str, float] = {
     "tests/test_cache_redis.py": 7, "tests/test_timesplit.py": 6, "tests/test_planner.py": 6,
     "tests/test_secrets_logging.py": 20, "tests/test_server_limits.py": 12, "tests/test_security.py": 12,
     "tests/test_tenancy.py": 8, "tests/test_backend_auth.py": 6, "tests/test_relay_paths.py": 5,
+    "tests/test_http_edges.py": 45,
 }
 
 

@@ -7,7 +7,7 @@ Dashboard panels first, then PromQL coverage (every aggregation, binary matching
 
 from __future__ import annotations
 
-from loadtests.compare import EMPTY, Expect, error
+from loadtests.compare import Expect, error
 
 GPU = "DCGM_FI_DEV_GPU_UTIL"
 
@@ -20,9 +20,9 @@ QUERIES: dict[str, str] = {
     "temp_top10": "topk(10, avg_over_time(DCGM_FI_DEV_GPU_TEMP[5m]))",
     "power_by_node": "sum by (Hostname) (DCGM_FI_DEV_POWER_USAGE)",
     "power_total": "sum(DCGM_FI_DEV_POWER_USAGE)",
-    # GPUs with an XID error in the last 2 h (XIDs are rare: `count(x > 0)` alone is empty
-    # at most instants; `or_vector0` is that panel's usual form)
-    "xid_count": "count(max_over_time(DCGM_FI_DEV_XID_ERRORS[2h]) > 0)",
+    # GPUs reporting an XID now, 0 when none (XIDs are rare: `count(x > 0)` is empty at most
+    # instants; `or_vector0` is that form)
+    "xid_count": "sum(DCGM_FI_DEV_XID_ERRORS > bool 0)",
     "nvlink_by_node": "sum by (Hostname) (rate(DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL[5m]))",
     "net_rx_by_instance": "sum by (instance) (rate(node_network_receive_bytes_total[5m]))",
     "net_tx_by_instance": "sum by (instance) (rate(node_network_transmit_bytes_total[5m]))",
@@ -101,7 +101,8 @@ QUERIES: dict[str, str] = {
     "scalar_times_agg": f"100 * avg({GPU})",
     # --- offset, @, subqueries ------------------------------------------------------------
     "offset_5m": "sum(DCGM_FI_DEV_POWER_USAGE offset 5m)",
-    "offset_1h_rate": "sum by (instance) (rate(node_network_receive_bytes_total[5m] offset 1h))",
+    # 20m: the edge windows end 30 min into the data
+    "offset_rate": "sum by (instance) (rate(node_network_receive_bytes_total[5m] offset 20m))",
     # over a window, so that it still reads data 60 s before the data's end
     "negative_offset": "avg(max_over_time(DCGM_FI_DEV_GPU_TEMP[15m] offset -10m))",
     # Range windows start up to 15 min before the data and instants reach 60 s before its
@@ -169,7 +170,8 @@ QUERIES: dict[str, str] = {
     "escaped_parens_model": 'sum by (Hostname) (DCGM_FI_DEV_FB_USED{modelName=~"NVIDIA H100 80GB HBM3 \\\\(MIG 3g\\\\.40gb\\\\)"})',
     "quote_backslash_model": 'avg(DCGM_FI_DEV_GPU_TEMP{modelName="NVIDIA Graphics Device \\"ES\\\\B0\\""})',
     "raw_string_model_regex": "count by (Hostname) (DCGM_FI_DEV_GPU_UTIL{modelName=~`NVIDIA A100-SXM4-80GB|.*\\(MIG.*`})",
-    "dotted_pod_regex": 'sum(DCGM_FI_DEV_FB_USED{pod=~"qwen2\\\\.5-.*"})',
+    # every pod with a dot in its name (qwen2.5-..., jupyter-bob.smith-...): one runs at any time
+    "dotted_pod_regex": 'sum by (pod) (DCGM_FI_DEV_FB_USED{pod=~".+\\\\..+"})',
     "label_replace_digit_class_sum": (
         'sum by (node) (label_replace(DCGM_FI_DEV_POWER_USAGE, "node", "$1", "Hostname", "gpu-node-(\\\\d+)"))'
     ),
@@ -179,7 +181,10 @@ QUERIES: dict[str, str] = {
 
 # What each case's reference answer (Prometheus directly) is in every window the suites use;
 # a case not listed must have data (tests/equivalence.py fails it otherwise).
-EXPECT: dict[str, Expect] = {
-    "absent_present": EMPTY,
+EXPECT: dict[str, Expect | dict[str, Expect]] = {  # one Expect, or one per "instant" / "range"
+    "string_literal": {"instant": Expect("data"),
+                       "range": error("bad_data", 'invalid expression type "string" for range query')},
+    # empty wherever the metric is there; windows reaching before the data have absent()'s 1
+    "absent_present": Expect("empty", also=("data",)),
     "group_right_error": error("execution", "multiple matches for labels: grouping labels must ensure unique matches"),
 }

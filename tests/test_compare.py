@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from loadtests.compare import DATA, EMPTY, Order, answer_kind, check_reference, diff_answers, error, instant_order
+from loadtests.compare import (
+    DATA,
+    EMPTY,
+    Expect,
+    Order,
+    answer_kind,
+    check_reference,
+    diff_answers,
+    error,
+    instant_order,
+)
 from tests.corpus import EXPECT, QUERIES
 from tests.equivalence import TALLY, compare_case, report
 
@@ -80,4 +90,4 @@ def test_compare_case_checks_status_expectation_and_tallies() -> None:
 
 def test_every_expectation_names_a_corpus_case() -> None:
     assert set(EXPECT) <= set(QUERIES)
-    assert sum(e.kind == "data" for e in EXPECT.values()) == 0  # data is the default, not listed
+    assert all(isinstance(e, Expect) or set(e) == {"instant", "range"} for e in EXPECT.values())

@@ -66,6 +66,19 @@ NO_BACKEND = "a metric no backend names"
 # a case must answer that 422 (strict: once promaccel answers it, the test fails until the
 # entry is removed); everywhere else, and for every case not listed, Prometheus's answer.
 KNOWN_LIMITS: dict[tuple[str, str, str], str] = {
+    # by_time: [T, T+30m] held twice; a window reading across it from either side has no holder
+    ("by_time", "energy_increase", "range"): STRADDLE,  # increase(...[1h])
+    ("by_time", "energy_increase", "instant"): STRADDLE,
+    ("by_time", "subquery_step", "range"): STRADDLE,  # [30m:1m]
+    ("by_time", "subquery_nested", "range"): STRADDLE,  # [10m:1m] inside [30m:5m]
+    # by_metric: a metric neither backend's holdings name (absent() of it is 1 in Prometheus)
+    ("by_metric", "absent_missing", "range"): NO_BACKEND,
+    ("by_metric", "absent_missing", "instant"): NO_BACKEND,
+    ("by_metric", "absent_over_time", "range"): NO_BACKEND,
+    ("by_metric", "absent_over_time", "instant"): NO_BACKEND,
+    # a name regex: no plain metric name, so only a "*" holding could answer it
+    ("by_metric", "name_regex", "range"): NO_BACKEND,
+    ("by_metric", "name_regex", "instant"): NO_BACKEND,
 }
 
 # Range windows: the long one crosses both outages (overlap) and the whole fleet (by_metric);

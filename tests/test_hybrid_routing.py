@@ -160,11 +160,13 @@ def test_overlap_asks_both(prom: Any, overlap_all: Promaccel) -> None:
 
 JOINS = [
     "avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL) * on (Hostname) group_left () "
-    "label_replace(count by (instance) (node_network_receive_bytes_total), \"Hostname\", \"$1\", \"instance\", \"(.*)\")",
+    # node_exporter's instance is "<Hostname>:9100": the port is cut off so that the join matches
+    "label_replace(count by (instance) (node_network_receive_bytes_total), \"Hostname\", \"$1\", \"instance\", "
+    "\"(.+):\\\\d+\")",
     "sum(DCGM_FI_DEV_POWER_USAGE) / sum(kube_node_status_allocatable)",
     "count(DCGM_FI_DEV_GPU_TEMP > 60) + count(up == 1)",
     "sum by (Hostname) (DCGM_FI_DEV_GPU_UTIL) and on (Hostname) "
-    "label_replace(up, \"Hostname\", \"$1\", \"instance\", \"(.*)\")",
+    "label_replace(up{job=\"node-exporter\"}, \"Hostname\", \"$1\", \"instance\", \"(.+):\\\\d+\")",
     "max(DCGM_FI_DEV_GPU_TEMP) > bool max(up)",
     "sum(rate(node_network_receive_bytes_total[5m])) / count(DCGM_FI_DEV_GPU_UTIL)",
     "sum(DCGM_FI_DEV_POWER_USAGE) or vector(0)",

@@ -64,10 +64,13 @@ def test_explain(prom: Any, planned: Any) -> None:
     data = r.json()["data"]
     # 3 h at a 1 h split (4 epoch-aligned pieces: the window is not hour-aligned) x 8 node shards,
     # re-aggregated: avg as sum / count
-    assert data["sharded"] and data["merge"]["kind"] == "aggregate" and data["merge"]["op"] == "avg", data
-    assert len(data["pieces"]) >= 3 * 8, len(data["pieces"])
+    assert data["sharded"] and data["time_split"], data["notes"]
+    assert data["merge"]["kind"] == "aggregate" and data["merge"]["op"] == "avg" and data["merge"]["by"] == ["namespace"]
+    assert len(data["time_pieces"]) >= 3 and len(data["shards"]) == 8
+    assert {p["role"] for p in data["pieces"]} == {"sum", "count"}  # avg as sum / count
+    assert data["piece_count"] == len(data["pieces"]) >= 3 * 8
     answered = httpx.post(planned.url + "/api/v1/query_range", data=params, timeout=60)
-    assert int(answered.headers["X-Promaccel-Pieces"]) == len(data["pieces"])
+    assert int(answered.headers["X-Promaccel-Pieces"]) == data["piece_count"]
 
 
 def test_deterministic_bytes(prom: Any, planned: Any, proxies: Any) -> None:
