@@ -375,10 +375,28 @@ def die_with_parent() -> None:
         prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def _config_text(port: int, scrape_self_s: int | None) -> str:
+    if not scrape_self_s:
+        return _CONFIG_TEXT
+    # Itself as a real scrape target: /api/v1/metadata and /targets have real answers. Its
+    # samples are at the wall clock, far after any generated fleet window.
+    return f"""\
+# Written by loadtests.load: serve backfilled blocks, and scrape itself (metadata, targets).
+global:
+  scrape_interval: {scrape_self_s}s
+  evaluation_interval: 30s
+scrape_configs:
+  - job_name: prometheus
+    static_configs:
+      - targets: ["127.0.0.1:{port}"]
+"""
+
+
 def start_prometheus(data_dir: str, port: int | None = None, *, timeout: float = 60.0,
                      extra_args: tuple[str, ...] = (), log_path: str | None = None,
-                     tied: bool = False) -> subprocess.Popen:
+                     tied: bool = False, scrape_self_s: int | None = None) -> subprocess.Popen:
     """Start prometheus on 127.0.0.1:port over data_dir and wait until /-/ready answers 200.
+    With `scrape_self_s` it scrapes itself at that interval (else it scrapes nothing).
 
     The returned Popen also has `.port`, `.url` and `.log_path`. Raises LoadError with the
     log's tail if prometheus exits or is not ready in `timeout` seconds. Stop it with
@@ -390,7 +408,7 @@ def start_prometheus(data_dir: str, port: int | None = None, *, timeout: float =
     port = port or free_port()
     cfg = os.path.join(data_dir, CONFIG)
     with open(cfg, "w") as f:
-        f.write(_CONFIG_TEXT)
+        f.write(_config_text(port, scrape_self_s))
     log_path = log_path or os.path.join(data_dir, f"prometheus-{port}.log")
     cmd = [binary, f"--config.file={cfg}", f"--storage.tsdb.path={data_dir}",
            "--storage.tsdb.retention.time=100y", "--storage.tsdb.use-lockfile",

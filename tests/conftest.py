@@ -77,6 +77,7 @@ UNIT_COST: dict[str, float] = {
     "tests/test_cache_redis.py": 7, "tests/test_timesplit.py": 6, "tests/test_planner.py": 6,
     "tests/test_secrets_logging.py": 20, "tests/test_server_limits.py": 12, "tests/test_security.py": 12,
     "tests/test_tenancy.py": 8, "tests/test_backend_auth.py": 6, "tests/test_relay_paths.py": 5,
+    "tests/test_http_edges.py": 45,
 }
 
 
@@ -117,6 +118,45 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return FileUnits(config, log)
 
 
+# --- the equivalence report (tests/equivalence.py) ------------------------------------------
+# Each xdist worker hands its tally to the controller in workeroutput; the controller (or a
+# run without xdist) prints the sum at the end.
+
+_WORKER_TALLIES: list[dict[str, int]] = []
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from tests.equivalence import TALLY
+
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:
+        out["equivalence_tally"] = {f"{s}\t{k}": n for (s, k), n in TALLY.items()}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    tally = getattr(node, "workeroutput", {}).get("equivalence_tally")
+    if tally:
+        _WORKER_TALLIES.append(tally)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    from collections import Counter
+
+    from tests.equivalence import TALLY, report
+
+    total: Counter[tuple[str, str]] = Counter(TALLY)
+    for tally in _WORKER_TALLIES:
+        for key, n in tally.items():
+            suite, kind = key.split("\t")
+            total[(suite, kind)] += n
+    lines = report(total)
+    if lines:
+        terminalreporter.write_sep("=", "equivalence cases by reference answer")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
 @dataclass
 class PromServer:
     url: str
@@ -143,11 +183,31 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PromServer]:
     work = tmp_path_factory.mktemp("prometheus")
     data_dir = serving_copy(built, work / "data")
     log = work / "prometheus.log"
-    proc = start_prometheus(str(data_dir), log_path=str(log))
+    # It scrapes itself every 5 s (a real target: metadata, targets); those samples are at the
+    # wall clock, after the generated window every query reads.
+    proc = start_prometheus(str(data_dir), log_path=str(log), scrape_self_s=5)
     try:
         yield PromServer(proc.url, CI_SPEC, data_dir)  # type: ignore[attr-defined]
     finally:
         stop_prometheus(proc)
+
+
+@pytest.fixture(scope="session")
+def prom_scraped(prom: PromServer) -> PromServer:
+    """`prom` once it has scraped itself: its target is up and /api/v1/metadata holds several
+    metrics with several entries' worth of fields (waits at most 60 s)."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + 60
+    while True:
+        targets = httpx.get(prom.url + "/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
+        metadata = httpx.get(prom.url + "/api/v1/metadata", timeout=10).json()["data"]
+        if any(t["health"] == "up" for t in targets) and len(metadata) >= 20:
+            return prom
+        assert time.monotonic() < deadline, ("no metadata after 60 s", targets, len(metadata))
+        time.sleep(0.5)
 
 
 def _docker_answers() -> bool:

@@ -7,6 +7,8 @@ Dashboard panels first, then PromQL coverage (every aggregation, binary matching
 
 from __future__ import annotations
 
+from loadtests.compare import Expect, error
+
 GPU = "DCGM_FI_DEV_GPU_UTIL"
 
 QUERIES: dict[str, str] = {
@@ -18,7 +20,9 @@ QUERIES: dict[str, str] = {
     "temp_top10": "topk(10, avg_over_time(DCGM_FI_DEV_GPU_TEMP[5m]))",
     "power_by_node": "sum by (Hostname) (DCGM_FI_DEV_POWER_USAGE)",
     "power_total": "sum(DCGM_FI_DEV_POWER_USAGE)",
-    "xid_count": "count(DCGM_FI_DEV_XID_ERRORS > 0)",
+    # GPUs reporting an XID now, 0 when none (XIDs are rare: `count(x > 0)` is empty at most
+    # instants; `or_vector0` is that form)
+    "xid_count": "sum(DCGM_FI_DEV_XID_ERRORS > bool 0)",
     "nvlink_by_node": "sum by (Hostname) (rate(DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL[5m]))",
     "net_rx_by_instance": "sum by (instance) (rate(node_network_receive_bytes_total[5m]))",
     "net_tx_by_instance": "sum by (instance) (rate(node_network_transmit_bytes_total[5m]))",
@@ -38,6 +42,9 @@ QUERIES: dict[str, str] = {
     "stdvar_by_ns": "stdvar by (namespace) (DCGM_FI_DEV_GPU_TEMP)",
     "topk5": f"topk(5, {GPU})",
     "bottomk3_by_ns": "bottomk by (namespace) (3, DCGM_FI_DEV_POWER_USAGE)",
+    # by the shard labels: each group whole in one shard, winners in Prometheus's value order
+    "topk_by_node": "topk by (Hostname) (2, DCGM_FI_DEV_POWER_USAGE)",
+    "bottomk_by_instance": "bottomk by (instance) (2, rate(node_network_receive_bytes_total[5m]))",
     "quantile_09": "quantile(0.9, DCGM_FI_DEV_GPU_TEMP)",
     "quantile_by_ns": f"quantile by (namespace) (0.5, {GPU})",
     "count_values": "count_values(\"xid\", DCGM_FI_DEV_XID_ERRORS)",
@@ -65,18 +72,28 @@ QUERIES: dict[str, str] = {
     "timestamp_fn": "timestamp(DCGM_FI_DEV_XID_ERRORS)",
     # --- binary ops with vector matching --------------------------------------------------
     "fb_ratio_same_labels": "DCGM_FI_DEV_FB_USED / (DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE)",
-    "on_matching": "DCGM_FI_DEV_FB_USED / on (UUID) DCGM_FI_DEV_FB_FREE",
-    "ignoring_matching": "DCGM_FI_DEV_FB_USED - ignoring (pod) DCGM_FI_DEV_FB_FREE",
+    # on (UUID) alone is a duplicate-series error: an ended pod's series stays visible for the
+    # lookback next to the GPU's next series; (UUID, pod) is unique, as is everything but
+    # the two labels ignored (both fixed per GPU)
+    "on_matching": "DCGM_FI_DEV_FB_USED / on (UUID, pod) DCGM_FI_DEV_FB_FREE",
+    "ignoring_matching": "DCGM_FI_DEV_FB_USED - ignoring (pci_bus_id, modelName) DCGM_FI_DEV_FB_FREE",
     "group_left": (
         "sum by (Hostname, namespace) (DCGM_FI_DEV_POWER_USAGE) / on (Hostname) "
         "group_left sum by (Hostname) (DCGM_FI_DEV_POWER_USAGE)"
     ),
+    # modelName is one per node: copied from the "one" side onto each (Hostname, namespace)
     "group_right_labels": (
+        "sum by (Hostname, modelName) (DCGM_FI_DEV_POWER_USAGE) / on (Hostname) "
+        "group_right (modelName) sum by (Hostname, namespace) (DCGM_FI_DEV_POWER_USAGE)"
+    ),
+    # an error on purpose: the "one" side has no namespace to copy, so the results collide
+    "group_right_error": (
         "sum by (Hostname) (DCGM_FI_DEV_POWER_USAGE) / on (Hostname) "
         "group_right (namespace) sum by (Hostname, namespace) (DCGM_FI_DEV_POWER_USAGE)"
     ),
     "and_op": f"{GPU} and DCGM_FI_DEV_GPU_TEMP > 60",
-    "or_op": "DCGM_FI_DEV_XID_ERRORS > 0 or DCGM_FI_DEV_GPU_TEMP > 80",
+    # both sides contribute: hot GPUs' temperatures, busy GPUs' utilisation where not hot
+    "or_op": "DCGM_FI_DEV_GPU_TEMP > 60 or DCGM_FI_DEV_GPU_UTIL > 50",
     "unless_op": f"{GPU} unless {GPU} < 20",
     "vector_vector_compare_bool": "DCGM_FI_DEV_FB_USED > bool DCGM_FI_DEV_FB_FREE",
     "or_vector0": "count(DCGM_FI_DEV_XID_ERRORS > 0) or vector(0)",
@@ -84,11 +101,16 @@ QUERIES: dict[str, str] = {
     "scalar_times_agg": f"100 * avg({GPU})",
     # --- offset, @, subqueries ------------------------------------------------------------
     "offset_5m": "sum(DCGM_FI_DEV_POWER_USAGE offset 5m)",
-    "offset_1h_rate": "sum by (instance) (rate(node_network_receive_bytes_total[5m] offset 1h))",
-    "negative_offset": "avg(DCGM_FI_DEV_GPU_TEMP offset -10m)",
-    "at_start": "sum(DCGM_FI_DEV_POWER_USAGE @ start())",
+    # 20m: the edge windows end 30 min into the data
+    "offset_rate": "sum by (instance) (rate(node_network_receive_bytes_total[5m] offset 20m))",
+    # over a window, so that it still reads data 60 s before the data's end
+    "negative_offset": "avg(max_over_time(DCGM_FI_DEV_GPU_TEMP[15m] offset -10m))",
+    # Range windows start up to 15 min before the data and instants reach 60 s before its
+    # end: `@ start()` is moved into the data by an offset, over a range window reaching back
+    # (and short enough that no hybrid scenario's store boundary falls inside it)
+    "at_start": "sum(max_over_time(DCGM_FI_DEV_POWER_USAGE[30m] @ start() offset -20m))",
     "at_end": "max by (Hostname) (DCGM_FI_DEV_GPU_TEMP @ end())",
-    "at_start_offset": "avg(DCGM_FI_DEV_GPU_TEMP @ start() offset 5m)",
+    "at_start_offset": "avg(avg_over_time(DCGM_FI_DEV_GPU_TEMP[25m] @ start() offset -20m))",
     "offset_then_at_end": "avg(DCGM_FI_DEV_GPU_TEMP offset 5m @ end())",
     "subquery_step": f"max_over_time(avg({GPU})[30m:1m])",
     "subquery_nostep": "max_over_time(rate(DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL[5m])[20m:])",
@@ -148,10 +170,21 @@ QUERIES: dict[str, str] = {
     "escaped_parens_model": 'sum by (Hostname) (DCGM_FI_DEV_FB_USED{modelName=~"NVIDIA H100 80GB HBM3 \\\\(MIG 3g\\\\.40gb\\\\)"})',
     "quote_backslash_model": 'avg(DCGM_FI_DEV_GPU_TEMP{modelName="NVIDIA Graphics Device \\"ES\\\\B0\\""})',
     "raw_string_model_regex": "count by (Hostname) (DCGM_FI_DEV_GPU_UTIL{modelName=~`NVIDIA A100-SXM4-80GB|.*\\(MIG.*`})",
-    "dotted_pod_regex": 'sum(DCGM_FI_DEV_FB_USED{pod=~"qwen2\\\\.5-.*"})',
+    # every pod with a dot in its name (qwen2.5-..., jupyter-bob.smith-...): one runs at any time
+    "dotted_pod_regex": 'sum by (pod) (DCGM_FI_DEV_FB_USED{pod=~".+\\\\..+"})',
     "label_replace_digit_class_sum": (
         'sum by (node) (label_replace(DCGM_FI_DEV_POWER_USAGE, "node", "$1", "Hostname", "gpu-node-(\\\\d+)"))'
     ),
     "number_literal": "1 + 2 * 3",
     "string_literal": '"hello"',
+}
+
+# What each case's reference answer (Prometheus directly) is in every window the suites use;
+# a case not listed must have data (tests/equivalence.py fails it otherwise).
+EXPECT: dict[str, Expect | dict[str, Expect]] = {  # one Expect, or one per "instant" / "range"
+    "string_literal": {"instant": Expect("data"),
+                       "range": error("bad_data", 'invalid expression type "string" for range query')},
+    # empty wherever the metric is there; windows reaching before the data have absent()'s 1
+    "absent_present": Expect("empty", also=("data",)),
+    "group_right_error": error("execution", "multiple matches for labels: grouping labels must ensure unique matches"),
 }

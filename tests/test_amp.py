@@ -33,6 +33,7 @@ from proxy.backends import Backend
 from proxy.backends.sigv4 import CredentialSource, SigV4Signer
 from proxy.config import BackendConfig
 from proxy.metrics import METRICS
+from tests.equivalence import metadata_problems
 from tests.servers import ROOT, Promaccel, free_port, stop, wait_http
 
 SESSION_KEY = "ASIAEXAMPLESESSION01"
@@ -370,8 +371,10 @@ def test_dashboard_through_amp_equals_prometheus(prom: Any, stacks: dict[str, St
 
 
 @pytest.mark.prom
-def test_metadata_through_amp_equals_prometheus(prom: Any, stacks: dict[str, Stack]) -> None:
+def test_metadata_through_amp_equals_prometheus(prom_scraped: Any, stacks: dict[str, Stack]) -> None:
+    prom = prom_scraped
     proxy = stacks["clean"].proxy
+    full = httpx.get(prom.url + "/api/v1/metadata", timeout=60).json()["data"]
     window = {"start": str(prom.end_s - 3 * 3600), "end": str(prom.end_s - 3600)}
     cases = [
         ("/api/v1/series", [("match[]", "DCGM_FI_DEV_XID_ERRORS"), ("match[]", 'kube_pod_status_phase{phase="Running"}'),
@@ -379,6 +382,9 @@ def test_metadata_through_amp_equals_prometheus(prom: Any, stacks: dict[str, Sta
         ("/api/v1/labels", [("match[]", "DCGM_FI_DEV_GPU_UTIL"), *window.items()]),
         ("/api/v1/label/Hostname/values", list(window.items())),
         ("/api/v1/metadata", [("limit", "5")]),
+        ("/api/v1/metadata", [("limit_per_metric", "1")]),
+        ("/api/v1/metadata", [("metric", "prometheus_http_requests_total")]),
+        ("/api/v1/metadata", []),
     ]
     for path, params in cases:
         direct = httpx.get(prom.url + path, params=params, timeout=60)
@@ -389,9 +395,12 @@ def test_metadata_through_amp_equals_prometheus(prom: Any, stacks: dict[str, Sta
         for proxied in replies:
             assert proxied.status_code == direct.status_code == 200, (path, proxied.text)
             d, p = direct.json(), proxied.json()
+            assert d["data"], (path, params, "the reference answer is empty: nothing compared")
             if path == "/api/v1/series":
                 key = lambda s: sorted(s.items())  # noqa: E731
                 assert sorted(d["data"], key=key) == sorted(p["data"], key=key)
+            elif path == "/api/v1/metadata":
+                assert metadata_problems(params, d, p, full) == [], params
             else:
                 assert d == p, path
 

@@ -13,8 +13,8 @@ import httpx
 import orjson
 import pytest
 
-from loadtests.compare import diff_answers
 from tests.corpus import QUERIES
+from tests.equivalence import compare_case
 
 pytestmark = pytest.mark.prom
 
@@ -24,8 +24,9 @@ CONFIGS = [(s, sp) for s in SHARDS for sp in SPLITS]
 
 
 @functools.cache
-def _direct(url: str, path: str, form: tuple[tuple[str, str], ...]) -> bytes:
-    return httpx.post(url + path, data=dict(form), timeout=120).content
+def _direct(url: str, path: str, form: tuple[tuple[str, str], ...]) -> tuple[int, bytes]:
+    r = httpx.post(url + path, data=dict(form), timeout=120)
+    return r.status_code, r.content
 
 
 @pytest.mark.parametrize("shards, split", CONFIGS, ids=[f"shards{s}-split{sp}" for s, sp in CONFIGS])
@@ -41,10 +42,10 @@ def test_matrix(prom: Any, proxies: Any, shards: int, split: str) -> None:
         for name, query in sorted(QUERIES.items()):
             for path, window in cases:
                 form = (("query", query), *window)
-                direct = orjson.loads(_direct(prom.url, path, form))
+                status, direct = _direct(prom.url, path, form)
                 proxied = client.post(server.url + path, data=dict(form))
-                body = orjson.loads(proxied.content)
-                problems = diff_answers(direct, body, ordered=name.startswith("sort") and path.endswith("query"))
+                problems = compare_case("matrix", name, query, path, status, orjson.loads(direct),
+                                        proxied.status_code, orjson.loads(proxied.content))
                 if problems:
                     failures.append(f"{name} {path}: {problems[:2]}")
     assert not failures, f"{len(failures)} mismatches at shards={shards} split={split}:\n" + "\n".join(failures[:20])

@@ -298,17 +298,129 @@ def test_topk_edge_params() -> None:
     assert [d["h"] for d in r.labels] == ["a", "b"]
 
 
-def test_topk_ties_are_deterministic() -> None:
+def prometheus_topk(series: list[tuple[dict[str, str], float]], op: str, k: int) -> list[tuple[dict[str, str], float]]:
+    """Prometheus 2.42's instant topk/bottomk of one group (promql/engine.go aggregation()),
+    Go's container/heap included: the first sample seeds the heap, the next k-1 are pushed,
+    each later one replaces the root when strictly better (a non-NaN beats a NaN root), and
+    the answer is the heap sorted in reverse (sort.Sort: equal values in no promised order).
+    `series` in Prometheus's input order (a selector's: by label set)."""
+    def less(a: float, b: float) -> bool:  # vectorByValueHeap / vectorByReverseValueHeap.Less
+        if math.isnan(a):
+            return True
+        return a < b if op == "topk" else a > b
+
+    h: list[tuple[dict[str, str], float]] = []
+
+    def up(j: int) -> None:
+        while True:
+            i = (j - 1) // 2
+            if j <= 0 or not less(h[j][1], h[i][1]):
+                break
+            h[i], h[j] = h[j], h[i]
+            j = i
+
+    def down(i0: int) -> bool:
+        i = i0
+        while True:
+            j1 = 2 * i + 1
+            if j1 >= len(h):
+                break
+            j = j1
+            if j1 + 1 < len(h) and less(h[j1 + 1][1], h[j1][1]):
+                j = j1 + 1
+            if not less(h[j][1], h[i][1]):
+                break
+            h[i], h[j] = h[j], h[i]
+            i = j
+        return i > i0
+
+    k = min(k, len(series))
+    if k < 1:
+        return []
+    for n, (labels, v) in enumerate(series):
+        if n == 0:
+            h.append((labels, v))
+        elif len(h) < k:
+            h.append((labels, v))
+            up(len(h) - 1)
+        else:
+            root = h[0][1]
+            better = root < v if op == "topk" else root > v
+            if better or (math.isnan(root) and not math.isnan(v)):
+                h[0] = (labels, v)
+                if k > 1 and not down(0):
+                    up(0)
+    return sorted(h, key=lambda s: (math.isnan(s[1]), -s[1] if op == "topk" else s[1]))
+
+
+def test_prometheus_topk_port_matches_known_answers() -> None:
+    # Prometheus 2.42: topk(2) of a=1, b=1, c=2, d=2 in label order is c, d (the root, a,
+    # is replaced by c, then the new root b by d); with a tie at the cut, the first come stay.
+    s = [({"h": "a"}, 1.0), ({"h": "b"}, 1.0), ({"h": "c"}, 2.0), ({"h": "d"}, 2.0)]
+    assert {d["h"] for d, _ in prometheus_topk(s, "topk", 2)} == {"c", "d"}
+    assert {d["h"] for d, _ in prometheus_topk(s, "bottomk", 2)} == {"a", "b"}
+    # NaN last for both; a NaN in the heap is the first to go
+    assert math.isnan(prometheus_topk([({"h": "x"}, math.nan), *s], "topk", 5)[-1][1])
+    assert math.isnan(prometheus_topk([({"h": "x"}, math.nan), *s], "bottomk", 5)[-1][1])
+    assert {d["h"] for d, _ in prometheus_topk([({"h": "x"}, math.nan), *s], "topk", 4)} == {"a", "b", "c", "d"}
+
+
+def _value_order(rows: list[tuple[dict[str, str], float]]) -> list[float]:
+    return [(-1.0 if math.isnan(v) else v) for _, v in rows]
+
+
+@pytest.mark.parametrize("op", ["topk", "bottomk"])
+def test_topk_merge_is_prometheus_topk_unless_a_tie_forces_the_rerun(op: str) -> None:
+    """Sharded topk/bottomk pieces merged: where no tie crosses the k-th place (ties.py), the
+    same series as Prometheus's heap picks over the whole input, in its value order (equal
+    values in any order); where one does, topk_ambiguous says so and the pipeline reruns the
+    query unsharded (tests/test_http_edges.py checks that through HTTP). Merging is
+    deterministic: any piece order gives the same answer."""
+    from proxy.result.ties import topk_ambiguous
+
+    rng = random.Random(18)
+    ambiguous = exact = 0
+    for case in range(400):
+        n, k, shards = rng.randint(1, 12), rng.randint(1, 5), rng.randint(1, 4)
+        pool = [0.0, 1.0, 2.0, math.nan] if case % 2 else [rng.uniform(0, 100) for _ in range(4)] + [math.nan]
+        series = [({"h": f"n{i:02d}"}, rng.choice(pool) if rng.random() < 0.7 else rng.uniform(0, 100))
+                  for i in range(n)]
+        shard_of = [rng.randrange(shards) for _ in series]
+        # each shard answers Prometheus's topk over its own series (the sharded query)
+        pieces = []
+        for sh in range(shards):
+            mine = [s for s, o in zip(series, shard_of) if o == sh]
+            if mine:
+                pieces.append((sh, to_qr("vector", [(d, {0: v}) for d, v in prometheus_topk(mine, op, k)])))
+        recipe = MergeRecipe(kind="aggregate", op=op, param=k)
+        merged = aggregate([(None, qr) for _, qr in pieces], recipe)
+        again = aggregate([(None, qr) for _, qr in pieces[::-1]], recipe)
+        assert repr(merged.to_pylist()) == repr(again.to_pylist()), case
+        if topk_ambiguous(pieces, recipe):
+            ambiguous += 1
+            continue
+        exact += 1
+        want = prometheus_topk(series, op, k)
+        got = [(d, vs[0]) for d, _, vs in merged.to_pylist()]
+        assert sorted(key(d) for d, _ in got) == sorted(key(d) for d, _ in want), (case, series, k)
+        assert _value_order(got) == _value_order(want), (case, got, want)
+    assert ambiguous >= 50 and exact >= 150, (ambiguous, exact)
+
+
+def test_topk_tie_at_the_cut_is_ambiguous() -> None:
+    # all four equal: which two Prometheus keeps depends on its heap over the whole input
     pieces = [
-        (None, to_qr("vector", [({"h": "c"}, {0: 1.0}), ({"h": "a"}, {0: 1.0})])),
-        (None, to_qr("vector", [({"h": "b"}, {0: 1.0}), ({"h": "d"}, {0: math.nan})])),
+        (0, to_qr("vector", [({"h": "c"}, {0: 1.0}), ({"h": "a"}, {0: 1.0})])),
+        (1, to_qr("vector", [({"h": "b"}, {0: 1.0}), ({"h": "d"}, {0: math.nan})])),
     ]
-    r = aggregate(pieces, MergeRecipe(kind="aggregate", op="topk", param=2))
-    assert [d["h"] for d in r.labels] == ["a", "b"]
-    r = aggregate(pieces[::-1], MergeRecipe(kind="aggregate", op="topk", param=2))
-    assert [d["h"] for d in r.labels] == ["a", "b"]
-    r = aggregate(pieces, MergeRecipe(kind="aggregate", op="bottomk", param=4))
-    assert [d["h"] for d in r.labels] == ["a", "b", "c", "d"]
+    from proxy.result.ties import topk_ambiguous
+
+    assert topk_ambiguous(pieces, MergeRecipe(kind="aggregate", op="topk", param=2))
+    # bottomk 4 of 4: no cut, so no tie crosses it; Prometheus's order: 1, 1, 1, NaN
+    recipe = MergeRecipe(kind="aggregate", op="bottomk", param=4)
+    assert not topk_ambiguous(pieces, recipe)
+    r = aggregate([(None, qr) for _, qr in pieces], recipe)
+    assert sorted(d["h"] for d in r.labels) == ["a", "b", "c", "d"] and r.labels[-1]["h"] == "d"
 
 
 def test_topk_range_series_only_where_they_won() -> None:

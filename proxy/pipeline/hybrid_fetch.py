@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from shardplanner.analysis import probe_as_range
+from shardplanner.ast import Agg, Call, Paren
+from shardplanner.plan import MergeRecipe
 from shardplanner.promql import CannotParse, parse
 from shardplanner.routing import TimePart
 
@@ -22,7 +24,7 @@ from ..errors import PromError
 from ..hybrid import Router, missing_warning
 from ..metrics import METRICS
 from ..result import QueryResult
-from ..result.merge import concat
+from ..result.merge import concat, merge
 from ..result.overlap import merge_overlap
 from ..result.pieces import slice_time
 from .ask import Asker, seconds
@@ -39,6 +41,23 @@ def _probe_instant(form: Pairs) -> bool:
         return probe_as_range(parse(query))
     except CannotParse:
         return False
+
+
+def _value_order(form: Pairs) -> MergeRecipe | None:
+    """Prometheus orders an instant sort()/sort_desc()/topk()/bottomk() by value (per group;
+    sort as a bottomk of one group, sort_desc as a topk): the concat recipe that restores it."""
+    try:
+        expr: Any = parse(next((v for k, v in form if k == "query"), ""))
+    except CannotParse:
+        return None
+    while isinstance(expr, Paren):
+        expr = expr.expr
+    if isinstance(expr, Call) and expr.func in ("sort", "sort_desc"):
+        return MergeRecipe(kind="concat", op="bottomk" if expr.func == "sort" else "topk")
+    if isinstance(expr, Agg) and expr.op in ("topk", "bottomk"):
+        op: Literal["topk", "bottomk"] = "topk" if expr.op == "topk" else "bottomk"
+        return MergeRecipe(kind="concat", op=op, grouping=tuple(expr.grouping or ()), without=expr.without)
+    return None
 
 
 class RouteAnswer:
@@ -148,6 +167,9 @@ class RouteAnswer:
             merged = slice_time(merged, part.start_ms, part.end_ms)
         if merged.result_type == "vector":
             merged = in_answer_order(merged, answers)
+            recipe = _value_order(original[1]) if instant_at is not None else None
+            if recipe is not None:  # asked as a range: the answers' order is by labels
+                merged = merge([(None, merged)], recipe)
         if warnings:
             merged.warnings = [*merged.warnings, *warnings]
         return merged
