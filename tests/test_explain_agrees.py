@@ -25,7 +25,7 @@ from proxy.backends import Backend
 from proxy.config import build_config
 from proxy.errors import PromError
 from proxy.pipeline import QueryService
-from shardplanner.plan import QueryRequest
+from shardplanner.plan import QueryRequest, Span
 from tests.corpus import QUERIES
 from tests.hybrid import SCENARIOS, Scenario
 from tests.test_hybrid import INSTANTS, JOINS, RANGES
@@ -120,7 +120,7 @@ def _service() -> QueryService:
     return QueryService(cfg, [Backend(b) for b in cfg.backends])
 
 
-RANGE = {"start_ms": 1_761_955_200_000, "end_ms": 1_761_955_200_000 + 2 * 3_600_000, "step_ms": 60_000}
+RANGE = {"span": Span.range(1_761_955_200_000, 1_761_955_200_000 + 2 * 3_600_000, 60_000)}
 
 
 def test_explain_of_a_join_is_the_tree() -> None:
