@@ -26,7 +26,7 @@ $(VENV)/.installed: pyproject.toml
 system-deps:
 	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null || ! command -v redis-server >/dev/null \
 	    || ! command -v kubectl >/dev/null; then \
-	  echo "installing Debian's prometheus, redis-server and kubernetes-client (kubectl: tests/test_deploy.py)"; \
+	  echo "installing Debian's prometheus, redis-server and kubernetes-client (kubectl: tests/deploy/test_deploy.py)"; \
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus redis-server kubernetes-client >/dev/null; \
 	fi

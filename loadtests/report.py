@@ -1,6 +1,6 @@
 """Benchmark arithmetic and reporting: percentiles, paired ratios, /metrics deltas, Markdown, PNGs.
 
-Everything above "Rendering" is pure and unit-tested (tests/test_bench.py). The bench
+Everything above "Rendering" is pure and unit-tested (tests/harness/test_bench.py). The bench
 (`loadtests.bench`) fills one JSON-serialisable `results` dict; `write_report` turns it into
 `summary.md`, `results.json` and plots in the run directory, and copies the summary to
 `loadtests/results/latest.md`.

@@ -65,19 +65,19 @@ _share_httpx_tls_context()
 # under a file lock and served from a per-worker copy (tests/servers.py: built_tsdb,
 # serving_copy).
 
-SPLIT_BY_TEST = {"tests/test_equivalence_matrix.py"}
+SPLIT_BY_TEST = {"tests/e2e/test_equivalence_matrix.py"}
 UNIT_COST: dict[str, float] = {
-    "tests/test_hybrid.py": 240, "tests/test_cache_integration.py": 160, "tests/test_bench.py": 60,
-    "tests/test_amp.py": 45, "tests/test_instant_split.py": 45, "tests/test_hybrid_routing.py": 30,
-    "tests/test_serialize.py": 28, "tests/test_equivalence_matrix.py": 25, "tests/test_codec.py": 20,
-    "tests/test_binop_prometheus.py": 19, "tests/test_passthrough_equivalence.py": 18,
-    "tests/test_planned_equivalence.py": 16, "tests/test_clients.py": 16, "tests/test_bad_requests.py": 14,
-    "tests/test_gen.py": 12, "tests/test_overlap.py": 8, "tests/test_step_reuse.py": 8, "tests/test_demo.py": 50,
-    "tests/test_explain_agrees.py": 60,
-    "tests/test_cache_redis.py": 7, "tests/test_timesplit.py": 6, "tests/test_planner.py": 6,
-    "tests/test_secrets_logging.py": 20, "tests/test_server_limits.py": 12, "tests/test_security.py": 12,
-    "tests/test_tenancy.py": 8, "tests/test_backend_auth.py": 6, "tests/test_relay_paths.py": 5,
-    "tests/test_http_edges.py": 45,
+    "tests/e2e/test_hybrid.py": 240, "tests/cache/test_cache_integration.py": 160, "tests/harness/test_bench.py": 60,
+    "tests/backends/test_amp.py": 45, "tests/shardplanner/test_instant_split.py": 45, "tests/e2e/test_hybrid_routing.py": 30,
+    "tests/shardplanner/test_serialize.py": 28, "tests/e2e/test_equivalence_matrix.py": 25, "tests/result/test_codec.py": 20,
+    "tests/result/test_binop_prometheus.py": 19, "tests/e2e/test_passthrough_equivalence.py": 18,
+    "tests/e2e/test_planned_equivalence.py": 16, "tests/api/test_clients.py": 16, "tests/api/test_bad_requests.py": 14,
+    "tests/harness/test_gen.py": 12, "tests/result/test_overlap.py": 8, "tests/pipeline/test_step_reuse.py": 8, "tests/harness/test_demo.py": 50,
+    "tests/pipeline/test_explain_agrees.py": 60,
+    "tests/cache/test_cache_redis.py": 7, "tests/shardplanner/test_timesplit.py": 6, "tests/shardplanner/test_planner.py": 6,
+    "tests/backends/test_secrets_logging.py": 20, "tests/api/test_server_limits.py": 12, "tests/pipeline/test_security.py": 12,
+    "tests/backends/test_tenancy.py": 8, "tests/backends/test_backend_auth.py": 6, "tests/api/test_relay_paths.py": 5,
+    "tests/api/test_http_edges.py": 45,
 }
 
 

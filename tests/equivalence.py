@@ -14,7 +14,7 @@ from tests.corpus import EXPECT
 
 # (suite, kind of the reference answer) -> comparisons; (suite, "violation") -> cases whose
 # reference answer was not what they expect (each of them also failed its test);
-# ("hybrid", "known_limit_422") -> the documented 422s of tests/test_hybrid.py KNOWN_LIMITS.
+# ("hybrid", "known_limit_422") -> the documented 422s of tests/e2e/test_hybrid.py KNOWN_LIMITS.
 TALLY: Counter[tuple[str, str]] = Counter()
 
 

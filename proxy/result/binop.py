@@ -24,7 +24,7 @@ series sorted by labels.Compare as Prometheus sorts a range answer, series witho
 dropped; scalar op scalar -> float when both are floats, else a "scalar" (instant) or a
 one-series "matrix" (range) QueryResult, as Prometheus would answer.
 
-Semantics (each from engine.go, checked against a real 2.42 in tests/test_binop_prometheus.py):
+Semantics (each from engine.go, checked against a real 2.42 in tests/result/test_binop_prometheus.py):
 - arithmetic `+ - * / % ^` drops __name__; `atan2` keeps it (shouldDropMetricName omits it);
   comparisons filter and keep the lhs value and labels (scalar on the left: the vector's
   value); `bool` gives 0/1 and drops __name__.

@@ -18,7 +18,7 @@ from loadtests.dashboard import panel_requests
 
 pytestmark = pytest.mark.prom
 
-DASHBOARD = Path(__file__).resolve().parent.parent / "config" / "grafana" / "dashboards" / "gpu-fleet.json"
+DASHBOARD = Path(__file__).resolve().parents[2] / "config" / "grafana" / "dashboards" / "gpu-fleet.json"
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess[str]:

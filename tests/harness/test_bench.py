@@ -15,7 +15,7 @@ from loadtests import bench, report
 from loadtests.dashboard import DEFAULT_DASHBOARD, load_dashboard, panel_requests
 from tests.servers import require
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOW = 1793491200 - bench.PHASE_S
 
 

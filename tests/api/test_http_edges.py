@@ -1,5 +1,5 @@
 """Through HTTP, against a real Prometheus and Redis: what the cache keys separate (extra
-parameters; tenants are in tests/test_tenancy.py), a slow Redis (not a stopped one), the
+parameters; tenants are in tests/backends/test_tenancy.py), a slow Redis (not a stopped one), the
 metadata fan-out with a backend that fails, and the unsharded rerun a topk tie triggers."""
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ def _check(prom_url: str, proxy_url: str, path: str, params: dict[str, str], nam
 @pytest.mark.parametrize("name", sorted(QUERIES))
 def test_range_split_and_sharded(prom: Any, planned: Any, name: str) -> None:
     # The start of the data (lookback before the first sample, late series); the middle of
-    # the data is tests/test_equivalence_matrix.py's, at every shards x split.
+    # the data is tests/e2e/test_equivalence_matrix.py's, at every shards x split.
     windows = [
         {"start": str(prom.start_s - 900), "end": str(prom.start_s + 5400), "step": "45"},
     ]

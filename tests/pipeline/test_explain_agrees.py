@@ -10,7 +10,7 @@ the query itself agree on whether promaccel answers it.
   error. Any other error of a query promaccel answers is PromQL's own: the reference
   Prometheus (`prom`, holding everything) answers the same error.
 The demo's topology (DCGM_* in AMP, node metrics for the last hours only in a local Prometheus)
-is checked the same way by tests/test_demo.py.
+is checked the same way by tests/harness/test_demo.py.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from proxy.errors import PromError
 from proxy.pipeline import QueryService
 from shardplanner.plan import QueryRequest, Span
 from tests.corpus import QUERIES
+from tests.e2e.test_hybrid import INSTANTS, JOINS, RANGES
 from tests.hybrid import SCENARIOS, Scenario
-from tests.test_hybrid import INSTANTS, JOINS, RANGES
 
 TIMEOUT = 180
 

@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 GRAFANA = ROOT / "config" / "grafana"

@@ -374,7 +374,7 @@ def test_topk_merge_is_prometheus_topk_unless_a_tie_forces_the_rerun(op: str) ->
     """Sharded topk/bottomk pieces merged: where no tie crosses the k-th place (ties.py), the
     same series as Prometheus's heap picks over the whole input, in its value order (equal
     values in any order); where one does, topk_ambiguous says so and the pipeline reruns the
-    query unsharded (tests/test_http_edges.py checks that through HTTP). Merging is
+    query unsharded (tests/api/test_http_edges.py checks that through HTTP). Merging is
     deterministic: any piece order gives the same answer."""
     from proxy.result.ties import topk_ambiguous
 

@@ -2,7 +2,7 @@
 Prometheus: every answer must equal the direct answer whatever the routing does, and
 promaccel's own /metrics shows which backend each call went to.
 
-(`tests/test_hybrid.py` checks the real thing: backends that each hold only a slice.)"""
+(`tests/e2e/test_hybrid.py` checks the real thing: backends that each hold only a slice.)"""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def _calls(proxy_url: str) -> dict[str, float]:
     return out
 
 
-# tests/test_hybrid.py runs the whole corpus over real slices; here a sample of it over two
+# tests/e2e/test_hybrid.py runs the whole corpus over real slices; here a sample of it over two
 # names for one Prometheus (every 6th query), where any routing choice must give the answer.
 SAMPLE = sorted(QUERIES)[::6] + ["sort", "sort_desc", "absent_present", "at_start", "or_vector0"]
 

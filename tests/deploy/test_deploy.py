@@ -21,7 +21,7 @@ import yaml
 
 from proxy.config import Config, load_config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 OVERLAYS = sorted(p.parent.name for p in (DEPLOY / "overlays").glob("*/kustomization.yaml"))
 # Kubernetes versions whose schemas every object must satisfy: the oldest EKS still supports

@@ -24,8 +24,8 @@ import psutil
 import pytest
 
 from tests.corpus import QUERIES
+from tests.pipeline.test_explain_agrees import agree
 from tests.servers import ROOT, free_port, require
-from tests.test_explain_agrees import agree
 
 pytestmark = pytest.mark.prom
 

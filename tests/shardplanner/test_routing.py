@@ -31,7 +31,7 @@ H = 3_600_000
 D = 24 * H
 NOW = 1_795_910_400_000  # 2026-11-29T00:00:00Z
 MIGRATION = 1_790_812_800_000  # 2026-10-01T00:00:00Z
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "config" / "examples"
 
 # Stage 2: AMP holds DCGM_* and kube_* since the migration date; local everything, 15 d.
