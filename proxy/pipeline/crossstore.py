@@ -16,6 +16,7 @@ import numpy.typing as npt
 
 from shardplanner.analysis import ABSENT_LIKE, absent_like, pinned_at
 from shardplanner.ast import Agg, Binary, Call, Number, Paren, Selector, transform
+from shardplanner.explain import reason_code
 from shardplanner.plan import MergeRecipe, Plan, QueryRequest
 from shardplanner.routing import Route as PieceRoute
 from shardplanner.serialize import to_promql
@@ -27,6 +28,7 @@ from ..metrics import METRICS
 from ..result import QueryResult, ResultType
 from ..result.binop import BinopError, evaluate_binary
 from ..result.merge import concat, merge
+from .ask import Asker
 from .planning import Planner
 from .routing import merges, router_for
 from .stage import Stage
@@ -74,6 +76,15 @@ class CrossStore:
         self.run = run  # the planned path (merge and below) for each subquery
 
     async def __call__(self, q: Query) -> Answer:
+        assert q.plan is not None
+        if q.plan.expr is None and reason_code(q.plan.notes) == "unparsable":
+            # The planner cannot read the query: most often it is invalid, and Prometheus's own
+            # error (400 bad_data, its exact text) is the answer. The primary is asked as the
+            # client asked; if it does answer, that answer cannot be shown to hold every
+            # backend's data, so the query is refused as before.
+            reply, _ = await Asker().sound(self.backends[0], q.path, q.pairs, q.timeout_s)
+            if not reply.ok:
+                return Answer(reply=reply, headers={"X-Promaccel-Pieces": "1"})
         pieces = "0"
         try:
             async with asyncio.timeout(q.timeout_s):

@@ -404,3 +404,16 @@ def test_throttled_amp_still_answers_right(prom: Any, hybrid_throttled: Scenario
     assert stats["rejected"] == {}
     assert stats["throttled"] >= 0.15 * stats["requests"] > 0, stats
     assert set(stats["by_status"]) <= {"200", "429"}, stats
+
+
+@pytest.mark.prom
+@pytest.mark.parametrize("query", ["sum(rate(DCGM_FI_DEV_GPU_UTIL[5m])", "rate(node_load1)", "up{a=~\"(\"}"])
+def test_an_invalid_query_gets_prometheus_error(prom: Any, hybrid: dict[str, Scenario], query: str) -> None:
+    """A query the planner cannot read gets Prometheus's own error -- 400 bad_data, its exact
+    text -- in every hybrid scenario, not a 422 about routing."""
+    form = {"query": query, "time": str(END - 600)}
+    direct = httpx.post(prom.url + "/api/v1/query", data=form, timeout=30)
+    assert direct.status_code == 400 and direct.json()["errorType"] == "bad_data"
+    for scenario in hybrid.values():
+        proxied = httpx.post(scenario.proxy.url + "/api/v1/query", data=form, timeout=30)
+        assert (proxied.status_code, proxied.json()) == (direct.status_code, direct.json()), scenario.name
