@@ -3,7 +3,7 @@
 Each stage has one job and one `async __call__`; it derives the value it hands down
 (`values.Query`, frozen) and returns its answer up:
 
-    Admit      this query's allowances (backend calls, new cache keys) and AMP samples tally
+    Admit      admission (in flight, a bounded wait), allowances (calls, cache keys), AMP samples
     Plan       parse once (cached by text), shard-label values, the plan, the cache context
     Route      hybrid fleets: who holds what; a join across stores branches to CrossStore
     Forward    a query left whole: its cached answer, or the backend's bytes untouched
