@@ -528,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--{name.replace('_', '-')} must be between 0 and 1")
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    from shardplanner.routing import parse_duration_ms
+    from shardplanner.holdings import parse_duration_ms
 
     settings = AmpSettings(
         upstream=a.upstream, region=a.region, workspaces=tuple(a.workspace or ["ws-test"]),

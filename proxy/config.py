@@ -27,9 +27,9 @@ from pydantic import (
     model_validator,
 )
 
+from shardplanner.holdings import ALL_METRICS, BackendHolding, resolve_window
 from shardplanner.regex import RegexError
 from shardplanner.regex import matcher as regex_matcher
-from shardplanner.routing import ALL_METRICS, BackendHolding, resolve_window
 
 from .api.params import parse_prom_duration_ms
 
@@ -70,7 +70,7 @@ class HoldsConfig(_Strict):
     """What a backend holds: metrics whose names fully match one of `metrics`
     (anchored regexes; "*" for every metric) over a time window: `last` (a duration back
     from now) or `since`, optionally `until` (RFC 3339, a date, unix seconds, `now-6h`).
-    Resolved to absolute times by shardplanner.routing.resolve_window."""
+    Resolved to absolute times by shardplanner.holdings.resolve_window."""
 
     metrics: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
     since: str | int | float | datetime | date | None = None

@@ -26,7 +26,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from shardplanner.ast import Expr
-from shardplanner.routing import DEFAULT_LOOKBACK_MS, BackendHolding, Route, route_piece
+from shardplanner.holdings import BackendHolding
+from shardplanner.routing import DEFAULT_LOOKBACK_MS, Route, route_piece
 
 from .errors import PromError
 

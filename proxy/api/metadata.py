@@ -26,8 +26,8 @@ import orjson
 from starlette.responses import Response
 
 from shardplanner.ast import Selector
+from shardplanner.holdings import BackendHolding
 from shardplanner.promql import CannotParse, parse
-from shardplanner.routing import BackendHolding
 
 from ..backends import Backend, BackendReply
 from ..errors import PromError

@@ -10,17 +10,14 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from shardplanner.holdings import BackendHolding, holding_from_spec, parse_duration_ms, resolve_window
 from shardplanner.plan import Piece, Span
 from shardplanner.promql import CannotParse, parse
 from shardplanner.routing import (
-    BackendHolding,
     Read,
     Route,
     TimePart,
-    holding_from_spec,
-    parse_duration_ms,
     reads,
-    resolve_window,
     route,
     route_piece,
 )
