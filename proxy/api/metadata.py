@@ -137,7 +137,7 @@ async def fan_out(backends: Sequence[Backend], method: str, path: str, pairs: Pa
             warnings.append(f"promaccel: backend {b.name!r} did not answer (HTTP {out.status}); its data is missing")
             continue
         try:
-            body = orjson.loads(out.body)
+            body = out.parsed if out.parsed is not None else orjson.loads(out.body)
         except orjson.JSONDecodeError:
             failed.append(PromError("unavailable", f"backend {b.name!r} answered with invalid JSON"))
             warnings.append(f"promaccel: backend {b.name!r} answered with invalid JSON; its data is missing")

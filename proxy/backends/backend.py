@@ -14,7 +14,6 @@ is PromError "unavailable" (502).
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 import urllib.parse
 from typing import Mapping, Sequence
@@ -22,8 +21,8 @@ from typing import Mapping, Sequence
 from ..config import BackendConfig
 from ..errors import PromError
 from ..metrics import METRICS
-from .protocol import BackendReply, broken_answer, check_path, complete_json, sane_error
-from .retries import RetryBudget, with_retries
+from .protocol import BackendReply, check_path, parsed_json, sane_error
+from .retries import Check, RetryBudget, with_retries
 from .tenancy import current as forwarded_headers
 from .transports import CONNECTION_ERRORS, DirectAiohttp, is_timeout, make_client, send_httpx
 
@@ -55,22 +54,17 @@ class Backend:
         timeout_s: float | None = None,
         limited: bool = False,
         endpoint: str = "other",
+        check: Check | None = None,
     ) -> BackendReply:
-        """One call with retries on connection errors and 502/503/504 (never on 4xx); for AMP,
-        429/503 are retried on their own budget (`throttle_retries`) within the deadline."""
+        """One call with retries on connection errors and 502/503/504 (never on 4xx), and on a
+        200 whose body `check` finds broken; for AMP, 429/503 are retried on their own budget
+        (`throttle_retries`) within the deadline."""
         check_path(path)
 
         async def attempt(call_timeout: float | None) -> BackendReply:
             return await self._once(method, path, params, form, headers, call_timeout, limited, endpoint)
 
-        return await with_retries(attempt, self.cfg, endpoint, timeout_s, self.retry_budget)
-
-    def may_retry(self) -> bool:
-        """Spend one retry of this backend's budget (False, and counted, when it is spent)."""
-        if self.retry_budget.spend():
-            return True
-        METRICS.backend_retries_denied.labels(self.name).inc()
-        return False
+        return await with_retries(attempt, self.cfg, endpoint, timeout_s, self.retry_budget, check)
 
     async def request_sound(
         self,
@@ -84,19 +78,10 @@ class Backend:
     ) -> BackendReply:
         """`request`, with a reply a client may be given: an error as Prometheus-style JSON
         (an HTML page or any other body becomes one naming the backend), a 200 only with a
-        complete JSON body -- otherwise asked again (reads are idempotent) within the retries,
-        then a 502 naming the backend."""
-        for attempt in range(self.cfg.retries + 1):
-            reply = await self.request(method, path, params=params, form=form, endpoint=endpoint, timeout_s=timeout_s)
-            if not reply.ok:
-                return sane_error(reply, self.name, endpoint)
-            if complete_json(reply.body):
-                return reply
-            METRICS.backend_errors.labels(self.name, "BrokenAnswer").inc()
-            if attempt < self.cfg.retries and self.may_retry():
-                METRICS.backend_retries.labels(self.name).inc()
-                await asyncio.sleep(random.uniform(0, 0.05 * 2**attempt))
-        raise broken_answer(self.name, endpoint, "not complete JSON")
+        complete JSON body (`parsed` holds it) -- else asked again, then a 502."""
+        reply = await self.request(method, path, params=params, form=form, endpoint=endpoint, timeout_s=timeout_s,
+                                   check=_complete_json_check)
+        return reply if reply.ok else sane_error(reply, self.name, endpoint)
 
     async def _once(
         self,
@@ -148,3 +133,8 @@ class Backend:
             reply = await send_httpx(self._client, self.cfg, method, path, params, body, headers, timeout_s)
         METRICS.backend_calls.labels(self.name, endpoint, str(reply.status)).inc()
         return reply
+
+
+def _complete_json_check(reply: BackendReply) -> str | None:
+    reply.parsed = parsed_json(reply.body)
+    return None if reply.parsed is not None else "not complete JSON"

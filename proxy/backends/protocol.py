@@ -11,6 +11,7 @@ import email.utils
 import time
 import urllib.parse
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import PromError
 
@@ -27,6 +28,8 @@ class BackendReply:
     body: bytes
     content_type: str
     headers: dict[str, str] = field(default_factory=dict)
+    # The body as JSON, when a check already parsed it (Backend.request_sound).
+    parsed: Any = field(default=None, compare=False, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -114,14 +117,19 @@ def _readable_detail(reply: BackendReply) -> str:
     return ""
 
 
-def complete_json(body: bytes) -> bool:
-    """Is `body` one complete JSON object (what every Prometheus API answer is)?"""
+def parsed_json(body: bytes) -> dict[str, Any] | None:
+    """`body` as one complete JSON object (what every Prometheus API answer is), else None."""
     try:
         import orjson
 
-        return isinstance(orjson.loads(body), dict)
+        data = orjson.loads(body)
     except ValueError:
-        return False
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def complete_json(body: bytes) -> bool:
+    return parsed_json(body) is not None
 
 
 def broken_answer(backend: str, endpoint: str, why: str) -> PromError:

@@ -19,7 +19,7 @@ from typing import Awaitable, Callable
 from ..config import BackendConfig
 from ..errors import PromError
 from ..metrics import METRICS
-from .protocol import RETRY_STATUSES, THROTTLE_STATUSES, BackendReply, retry_after_s
+from .protocol import RETRY_STATUSES, THROTTLE_STATUSES, BackendReply, broken_answer, retry_after_s
 
 THROTTLE_BACKOFF_S = 0.1
 THROTTLE_BACKOFF_CAP_S = 5.0
@@ -56,12 +56,16 @@ class RetryBudget:
 
 # One try of the call, given the timeout of that try (None: the backend's own).
 Attempt = Callable[[float | None], Awaitable[BackendReply]]
+# What is wrong with a 200's body (None: it is sound). A broken body is retried like a 502.
+Check = Callable[[BackendReply], str | None]
 
 
 async def with_retries(attempt_once: Attempt, cfg: BackendConfig, endpoint: str,
-                       timeout_s: float | None, budget: RetryBudget | None = None) -> BackendReply:
+                       timeout_s: float | None, budget: RetryBudget | None = None,
+                       check: Check | None = None) -> BackendReply:
     """Run `attempt_once` until it gives an answer worth returning (module docstring);
-    `budget`: the backend's retry budget (a retry it denies is not taken)."""
+    `budget`: the backend's retry budget (a retry it denies is not taken); `check`: a 200
+    whose body it finds broken (cut short, garbled) is retried, then a 502 naming the backend."""
     name = cfg.name
     if budget is not None:
         budget.earn()
@@ -96,7 +100,12 @@ async def with_retries(attempt_once: Attempt, cfg: BackendConfig, endpoint: str,
                 # The next try gets what is left of the deadline, not a fresh timeout.
                 call_timeout = max(0.001, deadline - time.monotonic())
                 continue
-            if reply.status not in RETRY_STATUSES or attempt >= cfg.retries or not _may_retry(budget, name):
+            broken = check(reply) if check is not None and reply.ok else None
+            if broken is not None:
+                METRICS.backend_errors.labels(name, "BrokenAnswer").inc()
+                if attempt >= cfg.retries or time.monotonic() >= deadline or not _may_retry(budget, name):
+                    raise broken_answer(name, endpoint, broken)
+            elif reply.status not in RETRY_STATUSES or attempt >= cfg.retries or not _may_retry(budget, name):
                 return reply
             METRICS.backend_retries.labels(name).inc()
         attempt += 1

@@ -8,10 +8,7 @@ charged to the query's budget (limits.max_backend_calls).
 
 from __future__ import annotations
 
-import asyncio
-import random
 import re
-import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -21,7 +18,8 @@ from shardplanner.plan import Span
 from shardplanner.promql import CannotParse, parse
 
 from ..backends import Backend, BackendReply
-from ..backends.protocol import broken_answer, complete_json, sane_error
+from ..backends.protocol import complete_json, sane_error
+from ..backends.retries import Check
 from ..codec.errors import CodecError, Undecodable
 from ..codec.json_decode import decode_prometheus_json
 from ..metrics import METRICS
@@ -54,13 +52,15 @@ class Asker:
     answer raises PieceFailed (relayed as it is). `relay` is the same call, undecoded."""
 
     @staticmethod
-    async def relay(backend: Backend, path: str, form: Pairs, timeout_s: float) -> BackendReply:
-        """One query call as the backend answers it; charged to the query's budget (every call
-        counts, retries of a route's parts included)."""
+    async def relay(backend: Backend, path: str, form: Pairs, timeout_s: float,
+                    check: Check | None = None) -> BackendReply:
+        """One query call as the backend answers it (retried as `Backend.request` retries);
+        charged to the query's budget."""
         budget = BUDGET.get()
         if budget is not None:
             budget.charge()
-        return await backend.request("POST", path, form=form, timeout_s=timeout_s, limited=True, endpoint=path)
+        return await backend.request("POST", path, form=form, timeout_s=timeout_s, limited=True, endpoint=path,
+                                     check=check)
 
     async def __call__(self, backend: Backend, path: str, form: Pairs, timeout_s: float) -> QueryResult:
         amp = backend.cfg.kind == "amp" and not any(k == "stats" for k, _ in form)
@@ -84,27 +84,22 @@ class Asker:
         decoded (None: valid JSON the merge does not model). A 200 whose body is cut short or
         garbled is asked again -- every read is idempotent -- within the backend's retries and
         the deadline, then a 502 naming the backend."""
-        deadline = time.monotonic() + timeout_s
-        attempt = 0
-        while True:
-            reply = await self.relay(backend, path, form, max(0.001, deadline - time.monotonic()))
-            if not reply.ok:
-                return sane_error(reply, backend.name, path), None
+        decoded: list[QueryResult | None] = [None]
+
+        def check(reply: BackendReply) -> str | None:
             try:
-                return reply, decode_prometheus_json(reply.body)
-            except Undecodable:
-                if complete_json(reply.body):
-                    return reply, None
-                why = "not complete JSON"
+                decoded[0] = decode_prometheus_json(reply.body)
+            except Undecodable:  # valid JSON the merge does not model (native histograms)
+                decoded[0] = None
+                return None if complete_json(reply.body) else "not complete JSON"
             except CodecError as exc:
-                why = str(exc)[:200]
-            METRICS.backend_errors.labels(backend.name, "BrokenAnswer").inc()
-            backoff = random.uniform(0, 0.05 * 2**attempt)
-            if attempt >= backend.cfg.retries or time.monotonic() + backoff >= deadline or not backend.may_retry():
-                raise broken_answer(backend.name, path, why)
-            attempt += 1
-            METRICS.backend_retries.labels(backend.name).inc()
-            await asyncio.sleep(backoff)
+                return str(exc)[:200]
+            return None
+
+        reply = await self.relay(backend, path, form, timeout_s, check)
+        if not reply.ok:
+            return sane_error(reply, backend.name, path), None
+        return reply, decoded[0]
 
     @staticmethod
     def _count_samples(backend: Backend, body: bytes) -> None:

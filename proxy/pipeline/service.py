@@ -178,12 +178,14 @@ class QueryService:
         if not self.cache_enabled:
             raise PromError("unavailable", "the cache is disabled (cache.enabled: false)")
         self.parts.landing.forget_all()
+        self.parts.reader.decoded.clear()
         return await self.store().invalidate(metric_names, start_ms, end_ms)
 
     async def bump_generation(self) -> int:
         if not self.cache_enabled:
             raise PromError("unavailable", "the cache is disabled (cache.enabled: false)")
         self.parts.landing.forget_all()
+        self.parts.reader.decoded.clear()
         if self.revalidator is not None:
             self.revalidator.forget_all()
         return await self.store().bump_generation()

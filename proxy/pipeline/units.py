@@ -84,11 +84,6 @@ def bare_unit(p: Piece) -> Unit:
     return Unit(p.query, p.role, p.shard.index if p.shard else -1, p.span)
 
 
-def coalesce(pieces: Sequence[Piece], target_calls: int, max_points: int = 11_000) -> list[Fetch]:
-    """Fetches for `pieces` (no cache): see `coalesce_units`."""
-    return coalesce_units([bare_unit(p) for p in pieces], target_calls, max_points)
-
-
 def coalesce_units(units: Sequence[Unit], target_calls: int, max_points: int = 11_000) -> list[Fetch]:
     """Group contiguous range units (same query, shard, role and grid) into about
     `target_calls` fetches in all, none longer than `max_points` steps. Instant units of the
