@@ -430,6 +430,13 @@ class ListenConfig(_Strict):
     shutdown_timeout: DurationMs = Field(default=25_000, gt=0)
 
 
+class UiConfig(_Strict):
+    """The operator page, GET /ui and /ui/data.json (proxy/api/ui.py): public like /metrics."""
+
+    enabled: bool = True
+    recent_queries: int = Field(default=100, ge=1, le=10_000)
+
+
 class Config(_Strict):
     listen: ListenConfig = Field(default_factory=ListenConfig)
     backends: list[BackendConfig] = Field(default_factory=list)
@@ -437,6 +444,7 @@ class Config(_Strict):
     planner: PlannerConfig = Field(default_factory=PlannerConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     tenancy: TenancyConfig = Field(default_factory=TenancyConfig)
+    ui: UiConfig = Field(default_factory=UiConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # text: one line per request, human-readable; json: one JSON object per log record (the
     # access line carries query id, Grafana's headers, plan shape, pieces, cache, backend calls,

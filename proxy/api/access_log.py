@@ -10,6 +10,7 @@ import uuid
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..activity import ACTIVITY, CURRENT
 from ..metrics import METRICS
 
 access_log = logging.getLogger("promaccel.access")
@@ -60,13 +61,21 @@ class AccessLog:
         sent = 0
         query_id = uuid.uuid4().hex[:16]
         answer: dict[str, object] = {}
+        path = scope.get("path", "")
+        # Queries are recorded for the operator page (proxy/activity.py): in flight, then
+        # finished, with their error's message when they fail.
+        record = ACTIVITY.begin(query_id, scope.get("method", ""), path) if path in _QUERY_ENDPOINTS else None
+        token = CURRENT.set(record) if record is not None else None
+        error_body = bytearray()
+        encoded = False
 
         async def send_wrapper(message: Message) -> None:
-            nonlocal status, sent
+            nonlocal status, sent, encoded
             if message["type"] == "http.response.start":
                 status = message["status"]
                 headers = list(message.get("headers", []))
                 for k, v in headers:
+                    encoded = encoded or k.lower() == b"content-encoding"
                     name = _ANSWER_FIELDS.get(k.lower())
                     if name is not None:
                         text = v.decode("latin-1")
@@ -74,14 +83,18 @@ class AccessLog:
                 headers.append((b"x-promaccel-query-id", query_id.encode()))
                 message = {**message, "headers": headers}
             elif message["type"] == "http.response.body":
-                sent += len(message.get("body", b""))
+                body = message.get("body", b"")
+                sent += len(body)
+                if record is not None and status >= 400 and len(error_body) < _ERROR_BODY_MAX:
+                    error_body.extend(body[:_ERROR_BODY_MAX - len(error_body)])
             await send(message)
 
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
             elapsed = time.perf_counter() - t0
-            path = scope.get("path", "")
+            if token is not None:
+                CURRENT.reset(token)
             endpoint = endpoint_label(path)
             METRICS.requests.labels(endpoint, str(status)).inc()
             METRICS.request_latency.labels(endpoint).observe(elapsed)
@@ -102,10 +115,33 @@ class AccessLog:
                 if slow:
                     slow_log.warning("slow query %.1fs: %s", elapsed, fields.get("query", path),
                                      extra={"fields": fields})
+            if record is not None:
+                grafana = {h.removeprefix("x-").replace("-", "_"): v.decode("latin-1")
+                           for h, v in ((k.decode("latin-1").lower(), v) for k, v in scope.get("headers", []))
+                           if h in GRAFANA_HEADERS}
+                ACTIVITY.finish(record, status, elapsed,
+                                {**grafana, **(scope.get("state", {}).get("promaccel_query") or {}), **answer,
+                                 "bytes": sent},
+                                None if status < 400 else error_text(bytes(error_body), encoded))
 
 
 _QUERY_ENDPOINTS = frozenset({"/api/v1/query", "/api/v1/query_range"})
+_ERROR_BODY_MAX = 4096
 slow_log = logging.getLogger("promaccel.slow")
+
+
+def error_text(body: bytes, encoded: bool) -> str:
+    """The message of an error answer: Prometheus's `error` field, else the body's start."""
+    if encoded:
+        return "(compressed error body)"
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body[:200].decode("utf-8", "replace").strip() or "(no body)"
+    if isinstance(parsed, dict) and isinstance(parsed.get("error"), str):
+        kind = parsed.get("errorType")
+        return f"{kind}: {parsed['error']}" if isinstance(kind, str) else parsed["error"]
+    return body[:200].decode("utf-8", "replace")
 
 
 class JsonFormatter(logging.Formatter):

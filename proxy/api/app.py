@@ -31,6 +31,7 @@ from .queries import add_query_routes
 from .relays import add_relay_routes
 from .responses import error, unknown_path
 from .routing import Routes
+from .ui import add_ui_routes
 
 log = logging.getLogger("promaccel")
 
@@ -62,6 +63,7 @@ def create_app(config: Config) -> FastAPI:
     add_admin_routes(route, executor, config)
     add_relay_routes(route, executor, backends, config.limits.max_body_bytes)
     add_health_routes(app, executor, backends)
+    add_ui_routes(app, executor, backends, config)
 
     @app.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"],
                    include_in_schema=False)

@@ -14,6 +14,7 @@ from starlette.responses import Response
 
 from shardplanner.plan import QueryRequest
 
+from ..activity import CURRENT
 from ..config import Config
 from ..errors import PromError
 from ..pipeline import Answer, QueryService
@@ -28,6 +29,14 @@ def _client(request: Request) -> str:
     return request.client.host if request.client is not None else ""
 
 
+def _note(form: dict[str, str], is_range: bool) -> dict[str, str]:
+    """The query's text for the operator page while it runs (proxy/activity.py)."""
+    record = CURRENT.get()
+    if record is not None:
+        record.note(query=form.get("query", ""), range=is_range)
+    return form
+
+
 def _answer(request: Request, req: QueryRequest, answer: Answer) -> Response:
     """The response, and what the access log says about the query (request.state)."""
     request.state.promaccel_query = {"query": req.query[:1000], "range": req.is_range, **answer.info}
@@ -40,7 +49,7 @@ def add_query_routes(route: Routes, executor: QueryService, config: Config) -> N
     @route("/api/v1/query")
     async def query(request: Request) -> Response:
         pairs = await read_pairs(request, max_body)
-        p = parse_instant(first_values(pairs), now_ms=int(time.time() * 1000))
+        p = parse_instant(_note(first_values(pairs), False), now_ms=int(time.time() * 1000))
         req = QueryRequest.instant(p.query, p.time_ms)
         return _answer(request, req, await executor.query(req, pairs, request.headers, p.timeout_ms,
                                                           _client(request)))
@@ -48,7 +57,7 @@ def add_query_routes(route: Routes, executor: QueryService, config: Config) -> N
     @route("/api/v1/query_range")
     async def query_range(request: Request) -> Response:
         pairs = await read_pairs(request, max_body)
-        p = parse_range(first_values(pairs), config.limits.max_points)
+        p = parse_range(_note(first_values(pairs), True), config.limits.max_points)
         limit = config.limits.max_query_range
         if limit and p.end_ms - p.start_ms > limit:
             raise PromError(

@@ -18,6 +18,7 @@ import time
 import urllib.parse
 from typing import Mapping, Sequence
 
+from ..activity import ACTIVITY
 from ..config import BackendConfig
 from ..errors import PromError
 from ..metrics import METRICS
@@ -104,13 +105,17 @@ class Backend:
                 hdrs["Content-Type"] = "application/x-www-form-urlencoded"
             headers = hdrs
         t0 = time.perf_counter()
+        reply: BackendReply | None = None
         try:
             if limited:
                 async with self._sem:
-                    return await self._send(method, path, params, body, headers, timeout_s, endpoint)
-            return await self._send(method, path, params, body, headers, timeout_s, endpoint)
+                    reply = await self._send(method, path, params, body, headers, timeout_s, endpoint)
+            else:
+                reply = await self._send(method, path, params, body, headers, timeout_s, endpoint)
+            return reply
         except Exception as exc:  # translated once, here
             METRICS.backend_errors.labels(self.name, type(exc).__name__).inc()
+            ACTIVITY.backend_call(self.name, endpoint, time.perf_counter() - t0, None, type(exc).__name__)
             if is_timeout(exc):
                 raise PromError(
                     "timeout", f"backend {self.name!r} did not answer in time ({endpoint})"
@@ -122,7 +127,10 @@ class Backend:
                 ) from exc
             raise
         finally:
-            METRICS.backend_latency.labels(self.name, endpoint).observe(time.perf_counter() - t0)
+            elapsed = time.perf_counter() - t0
+            METRICS.backend_latency.labels(self.name, endpoint).observe(elapsed)
+            if reply is not None:
+                ACTIVITY.backend_call(self.name, endpoint, elapsed, reply.status)
 
     async def _send(self, method: str, path: str, params: Sequence[tuple[str, str]] | None, body: bytes | None,
                     headers: Mapping[str, str] | None, timeout_s: float | None, endpoint: str) -> BackendReply:

@@ -23,6 +23,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from ..errors import PromError
 from ..metrics import METRICS
@@ -113,6 +114,8 @@ class RedisStore(PieceStore):
         self.breaker = CircuitBreaker(breaker_failures, breaker_backoff_ms, breaker_max_backoff_ms)
         self._generation = 0
         self._gen_read_at: float | None = None
+        self._ping: tuple[float, dict[str, Any]] | None = None  # (monotonic, health's ping result)
+        self._last_error: dict[str, Any] | None = None
 
     # Guarding ---------------------------------------------------------------------------
 
@@ -141,6 +144,7 @@ class RedisStore(PieceStore):
 
     def _failed(self, op: str, exc: BaseException) -> None:
         self._n["errors"] += 1
+        self._last_error = {"op": op, "error": type(exc).__name__, "at": round(time.time(), 3)}
         METRICS.cache_errors.labels(op).inc()
         self.breaker.failure()
         self._log.warning(op, f"redis cache {op} failed, bypassing the cache: {describe(exc)}")
@@ -384,6 +388,27 @@ class RedisStore(PieceStore):
             await self._client.aclose()
         except Exception as exc:  # closing a broken connection must not fail shutdown
             log.debug("closing the redis cache client: %s", exc)
+
+    async def health(self) -> dict[str, Any]:
+        """A PING within the admin timeout, past the breaker (probes every 2 s at most), the
+        breaker's state and the last failure: for the operator page. The address without
+        credentials or query parameters."""
+        now = time.monotonic()
+        if self._ping is None or now - self._ping[0] >= 2.0:
+            t0 = time.perf_counter()
+            try:
+                async with asyncio.timeout(self._admin_timeout_s):
+                    await self._client.ping()
+                ping: dict[str, Any] = {"reachable": True, "ping_ms": round((time.perf_counter() - t0) * 1000, 1)}
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 -- reported, never raised
+                ping = {"reachable": False, "ping_error": type(exc).__name__}
+            self._ping = (now, ping)
+        parts = urlsplit(self.url)
+        return {"kind": self.kind, "address": f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}",
+                "cluster": self.cluster, **self._ping[1], "breaker_open": self.breaker.is_open,
+                "errors": self._n["errors"], "bypassed": self._n["bypassed"], "last_error": self._last_error}
 
     def stats(self) -> dict[str, Any]:
         return {

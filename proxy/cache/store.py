@@ -102,6 +102,10 @@ class PieceStore(ABC):
     def stats(self) -> dict[str, Any]:
         return {"kind": self.kind, **self._n}
 
+    async def health(self) -> dict[str, Any]:
+        """For the operator page: whether the store answers (in process: always)."""
+        return {"kind": self.kind, "reachable": True, "errors": self._n["errors"]}
+
     # Shared bookkeeping ----------------------------------------------------------------
 
     def _decode_all(

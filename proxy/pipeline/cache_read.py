@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 
 from shardplanner.plan import Span
 
+from ..activity import ACTIVITY
 from ..cache import CacheKey, PieceStore
 from ..config import Config
 from ..errors import PromError
@@ -198,6 +199,7 @@ class CacheReader:
         status = "HIT" if slots and hits == len(slots) else "PARTIAL" if hits else "MISS"
         if keyed:
             METRICS.cache.labels(status.lower()).inc()
+            ACTIVITY.pieces_looked_up(hits, keyed - hits)
         return status
 
 

@@ -3,6 +3,7 @@ explain, cache administration and backend readiness."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -199,6 +200,15 @@ class QueryService:
         if self.revalidator is not None:
             out["revalidation"] = {"records": len(self.revalidator), **self.revalidator.stats}
         return out
+
+    async def health(self) -> dict[str, Any]:
+        """The store (Redis: reachable, breaker) and each backend's readiness, for the operator
+        page; names and kinds only, never URLs or credentials."""
+        cache: dict[str, Any] = await self.store().health() if self.cache_enabled else {"kind": "disabled"}
+        ready = await asyncio.gather(*(self.backend_ready(b) for b in self.backends))
+        return {"cache": cache, "backends": [
+            {"name": b.name, "kind": b.cfg.kind, "ready": ok, "primary": b is self.primary}
+            for b, ok in zip(self.backends, ready)]}
 
     async def backend_ready(self, backend: Backend) -> bool:
         now = time.monotonic()
