@@ -1,7 +1,7 @@
 # promaccel — `make demo` runs promaccel over a generated GPU fleet; `make test` runs the suite;
 # `make lint` runs ruff and mypy.
 # They set everything up on a fresh Debian/Ubuntu machine (venv, PyPI packages, and Debian's
-# prometheus, redis-server and kubernetes-client (kubectl) when missing). Services always run
+# prometheus, redis-server, kubernetes-client (kubectl) and chromium when missing). Services always run
 # on their own loopback ports.
 
 PYTHON ?= python3
@@ -25,10 +25,12 @@ $(VENV)/.installed: pyproject.toml
 
 system-deps:
 	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null || ! command -v redis-server >/dev/null \
-	    || ! command -v kubectl >/dev/null; then \
-	  echo "installing Debian's prometheus, redis-server and kubernetes-client (kubectl: tests/deploy/test_deploy.py)"; \
+	    || ! command -v kubectl >/dev/null || ! command -v chromium >/dev/null; then \
+	  echo "installing Debian's prometheus, redis-server, kubernetes-client (kubectl: tests/deploy/test_deploy.py)" \
+	    "and chromium (tests/api/test_ui_browser.py)"; \
 	  $(SUDO) apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus redis-server kubernetes-client >/dev/null; \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus redis-server \
+	    kubernetes-client chromium >/dev/null; \
 	fi
 
 test: setup

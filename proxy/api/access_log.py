@@ -23,6 +23,7 @@ _KNOWN = {
     "/api/v1/query_exemplars", "/api/v1/format_query", "/api/v1/rules", "/api/v1/alerts",
     "/api/v1/explain", "/-/healthy", "/-/ready", "/metrics", "/api/v1/status/buildinfo",
     "/api/v1/admin/cache/invalidate", "/api/v1/admin/cache/generation", "/api/v1/admin/cache/stats",
+    "/ui", "/ui/data.json",
 }
 
 

@@ -246,6 +246,44 @@ def test_redis_health(prom: Any, redis_server: Any) -> None:
 
 
 @pytest.mark.prom
+def test_a_running_query_is_listed_in_flight_then_recent(prom: Any) -> None:
+    """A backend that stalls 3 s (tests/faulty.py): while the query waits, data.json lists it in
+    flight with its text and running time; then among the recent, with its backend time."""
+    from tests import faulty
+
+    backend = faulty.start(prom.url)
+    query = "max(DCGM_FI_DEV_GPU_TEMP)"
+
+    async def body(c: httpx.AsyncClient) -> tuple[list[dict[str, Any]], httpx.Response, dict[str, Any]]:
+        await c.get("/ui/data.json")  # the backend's readiness, probed (and kept 2 s) without a stall
+        backend.set("stall", first=None)
+        running = asyncio.create_task(c.get("/api/v1/query", params={"query": query, "time": str(prom.end_s)}))
+        seen: list[dict[str, Any]] = []
+        for _ in range(20):
+            await asyncio.sleep(0.1)
+            seen = [q for q in (await c.get("/ui/data.json")).json()["data"]["in_flight"] if q.get("query") == query]
+            if seen and seen[0]["running_ms"] > 500:
+                break
+        answer = await running
+        backend.set(None)
+        return seen, answer, (await c.get("/ui/data.json")).json()["data"]
+
+    try:
+        seen, answer, data = _serve({"backends": [{"name": "slow", "url": backend.url}]}, body)
+    finally:
+        backend.stop()
+    assert answer.status_code == 200
+    assert len(seen) == 1, "the query was never listed in flight"
+    (q,) = seen
+    assert q["query_id"] == answer.headers["x-promaccel-query-id"] and q["range"] is False
+    assert q["running_ms"] > 500 and "duration_ms" not in q and q["status"] is None
+    assert all(r["query_id"] != q["query_id"] for r in data["in_flight"])
+    done = next(r for r in data["recent"] if r["query_id"] == q["query_id"])
+    assert done["status"] == 200 and done["duration_ms"] >= 3000 and done["backend_max_ms"] >= 3000
+    assert (done["piece_hits"], done["piece_misses"]) == (0, 1) and done["cache"] == "MISS"
+
+
+@pytest.mark.prom
 def test_backend_down_shows_not_ready_with_its_error(prom: Any) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
 
