@@ -480,9 +480,13 @@ def test_no_secret_in_promaccel_logs_or_metrics(stacks: dict[str, Stack]) -> Non
     for name, stack in stacks.items():
         text, _ = _metrics(stack.proxy)
         log = stack.proxy.log.read_text(errors="replace")
+        ui = httpx.get(stack.proxy.url + "/ui/data.json", timeout=10).text
+        assert '"backends":[{"name":"amp","kind":"amp"' in ui  # the operator page names it, no more
+        assert stack.amp.workspace.split("//")[1] not in ui
         for secret in (TEST_SECRET_KEY, SESSION_SECRET, SESSION_TOKEN, "Signature=", "AWS4-HMAC-SHA256"):
             assert secret not in log, (name, secret)
             assert secret not in text, (name, secret)
+            assert secret not in ui, (name, secret)
 
 
 @pytest.mark.prom
@@ -507,6 +511,10 @@ def test_samples_processed_reported(prom: Any, stacks: dict[str, Stack]) -> None
     _, after = _metrics(proxy)
     key = ("promaccel_backend_samples_processed_total", (("backend", "amp"),))
     assert after.get(key, 0) - before.get(key, 0) == reported
+    # The operator page lists it with the same count.
+    recent = httpx.get(proxy.url + "/ui/data.json", timeout=10).json()["data"]["recent"]
+    row = next(q for q in recent if q["query_id"] == r.headers["X-Promaccel-Query-Id"])
+    assert row["samples_processed"] == reported and row["query"] == q
 
 
 @pytest.mark.prom
