@@ -1,6 +1,6 @@
 """What this process is doing and did lately, for the operator page (`/ui`, proxy/api/ui.py).
 
-In process and bounded: the queries in flight, the last `recent` finished ones, one tally
+In process and bounded: the queries in flight (the first 200 listed, all counted), the last `recent` finished ones, one tally
 per minute for the last hour (queries, errors, cache piece hits and misses, backend calls
 and their latency), and each backend's last call. Fed by the access log middleware (a
 query's start and end), `CacheReader.count` (a query's piece hits and misses) and
@@ -119,14 +119,15 @@ class BackendSeen:
 class Activity:
     """The recorder (one per process: `ACTIVITY`). Every method is O(1) and never raises."""
 
-    def __init__(self, recent: int = 100, max_in_flight: int = 1_000,
+    def __init__(self, recent: int = 100, max_in_flight: int = 200,
                  clock: Any = time.time, perf: Any = time.perf_counter) -> None:
         self.clock = clock
         self.perf = perf
         self.started = clock()
         self.recent: deque[QueryRecord] = deque(maxlen=max(1, recent))
-        self.in_flight: dict[int, QueryRecord] = {}
+        self.in_flight: dict[int, QueryRecord] = {}  # the first max_in_flight of those running
         self.max_in_flight = max_in_flight
+        self.running = 0
         self.minutes = [Minute() for _ in range(MINUTES)]
         self.backends: dict[str, BackendSeen] = {}
         self._seq = itertools.count(1)
@@ -146,13 +147,15 @@ class Activity:
 
     def begin(self, query_id: str, method: str, path: str) -> QueryRecord:
         rec = QueryRecord(next(self._seq), query_id, method, path, self.clock(), self.perf())
-        if len(self.in_flight) < self.max_in_flight:  # beyond: it still runs, shown once done
+        self.running += 1
+        if len(self.in_flight) < self.max_in_flight:  # beyond: counted, listed once done
             self.in_flight[rec.seq] = rec
         return rec
 
     def finish(self, rec: QueryRecord, status: int, duration_s: float, fields: dict[str, object],
                error: str | None = None) -> None:
         self.in_flight.pop(rec.seq, None)
+        self.running -= 1
         # The text noted when the query was read is kept (the access log's is cut shorter).
         rec.note(**{k: v for k, v in fields.items() if k != "query" or "query" not in rec.fields})
         rec.status = status
@@ -213,6 +216,7 @@ class Activity:
             hour.append(slot.view() if slot.minute == m else Minute(minute=m).view())
         return {
             "now": round(now, 3), "started": round(self.started, 3), "pid": os.getpid(),
+            "running": self.running,
             "in_flight": [r.view(perf) for r in sorted(self.in_flight.values(), key=lambda r: r.seq)],
             "recent": [r.view(perf) for r in reversed(self.recent)],
             "minutes": hour,

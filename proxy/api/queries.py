@@ -33,7 +33,9 @@ def _note(form: dict[str, str], is_range: bool) -> dict[str, str]:
     """The query's text for the operator page while it runs (proxy/activity.py)."""
     record = CURRENT.get()
     if record is not None:
-        record.note(query=form.get("query", ""), range=is_range)
+        record.note(range=is_range)
+        if "query" in form:
+            record.note(query=form["query"])
     return form
 
 

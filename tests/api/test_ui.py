@@ -45,16 +45,28 @@ def test_in_flight_then_recent_newest_first_and_bounded() -> None:
     recs = [act.begin(f"id{i}", "POST", "/api/v1/query_range") for i in range(5)]
     recs[0].note(query="up")
     snap = act.snapshot()
-    assert [r["query_id"] for r in snap["in_flight"]] == [f"id{i}" for i in range(5)]
+    assert [r["query_id"] for r in snap["in_flight"]] == [f"id{i}" for i in range(5)] and snap["running"] == 5
     assert snap["in_flight"][0]["query"] == "up" and "duration_ms" not in snap["in_flight"][0]
     clock.t += 2
     assert act.snapshot()["in_flight"][0]["running_ms"] == 2000.0
     for i, r in enumerate(recs):
         act.finish(r, 200, 0.25, {"pieces": i, "cache": "MISS"})
     snap = act.snapshot()
-    assert snap["in_flight"] == []
+    assert snap["in_flight"] == [] and snap["running"] == 0
     assert [r["query_id"] for r in snap["recent"]] == ["id4", "id3", "id2"]  # the last 3, newest first
     assert snap["recent"][0]["pieces"] == 4 and snap["recent"][0]["duration_ms"] == 250.0
+
+
+def test_in_flight_list_is_bounded_but_all_are_counted() -> None:
+    clock = Clock()
+    act = Activity(recent=10, max_in_flight=2, clock=clock, perf=clock)
+    recs = [act.begin(f"id{i}", "GET", "/api/v1/query") for i in range(5)]
+    snap = act.snapshot()
+    assert snap["running"] == 5 and [r["query_id"] for r in snap["in_flight"]] == ["id0", "id1"]
+    for r in recs:
+        act.finish(r, 200, 0.1, {})
+    snap = act.snapshot()
+    assert snap["running"] == 0 and snap["in_flight"] == [] and len(snap["recent"]) == 5
 
 
 def test_only_listed_fields_are_kept_and_texts_are_cut() -> None:
