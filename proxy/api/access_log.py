@@ -11,6 +11,7 @@ import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..activity import ACTIVITY, CURRENT
+from ..backends.redaction import redact
 from ..metrics import METRICS
 
 access_log = logging.getLogger("promaccel.access")
@@ -132,17 +133,18 @@ slow_log = logging.getLogger("promaccel.slow")
 
 
 def error_text(body: bytes, encoded: bool) -> str:
-    """The message of an error answer: Prometheus's `error` field, else the body's start."""
+    """The message of an error answer (Prometheus's `error` field, else the body's start) for
+    the operator page, redacted as log lines are (a relayed AWS error may echo a signature)."""
     if encoded:
         return "(compressed error body)"
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return body[:200].decode("utf-8", "replace").strip() or "(no body)"
+        return redact(body[:200].decode("utf-8", "replace").strip()) or "(no body)"
     if isinstance(parsed, dict) and isinstance(parsed.get("error"), str):
         kind = parsed.get("errorType")
-        return f"{kind}: {parsed['error']}" if isinstance(kind, str) else parsed["error"]
-    return body[:200].decode("utf-8", "replace")
+        return redact(f"{kind}: {parsed['error']}" if isinstance(kind, str) else parsed["error"])
+    return redact(body[:200].decode("utf-8", "replace"))
 
 
 class JsonFormatter(logging.Formatter):

@@ -15,6 +15,7 @@ from starlette.responses import Response
 from shardplanner.plan import QueryRequest
 
 from ..activity import CURRENT
+from ..backends.redaction import redact
 from ..config import Config
 from ..errors import PromError
 from ..pipeline import Answer, QueryService
@@ -35,7 +36,7 @@ def _note(form: dict[str, str], is_range: bool) -> dict[str, str]:
     if record is not None:
         record.note(range=is_range)
         if "query" in form:
-            record.note(query=form["query"])
+            record.note(query=redact(form["query"]))  # as the access log line is
     return form
 
 

@@ -138,6 +138,11 @@ def test_error_text() -> None:
         "bad_data: parse error"
     assert error_text(b"<html>502 Bad Gateway</html>", False) == "<html>502 Bad Gateway</html>"
     assert error_text(b"\x1f\x8b...", True) == "(compressed error body)"
+    # A relayed AWS error echoing what was signed is redacted as a log line would be.
+    shown = error_text(b'{"status":"error","errorType":"unavailable","error":"canonical request: '
+                       b'x-amz-security-token:FwoGZXIvYXdzEXAMPLE Signature=0123456789abcdef0123456789"}', False)
+    assert "FwoGZXIvYXdzEXAMPLE" not in shown and "0123456789abcdef0123456789" not in shown
+    assert shown.startswith("unavailable: canonical request: x-amz-security-token:")
 
 
 # --- /ui and /ui/data.json in process -------------------------------------------------------
