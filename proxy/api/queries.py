@@ -21,11 +21,16 @@ from .forms import first_values, read_pairs
 from .params import format_duration_ms, parse_instant, parse_range
 from .responses import JSON, response_of
 from .routing import Routes
+from .tenants import view_of
 
 
 def _client(request: Request) -> str:
     """The client's address (who counts against limits.max_queries_per_client)."""
     return request.client.host if request.client is not None else ""
+
+
+def _service(request: Request) -> QueryService:
+    return view_of(request).service
 
 
 def _answer(request: Request, req: QueryRequest, answer: Answer) -> Response:
@@ -34,7 +39,8 @@ def _answer(request: Request, req: QueryRequest, answer: Answer) -> Response:
     return response_of(answer)
 
 
-def add_query_routes(route: Routes, executor: QueryService, config: Config) -> None:
+def add_query_routes(route: Routes, config: Config) -> None:
+    """The query routes; each request runs on its view's service (tenants.py)."""
     max_body = config.limits.max_body_bytes
 
     @route("/api/v1/query")
@@ -42,7 +48,7 @@ def add_query_routes(route: Routes, executor: QueryService, config: Config) -> N
         pairs = await read_pairs(request, max_body)
         p = parse_instant(first_values(pairs), now_ms=int(time.time() * 1000))
         req = QueryRequest.instant(p.query, p.time_ms)
-        return _answer(request, req, await executor.query(req, pairs, request.headers, p.timeout_ms,
+        return _answer(request, req, await _service(request).query(req, pairs, request.headers, p.timeout_ms,
                                                           _client(request)))
 
     @route("/api/v1/query_range")
@@ -57,7 +63,7 @@ def add_query_routes(route: Routes, executor: QueryService, config: Config) -> N
                 f"{format_duration_ms(limit)} (limits.max_query_range): narrow the time range",
             )
         req = QueryRequest.range(p.query, p.start_ms, p.end_ms, p.step_ms)
-        return _answer(request, req, await executor.query(req, pairs, request.headers, p.timeout_ms,
+        return _answer(request, req, await _service(request).query(req, pairs, request.headers, p.timeout_ms,
                                                           _client(request)))
 
     @route("/api/v1/explain")
@@ -70,5 +76,5 @@ def add_query_routes(route: Routes, executor: QueryService, config: Config) -> N
         else:
             ip = parse_instant(form, now_ms=int(time.time() * 1000))
             req = QueryRequest.instant(ip.query, ip.time_ms)
-        data = await executor.explain(req, request.headers, pairs)
+        data = await _service(request).explain(req, request.headers, pairs)
         return Response(orjson.dumps({"status": "success", "data": data}), media_type=JSON)
