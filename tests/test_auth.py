@@ -14,7 +14,7 @@ import pytest
 
 from proxy.auth import Authenticator, AuthFailure, sha256_hex
 from proxy.backends.tenancy import NO_TENANT, Tenancy
-from proxy.config import Config, ConfigError, build_config
+from proxy.config import Config, ConfigError, build_config, load_config
 
 TOKEN_A = "tok-a-0123456789abcdef"
 TOKEN_B = "tok-b-0123456789abcdef"
@@ -81,28 +81,37 @@ def test_refusals_never_show_the_secret(header: str | None, reason: str) -> None
 
 def test_plain_secrets_from_file_and_env_are_hashed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tokens = tmp_path / "tokens"
-    tokens.write_text(f"# team-a's tokens\n{TOKEN_A}\n\nsha256:{sha256_hex('another-token-0123456')}\n")
+    tokens.write_text(f"# team-b's tokens\n{TOKEN_B}\n\nsha256:{sha256_hex('another-token-0123456')}\n")
     password = tmp_path / "password"
     password.write_text(PASSWORD + "\n")
-    monkeypatch.setenv("PROMACCEL_AUTH_TEAM_B", f"{TOKEN_B}, second-token-0123456789")
-    monkeypatch.setenv("PROMACCEL_AUTH_GRAFANA_C", PASSWORD + "-c")
+    monkeypatch.setenv("PROMACCEL_AUTH_TEAM_A", f"{TOKEN_A}, second-token-0123456789")
+    monkeypatch.setenv("PROMACCEL_AUTH_GRAFANA_A", PASSWORD + "-a")
     cfg = _cfg({"tenants": [
-        {"name": "team-a", "tokens_file": str(tokens)},
-        {"name": "team-b", "tokens_env": "PROMACCEL_AUTH_TEAM_B",
-         "basic": [{"user": "grafana-b", "password_file": str(password)}]},
-        {"name": "team-c", "basic": [{"user": "grafana-c", "password_env": "PROMACCEL_AUTH_GRAFANA_C"}]},
+        {"name": "team-a", "tokens_env": "PROMACCEL_AUTH_TEAM_A",
+         "basic": [{"user": "grafana-a", "password_env": "PROMACCEL_AUTH_GRAFANA_A"}]},
+        {"name": "team-b", "tokens_file": str(tokens), "basic": [{"user": "grafana-b", "password_file": str(password)}]},
     ]})
-    assert cfg.auth.tenants[0].token_digests() == [sha256_hex(TOKEN_A), sha256_hex("another-token-0123456")]
+    assert cfg.auth.tenants[1].token_digests() == [sha256_hex(TOKEN_B), sha256_hex("another-token-0123456")]
     auth = Authenticator(cfg.auth)
     assert auth.tenant_of(f"Bearer {TOKEN_A}") == "team-a"
-    assert auth.tenant_of("Bearer another-token-0123456") == "team-a"
-    assert auth.tenant_of("Bearer second-token-0123456789") == "team-b"
+    assert auth.tenant_of("Bearer second-token-0123456789") == "team-a"
+    assert auth.tenant_of(_basic("grafana-a", PASSWORD + "-a")) == "team-a"
+    assert auth.tenant_of(f"Bearer {TOKEN_B}") == "team-b"
+    assert auth.tenant_of("Bearer another-token-0123456") == "team-b"
     assert auth.tenant_of(_basic("grafana-b", PASSWORD)) == "team-b"
-    assert auth.tenant_of(_basic("grafana-c", PASSWORD + "-c")) == "team-c"
     # The config and the authenticator keep digests only: no plain secret in their state.
     dumped = repr(cfg.model_dump()) + repr(vars(auth))
     for secret in (TOKEN_A, TOKEN_B, PASSWORD, "second-token"):
         assert secret not in dumped
+
+
+def test_example_config_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """config/examples/tenants.yaml (README "Auth and tenants"), its plain secrets set."""
+    monkeypatch.setenv("PROMACCEL_AUTH_SRE", "sre-token-0123456789abcdef")
+    monkeypatch.setenv("PROMACCEL_AUTH_GRAFANA_B", "grafana-b-password-0123456789")
+    cfg = load_config(str(Path(__file__).resolve().parent.parent / "config" / "examples" / "tenants.yaml"))
+    assert [t.name for t in cfg.auth.tenants] == ["team-a", "team-b", "sre"]
+    assert Authenticator(cfg.auth).tenant_of("Bearer sre-token-0123456789abcdef") == "sre"
 
 
 @pytest.mark.parametrize("auth, fragment", [
