@@ -116,6 +116,8 @@ def _serve(args: argparse.Namespace, argv: list[str]) -> int:
     backends = ", ".join(f"{b.name}={b.display_url}{' (basic auth)' if b.basic_auth else ''}"
                          for b in cfg.backends)
     cache = cfg.cache.redis_url and "redis" or "in-process"
+    if cfg.auth.enabled:  # tenant names only, never a credential
+        cache += f"; auth: {len(cfg.auth.tenants)} tenants ({', '.join(t.name for t in cfg.auth.tenants)})"
     from .api.server_limits import configure
 
     # http: uvicorn's httptools protocol with header size and read deadlines (proxy/api/server_limits.py);

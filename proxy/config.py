@@ -32,6 +32,7 @@ from shardplanner.regex import RegexError
 from shardplanner.regex import matcher as regex_matcher
 
 from .api.params import parse_prom_duration_ms
+from .auth import AuthConfig, sha256_hex
 
 
 class ConfigError(Exception):
@@ -445,6 +446,7 @@ class Config(_Strict):
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     tenancy: TenancyConfig = Field(default_factory=TenancyConfig)
     ui: UiConfig = Field(default_factory=UiConfig)
+    auth: AuthConfig = Field(default_factory=AuthConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # text: one line per request, human-readable; json: one JSON object per log record (the
     # access line carries query id, Grafana's headers, plan shape, pieces, cache, backend calls,
@@ -462,6 +464,23 @@ class Config(_Strict):
                     "tenancy.forward_headers has authorization, but backend(s) "
                     f"{', '.join(map(repr, clash))} send their own basic_auth: one Authorization "
                     "header per request")
+        return self
+
+    @model_validator(mode="after")
+    def _auth(self) -> "Config":
+        if not self.auth.enabled:
+            return self
+        names = {b.name for b in self.backends}
+        for t in self.auth.tenants:
+            unknown = [n for n in t.backends or () if n not in names]
+            if unknown and self.backends:  # no backends yet: load_config adds --backend ones
+                raise ValueError(f"tenant {t.name!r} names unknown backend(s) {', '.join(map(repr, unknown))}")
+        if "authorization" in self.tenancy.forward_headers:
+            raise ValueError("tenancy.forward_headers has authorization, but auth is on: the client's "
+                             "Authorization header holds its promaccel credential, never forwarded")
+        admin = self.cache.admin_token or os.environ.get("PROMACCEL_ADMIN_TOKEN")
+        if admin and any(sha256_hex(admin) in t.token_digests() for t in self.auth.tenants):
+            raise ValueError("cache.admin_token is also a tenant's token: give admin its own")
         return self
 
     @field_validator("backends")

@@ -51,6 +51,10 @@ class _Metrics:
             ["backend"],
             registry=r,
         )
+        # Requests refused for missing or wrong credentials (auth): reason missing | invalid.
+        self.auth_failures = Counter(
+            "promaccel_auth_failures_total", "Requests refused with 401 (auth)", ["reason"], registry=r
+        )
         self.backend_retries = Counter(
             "promaccel_backend_retries_total", "Backend calls retried", ["backend"], registry=r
         )

@@ -1,7 +1,8 @@
 """The HTTP surface: Prometheus's API routes over the executor.
 
     app.py            `create_app`: the FastAPI app, its lifespan, middleware and handlers
-    routing.py        the route wrapper (request's tenant, PromError -> Prometheus's error)
+    routing.py        the route wrapper (auth, request's tenant, PromError -> Prometheus's error)
+    tenants.py        what a request sees: its tenant's query service and backends
     queries.py        /api/v1/query, /api/v1/query_range, /api/v1/explain
     relays.py         endpoints relayed to the backends (status pages, label values, ...)
     metadata.py       series, labels, label values and metadata fanned out over a hybrid fleet

@@ -1,5 +1,5 @@
 """Per-request metrics and the access log: each request timed, counted by endpoint, and
-logged with the headers Grafana sends (never auth headers)."""
+logged with the headers Grafana sends and the tenant's name (never auth headers)."""
 
 from __future__ import annotations
 
@@ -103,11 +103,13 @@ class AccessLog:
             slow = bool(self.slow_query_s) and elapsed >= self.slow_query_s and endpoint in _QUERY_ENDPOINTS
             if slow or access_log.isEnabledFor(logging.INFO):
                 hdrs = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", [])}
+                state = scope.get("state", {})
                 fields: dict[str, object] = {
                     "query_id": query_id, "method": scope.get("method"), "path": path, "status": status,
                     "duration_ms": round(elapsed * 1000, 1), "bytes": sent,
+                    **({"tenant": state["promaccel_tenant"]} if "promaccel_tenant" in state else {}),
                     **{h.removeprefix("x-").replace("-", "_"): hdrs[h] for h in GRAFANA_HEADERS if h in hdrs},
-                    **(scope.get("state", {}).get("promaccel_query") or {}), **answer,
+                    **(state.get("promaccel_query") or {}), **answer,
                 }
                 text = " ".join(f"{k}={v}" for k, v in fields.items() if k not in ("method", "path", "status",
                                                                                  "duration_ms", "query"))

@@ -1,7 +1,8 @@
 """Cache administration: invalidate by selector and time range, bump the generation, stats.
 
 Disabled unless `cache.admin_token` (or PROMACCEL_ADMIN_TOKEN) is set; every call needs
-`Authorization: Bearer <token>`, compared in constant time.
+`Authorization: Bearer <token>`, compared in constant time. With auth on, these routes are not
+a tenant's: a tenant's token gets 403 here, only the admin token passes.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def add_admin_routes(route: Routes, executor: QueryService, config: Config) -> N
         if not hmac.compare_digest(token.strip().encode(), admin_token.encode()):
             raise PromError("forbidden", "wrong admin token", status=403)
 
-    @route("/api/v1/admin/cache/invalidate", ("POST",))
+    @route("/api/v1/admin/cache/invalidate", ("POST",), tenant=False)
     async def cache_invalidate(request: Request) -> Response:
         check_admin(request)
         pairs = await read_pairs(request, max_body)
@@ -68,13 +69,13 @@ def add_admin_routes(route: Routes, executor: QueryService, config: Config) -> N
             "dropped": dropped, "metrics": None if names is None else sorted(names),
             "start_ms": start_ms, "end_ms": end_ms}}), media_type=JSON)
 
-    @route("/api/v1/admin/cache/generation", ("POST",))
+    @route("/api/v1/admin/cache/generation", ("POST",), tenant=False)
     async def cache_generation(request: Request) -> Response:
         check_admin(request)
         generation = await executor.bump_generation()
         return Response(orjson.dumps({"status": "success", "data": {"generation": generation}}), media_type=JSON)
 
-    @route("/api/v1/admin/cache/stats", ("GET",))
+    @route("/api/v1/admin/cache/stats", ("GET",), tenant=False)
     async def cache_stats(request: Request) -> Response:
         check_admin(request)
         return Response(orjson.dumps({"status": "success", "data": executor.cache_stats()}), media_type=JSON)

@@ -31,6 +31,7 @@ from .queries import add_query_routes
 from .relays import add_relay_routes
 from .responses import error, unknown_path
 from .routing import Routes
+from .tenants import Views
 from .ui import add_ui_routes
 
 log = logging.getLogger("promaccel")
@@ -41,13 +42,18 @@ def create_app(config: Config) -> FastAPI:
     backends = [Backend(b) for b in config.backends]
     executor = QueryService(config, backends)
     tenancy = Tenancy(config.tenancy.forward_headers, config.tenancy.hash_key())
+    views = Views(config, executor, backends)  # auth on: a service per tenant (tenants.py)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await executor.start()
+        for service in views.services:
+            await service.start()
         try:
             yield
         finally:
+            for service in views.services:
+                await service.aclose()
             await executor.aclose()
             for b in backends:
                 await b.aclose()
@@ -58,10 +64,10 @@ def create_app(config: Config) -> FastAPI:
     )
     app.state.executor = executor
 
-    route = Routes(app, tenancy)
-    add_query_routes(route, executor, config)
+    route = Routes(app, tenancy, views)
+    add_query_routes(route, config)
     add_admin_routes(route, executor, config)
-    add_relay_routes(route, executor, backends, config.limits.max_body_bytes)
+    add_relay_routes(route, config.limits.max_body_bytes)
     add_health_routes(app, executor, backends)
     add_ui_routes(app, executor, backends, config)
 

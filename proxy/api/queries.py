@@ -23,6 +23,7 @@ from .forms import first_values, read_pairs
 from .params import format_duration_ms, parse_instant, parse_range
 from .responses import JSON, response_of
 from .routing import Routes
+from .tenants import view_of
 
 
 def _client(request: Request) -> str:
@@ -40,13 +41,18 @@ def _note(form: dict[str, str], is_range: bool) -> dict[str, str]:
     return form
 
 
+def _service(request: Request) -> QueryService:
+    return view_of(request).service
+
+
 def _answer(request: Request, req: QueryRequest, answer: Answer) -> Response:
     """The response, and what the access log says about the query (request.state)."""
     request.state.promaccel_query = {"query": req.query[:1000], "range": req.is_range, **answer.info}
     return response_of(answer)
 
 
-def add_query_routes(route: Routes, executor: QueryService, config: Config) -> None:
+def add_query_routes(route: Routes, config: Config) -> None:
+    """The query routes; each request runs on its view's service (tenants.py)."""
     max_body = config.limits.max_body_bytes
 
     @route("/api/v1/query")
@@ -54,7 +60,7 @@ def add_query_routes(route: Routes, executor: QueryService, config: Config) -> N
         pairs = await read_pairs(request, max_body)
         p = parse_instant(_note(first_values(pairs), False), now_ms=int(time.time() * 1000))
         req = QueryRequest.instant(p.query, p.time_ms)
-        return _answer(request, req, await executor.query(req, pairs, request.headers, p.timeout_ms,
+        return _answer(request, req, await _service(request).query(req, pairs, request.headers, p.timeout_ms,
                                                           _client(request)))
 
     @route("/api/v1/query_range")
@@ -69,7 +75,7 @@ def add_query_routes(route: Routes, executor: QueryService, config: Config) -> N
                 f"{format_duration_ms(limit)} (limits.max_query_range): narrow the time range",
             )
         req = QueryRequest.range(p.query, p.start_ms, p.end_ms, p.step_ms)
-        return _answer(request, req, await executor.query(req, pairs, request.headers, p.timeout_ms,
+        return _answer(request, req, await _service(request).query(req, pairs, request.headers, p.timeout_ms,
                                                           _client(request)))
 
     @route("/api/v1/explain")
@@ -82,5 +88,5 @@ def add_query_routes(route: Routes, executor: QueryService, config: Config) -> N
         else:
             ip = parse_instant(form, now_ms=int(time.time() * 1000))
             req = QueryRequest.instant(ip.query, ip.time_ms)
-        data = await executor.explain(req, request.headers, pairs)
+        data = await _service(request).explain(req, request.headers, pairs)
         return Response(orjson.dumps({"status": "success", "data": data}), media_type=JSON)

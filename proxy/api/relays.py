@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 import time
 import urllib.parse
-from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -20,9 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .. import __version__
-from ..backends import Backend
 from ..errors import PromError
-from ..pipeline import QueryService
 from ..result.golang import go_quote
 from .access_log import endpoint_label
 from .forms import first_values, read_pairs
@@ -31,6 +28,7 @@ from .params import parse_optional_time
 from .responses import JSON, unknown_path
 from .responses import relay as relay_reply
 from .routing import Handler, Routes
+from .tenants import view_of
 
 PROMETHEUS_COMPAT_VERSION = "2.42.0"
 STATUS_PAGES = frozenset({"config", "flags", "runtimeinfo", "tsdb", "walreplay"})
@@ -51,17 +49,20 @@ RELAYED: tuple[tuple[str, tuple[str, ...], str | None], ...] = (
 )
 
 
-def add_relay_routes(route: Routes, executor: QueryService, backends: Sequence[Backend], max_body: int) -> None:
-    primary = backends[0]
+def add_relay_routes(route: Routes, max_body: int) -> None:
+    """Relays over the request's view (tenants.py): its backends only, its primary for what
+    one backend answers."""
 
     async def relay(request: Request, path: str, kind: str | None = None) -> Response:
         pairs = await read_pairs(request, max_body)
-        if kind is not None and executor.hybrid:
+        view = view_of(request)
+        primary = view.primary
+        if kind is not None and view.service.hybrid:
             form = first_values(pairs)
             start_ms, end_ms = parse_optional_time(form, "start"), parse_optional_time(form, "end")
             names: list[str | None] | None = (
                 [form["metric"]] if kind == "metadata" and form.get("metric") else metric_names(pairs))
-            return await fan_out(backends, request.method, path, pairs, kind, names,
+            return await fan_out(view.backends, request.method, path, pairs, kind, names,
                                  start_ms, end_ms, int(time.time() * 1000), endpoint_label(path))
         if request.method == "POST":
             reply = await primary.request_sound("POST", path, form=pairs, endpoint=endpoint_label(path))
@@ -97,7 +98,8 @@ def add_relay_routes(route: Routes, executor: QueryService, backends: Sequence[B
             "goVersion": "promaccel (python)",
         }
         try:
-            reply = await primary.request("GET", "/api/v1/status/buildinfo", endpoint="buildinfo", timeout_s=5)
+            reply = await view_of(request).primary.request("GET", "/api/v1/status/buildinfo", endpoint="buildinfo",
+                                                           timeout_s=5)
             if reply.ok:
                 backend_data = orjson.loads(reply.body).get("data") or {}
                 if isinstance(backend_data, dict) and backend_data.get("version"):

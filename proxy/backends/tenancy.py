@@ -9,8 +9,9 @@ puts, a shard-value refresh) -- carries them without the executor passing them a
 `Backend` (backend.py) reads `current()` when sending.
 
 `scope()` is the cache and coalescing scope of the current request: "" when no forwarded
-header is present (always, when none is configured), else a keyed BLAKE2b hash of the
-forwarded names and values (microseconds; cached). Cache keys, the single-flight keys and
+header is present (always, when none is configured) and auth is off, else a keyed BLAKE2b
+hash of the authenticated tenant's name (`auth`, proxy/auth.py) and the forwarded names and
+values (microseconds; cached). Cache keys, the single-flight keys and
 the recent-call keys in proxy/pipeline/ include it, so two tenants never share an entry or
 a backend call; the raw values are never stored.
 """
@@ -54,14 +55,15 @@ class Tenancy:
             h.update(name.encode("latin-1") + b"\0" + value.encode("utf-8", "surrogateescape") + b"\0\0")
         return "t2:" + h.hexdigest()
 
-    def of(self, headers: Mapping[str, str]) -> Tenant:
-        """The forwarded headers of a request's headers (lower-case names, configured order)."""
-        if not self.names:
+    def of(self, headers: Mapping[str, str], tenant: str = "") -> Tenant:
+        """The forwarded headers of a request's headers (lower-case names, configured order),
+        and its scope: of them and of `tenant`, the name of the tenant it authenticated as
+        (hashed as a header with an empty name, which no real header has)."""
+        picked = tuple((n, v) for n in self.names if (v := headers.get(n))) if self.names else ()
+        if not picked and not tenant:
             return NO_TENANT
-        picked = tuple((n, v) for n in self.names if (v := headers.get(n)))
-        if not picked:
-            return NO_TENANT
-        return Tenant(picked, self._scope(picked))
+        keyed = (("", tenant), *picked) if tenant else picked
+        return Tenant(picked, self._scope(keyed))
 
 
 def current() -> Forwarded:

@@ -124,11 +124,12 @@ class Admit:
     """Stage: admission (queries in flight, a bounded wait), this query's allowances, and its
     tally of samples processed."""
 
-    def __init__(self, limits: LimitsConfig, next: Stage[Query, Answer]) -> None:
+    def __init__(self, limits: LimitsConfig, next: Stage[Query, Answer], admission: Admission | None = None) -> None:
         self.limits = limits
         self.next = next
-        self.admission = Admission(limits.max_queries_in_flight, limits.max_queries_per_client,
-                                   limits.max_queued, limits.queue_timeout / 1000)
+        # Shared by the pipelines of all tenants (auth): the limits are the process's.
+        self.admission = admission or Admission(limits.max_queries_in_flight, limits.max_queries_per_client,
+                                                limits.max_queued, limits.queue_timeout / 1000)
 
     async def __call__(self, q: Query) -> Answer:
         client = q.client or "-"

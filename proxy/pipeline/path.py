@@ -28,7 +28,7 @@ from ..backends import Backend
 from ..cache import PieceStore
 from ..config import Config
 from .ask import Asker
-from .budget import Admit
+from .budget import Admission, Admit
 from .cache_read import CacheReader
 from .cache_write import CacheWriter
 from .crossstore import CrossStore
@@ -41,8 +41,6 @@ from .merging import Fallback, Merge
 from .planning import Plan, Planner
 from .routing import Route
 from .slots import SlotMaker
-from .stage import Stage
-from .values import Answer, Query
 
 
 @dataclass
@@ -58,7 +56,10 @@ class Parts:
     cross_store: CrossStore
 
 
-def build(config: Config, backends: Sequence[Backend], store: Callable[[], PieceStore]) -> tuple[Stage[Query, Answer], Parts]:
+def build(config: Config, backends: Sequence[Backend], store: Callable[[], PieceStore],
+          admission: Admission | None = None) -> tuple[Admit, Parts]:
+    """The stages over `backends` (backends[0] the primary); `admission` shared with other
+    pipelines (one per tenant) when given."""
     primary = backends[0]
     by_name = {b.name: b for b in backends}
     cache_on = config.cache.enabled
@@ -79,5 +80,5 @@ def build(config: Config, backends: Sequence[Backend], store: Callable[[], Piece
     cross_store = CrossStore(planner, backends, merge)
     route = Route(backends, forward, cross_store)
     plan = Plan(planner, primary, cache_on, route)
-    admit = Admit(config.limits, plan)
+    admit = Admit(config.limits, plan, admission)
     return admit, Parts(planner, slots, landing, reader, writer, fetcher, cross_store)

@@ -20,15 +20,20 @@ from ..cache.revalidate import Revalidator
 from ..config import Config
 from ..errors import PromError
 from ..hybrid import Router
+from .budget import Admit
 from .crossstore import Op, Step, Sub, operator_text, piece_count, subqueries
-from .path import build
+from .path import Parts, build
 from .routing import check_mergeable, goes_cross_store, router_for, whole_route
 from .units import coalesce_units
 from .values import ARROW_STREAM, Answer, Pairs, Query
 
 
 class QueryService:
-    def __init__(self, config: Config, backends: list[Backend]) -> None:
+    """The query path over `backends` (backends[0] the primary). With `shared` (auth: one
+    service per tenant, over the tenant's backends), the store, admission and cache
+    administration are `shared`'s: invalidation and generation bumps reach every service."""
+
+    def __init__(self, config: Config, backends: list[Backend], shared: QueryService | None = None) -> None:
         self.config = config
         self.backends = backends
         self.primary = backends[0]
@@ -38,13 +43,22 @@ class QueryService:
         self._store: PieceStore | None = None
         self.revalidator: Revalidator | None = None
         self._ready_cache: dict[str, tuple[float, bool]] = {}
-        self.run, self.parts = build(config, backends, self.store)
+        self.root: QueryService = shared.root if shared is not None else self
+        self.children: list[QueryService] = []
+        self.run: Admit
+        self.parts: Parts
+        self.run, self.parts = build(config, backends, self.store,
+                                     self.root.run.admission if shared is not None else None)
+        if shared is not None:
+            self.root.children.append(self)
 
     @property
     def cache_enabled(self) -> bool:
         return self.config.cache.enabled
 
     def store(self) -> PieceStore:
+        if self.root is not self:
+            return self.root.store()
         if self._store is None:
             self._store = make_store(self.config.cache)
         return self._store
@@ -69,7 +83,7 @@ class QueryService:
             await self.revalidator.aclose()
         self.parts.fetcher.flight.cancel_all()
         await self.parts.writer.aclose()
-        if self._store is not None:
+        if self._store is not None:  # the root's only
             await self._store.aclose()
 
     def _timeout_s(self, timeout_ms: int | None) -> float:
@@ -174,31 +188,43 @@ class QueryService:
 
     # --- cache administration -----------------------------------------------------------------
 
+    def _family(self) -> list[QueryService]:
+        return [self.root, *self.root.children]
+
     async def invalidate(self, metric_names: Sequence[str] | None, start_ms: int | None,
                          end_ms: int | None) -> int:
         if not self.cache_enabled:
             raise PromError("unavailable", "the cache is disabled (cache.enabled: false)")
-        self.parts.landing.forget_all()
-        self.parts.reader.decoded.clear()
+        for s in self._family():
+            s.parts.landing.forget_all()
+            s.parts.reader.decoded.clear()
         return await self.store().invalidate(metric_names, start_ms, end_ms)
 
     async def bump_generation(self) -> int:
         if not self.cache_enabled:
             raise PromError("unavailable", "the cache is disabled (cache.enabled: false)")
-        self.parts.landing.forget_all()
-        self.parts.reader.decoded.clear()
-        if self.revalidator is not None:
-            self.revalidator.forget_all()
+        for s in self._family():
+            s.parts.landing.forget_all()
+            s.parts.reader.decoded.clear()
+            if s.revalidator is not None:
+                s.revalidator.forget_all()
         return await self.store().bump_generation()
 
     def cache_stats(self) -> dict[str, Any]:
         if not self.cache_enabled:
             return {"enabled": False}
+        family = self._family()
         out: dict[str, Any] = {"enabled": True, **self.store().stats(),
-                               "landing": len(self.parts.landing.landing), "pending_tasks": len(self.parts.writer.tasks),
+                               "landing": sum(len(s.parts.landing.landing) for s in family),
+                               "pending_tasks": sum(len(s.parts.writer.tasks) for s in family),
                                "split_interval_ms": self.parts.planner.settings.split_interval_ms}
-        if self.revalidator is not None:
-            out["revalidation"] = {"records": len(self.revalidator), **self.revalidator.stats}
+        revalidators = [s.revalidator for s in family if s.revalidator is not None]
+        if revalidators:
+            stats: dict[str, int] = {}
+            for r in revalidators:
+                for k, v in r.stats.items():
+                    stats[k] = stats.get(k, 0) + v
+            out["revalidation"] = {"records": sum(len(r) for r in revalidators), **stats}
         return out
 
     async def health(self) -> dict[str, Any]:
