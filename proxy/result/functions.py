@@ -23,8 +23,10 @@ Each function is promql/functions.go of v2.42 run the way rangeEval runs it, ste
   labels like any other;
 - histogram_quantile groups classic `le` buckets by their other labels (name included) and
   runs bucketQuantile (sort, coalesce, ensureMonotonic, rank search) per group and step;
-- clamp/clamp_min/clamp_max use Go's math.Max/Min (+Inf beats NaN); atan/asin/acos are Go's
-  (bit for bit); exp, ln, sin, ... are the C library's (Go's may differ by an ulp);
+- clamp/clamp_min/clamp_max use Go's math.Max/Min (+Inf beats NaN); sin, cos, tan, atan, asin,
+  acos, ln, log2, log10 are Go's, bit for bit (gomath.py, golang.py); exp, sinh, cosh, tanh,
+  asinh, acosh, atanh are the C library's (Go's Exp is amd64 assembly and Log1p pure Go, not
+  ported: they may differ from Prometheus's in the last bit);
 - timestamp() of a computed vector is the step time; timestamp of a plain selector needs the
   raw samples' times, which a decoded answer does not have (ValueError: do not call it so);
 - the date functions convert with int64(v) as amd64 does (NaN -> MinInt64) and Go's calendar
@@ -44,6 +46,7 @@ import numpy as np
 import numpy.typing as npt
 
 from proxy.result import golang as go
+from proxy.result import gomath
 from proxy.result.gosort import go_sort
 from proxy.result.query_result import QueryResult
 from proxy.result.stepwise import (
@@ -80,8 +83,9 @@ def _sgn(v: F64) -> F64:
 
 
 _SIMPLE: dict[str, Callable[[F64], F64]] = {
-    "abs": np.abs, "ceil": np.ceil, "floor": np.floor, "exp": np.exp, "sqrt": np.sqrt, "ln": np.log,
-    "log2": go.go_log2, "log10": go.go_log10, "sin": np.sin, "cos": np.cos, "tan": np.tan,
+    "abs": np.abs, "ceil": np.ceil, "floor": np.floor, "exp": np.exp, "sqrt": np.sqrt, "ln": gomath.go_log,
+    "log2": gomath.go_log2, "log10": gomath.go_log10, "sin": gomath.go_sin, "cos": gomath.go_cos,
+    "tan": gomath.go_tan,
     "asin": go.go_asin, "acos": go.go_acos, "atan": go.go_atan, "sinh": np.sinh, "cosh": np.cosh,
     "tanh": np.tanh, "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh, "rad": _rad,
     "deg": _deg, "sgn": _sgn,

@@ -15,8 +15,7 @@ import numpy.typing as npt
 
 __all__ = [
     "go_abs_seconds", "go_acos", "go_asin", "go_atan", "go_atan2", "go_date_fields", "go_days_in_month",
-    "go_float_to_int64", "go_format_f", "go_format_v", "go_is_leap", "go_label_name_ok", "go_log10",
-    "go_log2", "go_max",
+    "go_float_to_int64", "go_format_f", "go_format_v", "go_is_leap", "go_label_name_ok", "go_max",
     "go_min", "go_pow", "go_quote",
 ]
 
@@ -261,23 +260,6 @@ def go_asin(x: F64) -> F64:
 def go_acos(x: F64) -> F64:
     """math.Acos = Pi/2 - Asin(x)."""
     return math.pi / 2 - go_asin(x)
-
-
-def go_log2(x: F64) -> F64:
-    """math.Log2: frexp, exact for powers of two, else Log(frac)*(1/Ln2) + exp."""
-    x = np.asarray(x, dtype=np.float64)
-    with np.errstate(all="ignore"):
-        frac, exp = np.frexp(x)
-        out = np.log(frac) * (1 / math.log(2)) + exp.astype(np.float64)
-        out = np.where(frac == 0.5, (exp - 1).astype(np.float64), out)
-        special = (x <= 0) | ~np.isfinite(x)
-        return np.where(special, np.log(x), out)
-
-
-def go_log10(x: F64) -> F64:
-    """math.Log10 = Log(x) * (1/Ln10)."""
-    with np.errstate(all="ignore"):
-        return np.log(np.asarray(x, dtype=np.float64)) * (1 / math.log(10))
 
 
 # --------------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ their own (a range query over an unaligned start with an odd step, and instant q
 aligned and an unaligned time), decoded with proxy.codec, evaluated locally, encoded, and
 compared with Prometheus's answer to the whole expression:
 - values as Prometheus writes them, string for string (flag "ulp": within 1e-15 relative,
-  for functions that call the C library's exp/log/sin/... where Go's own may differ by an ulp;
+  for exp, sinh, cosh, tanh, asinh, acosh, atanh, which use the C library's exp/log1p where Go
+  has its own (amd64 assembly Exp, pure-Go Log1p): about 1 value in 6 differs in the last bit;
   flag "sum_order": within 1e-12 relative, for sums/means over a *computed* range input, which
   Prometheus feeds in Go map order);
 - series in the same order (range answers sorted; instant vectors in Prometheus's evaluation
@@ -78,16 +79,16 @@ CASES: dict[str, tuple[str, str]] = {
     "exp": (f"exp({T} / 10)", "ulp"),
     "exp_overflow": (f"exp({P} * 10)", "ulp"),
     "sqrt": (f"sqrt({P} - 200)", ""),
-    "ln": (f"ln({P} - 150)", "ulp"),
-    "log2": (f"log2({FBU})", "ulp"),
-    "log10": (f"log10({FBU} - 1000)", "ulp"),
+    "ln": (f"ln({P} - 150)", ""),
+    "log2": (f"log2({FBU})", ""),
+    "log10": (f"log10({FBU} - 1000)", ""),
     "sgn": (f"sgn({T} - 45)", ""),
     "sgn_nan": (f"sgn({NAN})", ""),
     "deg": (f"deg({P})", ""),
     "rad": (f"rad({T})", ""),
-    "sin": (f"sin({P})", "ulp"),
-    "cos": (f"cos({P})", "ulp"),
-    "tan": (f"tan({P})", "ulp"),
+    "sin": (f"sin({P})", ""),
+    "cos": (f"cos({P})", ""),
+    "tan": (f"tan({P})", ""),
     "asin": (f"asin({U} / 100)", ""),
     "acos": (f"acos({U} / 50 - 1)", ""),
     "atan": (f"atan({T} - 50)", ""),
