@@ -247,6 +247,7 @@ def evaluate_aggregation(node: Agg, inner: QueryResult, param: QueryResult | flo
     if ks is not None:  # k < 1 at a step: that step has no answer
         live = ks[step] >= 1
         ser, step, value, gid = ser[live], step[live], value[live], gid[live]
+        s = Samples(s.result, ser, step, value)
     cell = gid * n_steps + step
     order = np.argsort(cell, kind="stable")  # each cell's samples in series (evaluation) order
     cell_o = cell[order]

@@ -202,6 +202,8 @@ CASES: dict[str, tuple[str, str]] = {
     "topk_k0": (f"topk(0, {T})", "maybe_empty"),
     "topk_k_fraction": (f"topk(2.9, {T})", ""),
     "topk_k_scalar": (f"topk(scalar(count({T})) / 10, {T})", ""),
+    "topk_k_per_step": (f"topk(scalar(avg({U})) / 5 - 8, {T})", ""),  # k from 0 to 3 over the range
+    "bottomk_k_per_step": (f"bottomk by (Hostname) (scalar(avg({U})) / 5 - 8, {P})", ""),
     "topk_join": (f"topk(4, {JOIN})", "map_order"),
     "err_topk_overflow": (f"topk(1e19, {T})", "error"),
     "err_topk_nan": (f"topk(NaN, {T})", "error"),
