@@ -8,11 +8,16 @@
 from __future__ import annotations
 
 import math
+from decimal import Decimal
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["go_atan2", "go_pow", "go_quote"]
+__all__ = [
+    "go_abs_seconds", "go_acos", "go_asin", "go_atan", "go_atan2", "go_date_fields", "go_days_in_month",
+    "go_float_to_int64", "go_format_f", "go_format_v", "go_is_leap", "go_label_name_ok", "go_max",
+    "go_min", "go_pow", "go_quote",
+]
 
 F64 = npt.NDArray[np.float64]
 
@@ -195,3 +200,205 @@ def go_quote(s: str) -> str:
             out.append(f"\\U{c:08x}")
     out.append('"')
     return "".join(out)
+
+
+# --------------------------------------------------------------------------------------
+# math.Max / math.Min, math.Atan / Asin / Acos, Log2 / Log10 (PromQL's functions)
+# --------------------------------------------------------------------------------------
+
+
+def go_max(x: F64 | float, y: F64 | float) -> F64:
+    """math.Max: +Inf wins over NaN, then NaN, then max(+0, -0) = +0."""
+    x, y = np.broadcast_arrays(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64))
+    out = np.where(x > y, x, y)
+    both_zero = (x == 0) & (y == 0)
+    out = np.where(both_zero, np.where(np.signbit(x), y, x), out)
+    out = np.where(np.isnan(x) | np.isnan(y), np.nan, out)
+    return np.where(np.isposinf(x) | np.isposinf(y), np.inf, out)
+
+
+def go_min(x: F64 | float, y: F64 | float) -> F64:
+    """math.Min: -Inf wins over NaN, then NaN, then min(-0, +0) = -0."""
+    x, y = np.broadcast_arrays(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64))
+    out = np.where(x < y, x, y)
+    both_zero = (x == 0) & (y == 0)
+    out = np.where(both_zero, np.where(np.signbit(x), x, y), out)
+    out = np.where(np.isnan(x) | np.isnan(y), np.nan, out)
+    return np.where(np.isneginf(x) | np.isneginf(y), -np.inf, out)
+
+
+def go_atan(x: F64) -> F64:
+    """math.Atan (pure Go on amd64), bit for bit."""
+    x = np.asarray(x, dtype=np.float64)
+    out = x.copy()  # Atan(±0) = ±0
+    with np.errstate(all="ignore"):
+        pos, neg = x > 0, x < 0
+        out[pos] = _satan(x[pos])
+        out[neg] = -_satan(-x[neg])
+        out[np.isnan(x)] = np.nan
+    return out
+
+
+def go_asin(x: F64) -> F64:
+    """math.Asin (pure Go), bit for bit."""
+    x = np.asarray(x, dtype=np.float64)
+    out = x.copy()  # Asin(±0) = ±0, NaN stays NaN
+    with np.errstate(all="ignore"):
+        a = np.abs(x)
+        ok = (x != 0) & (a <= 1)
+        out[(a > 1)] = np.nan
+        av = a[ok]
+        temp = np.sqrt(1 - av * av)
+        hi = av > 0.7
+        res = np.empty_like(av)
+        res[hi] = math.pi / 2 - _satan(temp[hi] / av[hi])
+        res[~hi] = _satan(av[~hi] / temp[~hi])
+        out[ok] = np.where(x[ok] < 0, -res, res)
+    return out
+
+
+def go_acos(x: F64) -> F64:
+    """math.Acos = Pi/2 - Asin(x)."""
+    return math.pi / 2 - go_asin(x)
+
+
+# --------------------------------------------------------------------------------------
+# time.Unix(sec, 0).UTC() and its calendar fields, as Go's time package computes them
+# --------------------------------------------------------------------------------------
+
+_SEC_PER_DAY = 86400
+_DAYS_400, _DAYS_100, _DAYS_4 = 365 * 400 + 97, 365 * 100 + 24, 365 * 4 + 1
+_ABSOLUTE_ZERO_YEAR = -292277022399
+# unixToInternal + internalToAbsolute: 719162 days from year 1 to 1970, plus the
+# 292277022400 years (730692556 cycles of 146097 days) from absoluteZeroYear to year 1.
+_UNIX_TO_ABS = (719162 + 730692556 * 146097) * _SEC_PER_DAY
+_DAYS_BEFORE = np.array([0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334, 365], dtype=np.int64)
+_MIN_I64 = -(1 << 63)
+
+
+def go_float_to_int64(v: F64) -> npt.NDArray[np.int64]:
+    """int64(v) as amd64 computes it (CVTTSD2SQ): truncation; NaN and out-of-range values
+    give the "integer indefinite" value, math.MinInt64."""
+    v = np.asarray(v, dtype=np.float64)
+    ok = np.isfinite(v) & (v < 2.0**63) & (v >= -(2.0**63))
+    out = np.full(v.shape, _MIN_I64, dtype=np.int64)
+    out[ok] = np.trunc(v[ok]).astype(np.int64)
+    return out
+
+
+def go_abs_seconds(unix_sec: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
+    """Time.abs() of time.Unix(sec, 0).UTC(): seconds since Go's absolute zero year, uint64
+    with Go's wrap-around."""
+    return unix_sec.astype(np.int64).view(np.uint64) + np.uint64(_UNIX_TO_ABS)
+
+
+def go_date_fields(abs_s: npt.NDArray[np.uint64]) -> dict[str, npt.NDArray[np.int64]]:
+    """absDate(abs, true) plus the clock fields: year, month (1-12), day, yday (0-based),
+    weekday (0 = Sunday), hour, minute."""
+    d = abs_s // np.uint64(_SEC_PER_DAY)
+    n = d // np.uint64(_DAYS_400)
+    y = np.uint64(400) * n
+    d = d - np.uint64(_DAYS_400) * n
+    n = d // np.uint64(_DAYS_100)
+    n = n - (n >> np.uint64(2))
+    y = y + np.uint64(100) * n
+    d = d - np.uint64(_DAYS_100) * n
+    n = d // np.uint64(_DAYS_4)
+    y = y + np.uint64(4) * n
+    d = d - np.uint64(_DAYS_4) * n
+    n = d // np.uint64(365)
+    n = n - (n >> np.uint64(2))
+    y = y + n
+    d = d - np.uint64(365) * n
+    year = y.astype(np.int64) + _ABSOLUTE_ZERO_YEAR
+    yday = d.astype(np.int64)
+    leap = go_is_leap(year)
+    day = yday.copy()
+    feb29 = leap & (day == 31 + 29 - 1)
+    day = np.where(leap & (day > 31 + 29 - 1), day - 1, day)
+    month0 = day // 31
+    end = _DAYS_BEFORE[np.minimum(month0 + 1, 12)]
+    after = day >= end
+    begin = np.where(after, end, _DAYS_BEFORE[month0])
+    month0 = np.where(after, month0 + 1, month0)
+    month = month0 + 1
+    mday = day - begin + 1
+    month = np.where(feb29, 2, month)
+    mday = np.where(feb29, 29, mday)
+    wd = ((abs_s + np.uint64(1 * _SEC_PER_DAY)) % np.uint64(7 * _SEC_PER_DAY)).astype(np.int64) // _SEC_PER_DAY
+    hour = (abs_s % np.uint64(_SEC_PER_DAY)).astype(np.int64) // 3600
+    minute = (abs_s % np.uint64(3600)).astype(np.int64) // 60
+    return {"year": year, "month": month, "day": mday, "yday": yday, "weekday": wd, "hour": hour,
+            "minute": minute}
+
+
+def go_is_leap(year: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    return (year % 4 == 0) & ((year % 100 != 0) | (year % 400 == 0))
+
+
+def go_days_in_month(year: int, month: int) -> int:
+    """32 - time.Date(year, month, 32, 0, 0, 0, 0, time.UTC).Day(), with Go's uint64 day
+    arithmetic (daysSinceEpoch) for any year."""
+    m = 1 << 64
+    yy = (year - _ABSOLUTE_ZERO_YEAR) % m
+    n = yy // 400
+    yy -= 400 * n
+    days = _DAYS_400 * n
+    n = yy // 100
+    yy -= 100 * n
+    days += _DAYS_100 * n
+    n = yy // 4
+    yy -= 4 * n
+    days += _DAYS_4 * n + 365 * yy
+    days += int(_DAYS_BEFORE[month - 1])
+    if bool(go_is_leap(np.array([year]))[0]) and month >= 3:
+        days += 1
+    days += 32 - 1
+    abs_s = (days * _SEC_PER_DAY) % m
+    # unix := int64(abs) + (absoluteToInternal + internalToUnix); Day() recomputes abs from it:
+    # the two conversions cancel modulo 2**64.
+    fields = go_date_fields(np.array([abs_s], dtype=np.uint64))
+    return 32 - int(fields["day"][0])
+
+
+# --------------------------------------------------------------------------------------
+# strconv.FormatFloat
+# --------------------------------------------------------------------------------------
+
+
+def go_format_f(v: float) -> str:
+    """strconv.FormatFloat(v, 'f', -1, 64): shortest digits that round-trip, no exponent."""
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return np.format_float_positional(v, unique=True, trim="-")
+
+
+def go_format_v(v: float) -> str:
+    """fmt's %v of a float64: strconv 'g' with the shortest digits, %e form when the decimal
+    exponent is below -4 or at least 6 (Go's rule for shortest 'g')."""
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    if v == 0:
+        return "-0" if math.copysign(1.0, v) < 0 else "0"
+    sign = "-" if v < 0 else ""
+    _, digs, e = Decimal(repr(abs(v))).normalize().as_tuple()
+    digits = "".join(map(str, digs))
+    exp10 = int(e) + len(digits) - 1
+    if exp10 < -4 or exp10 >= 6:
+        mant = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
+        return f"{sign}{mant}e{'+' if exp10 >= 0 else '-'}{abs(exp10):02d}"
+    return sign + np.format_float_positional(abs(v), unique=True, trim="-")
+
+
+def go_label_name_ok(name: str) -> bool:
+    """model.LabelName.IsValid of Prometheus 2.42: [a-zA-Z_][a-zA-Z0-9_]*."""
+    if not name:
+        return False
+    for i, c in enumerate(name):
+        if not (("a" <= c <= "z") or ("A" <= c <= "Z") or c == "_" or ("0" <= c <= "9" and i > 0)):
+            return False
+    return True
