@@ -131,6 +131,23 @@ def url_fingerprint(url: str, extra: str = "") -> str:
     return hashlib.sha256(f"{url}\0{extra}".encode()).hexdigest()[:12]
 
 
+class BreakerConfig(_Strict):
+    """A backend's circuit breaker (proxy/backends/circuit.py): open after `failures` failed
+    calls in a row (0: never), fail fast for `cooldown`, then one probe call."""
+
+    failures: int = Field(default=5, ge=0)
+    cooldown: DurationMs = Field(default=10_000, ge=1)
+
+
+def _hedge_after(value: Any) -> Any:
+    """hedge_after: "p95" (the backend's recent p95 latency), a duration, or off (0, "off", null, false)."""
+    if value is None or value is False or value == "off" or value == 0:
+        return None
+    if value == "p95":
+        return "p95"
+    return _to_ms(value) or None
+
+
 class BackendConfig(_Strict):
     """One backend. `url` must not hold credentials (`http://user:pass@host` is refused with
     a ConfigError pointing at `basic_auth`): the URL goes into the start-up banner and, as a
@@ -150,6 +167,10 @@ class BackendConfig(_Strict):
     # allowed -- a sick backend gets ~retry_ratio more calls, not (retries + 1) times as many.
     retry_ratio: float = Field(default=0.2, ge=0, le=100)
     retry_floor: float = Field(default=10.0, ge=0)
+    breaker: BreakerConfig = Field(default_factory=BreakerConfig)
+    # Hedged reads: a try unanswered after this long gets an identical second call (first good
+    # answer wins); "p95": the backend's p95 over its last 256 answered calls; None: off.
+    hedge_after: Annotated[int | Literal["p95"] | None, BeforeValidator(_hedge_after)] = None
     transport: Literal["aiohttp", "httpx"] = "aiohttp"
     # AMP only. Requests are SigV4-signed for `service` in `region` (taken from an
     # aps-workspaces.<region>.amazonaws.com URL when not given) with credentials from

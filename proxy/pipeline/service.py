@@ -233,7 +233,8 @@ class QueryService:
         cache: dict[str, Any] = await self.store().health() if self.cache_enabled else {"kind": "disabled"}
         ready = await asyncio.gather(*(self.backend_ready(b) for b in self.backends))
         return {"cache": cache, "backends": [
-            {"name": b.name, "kind": b.cfg.kind, "ready": ok, "primary": b is self.primary}
+            {"name": b.name, "kind": b.cfg.kind, "ready": ok, "primary": b is self.primary,
+             "breaker": b.breaker.state}
             for b, ok in zip(self.backends, ready)]}
 
     async def backend_ready(self, backend: Backend) -> bool:

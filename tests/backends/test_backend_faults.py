@@ -39,10 +39,12 @@ def backend(prom: Any) -> Iterator[faulty.FaultyBackend]:
 def servers(backend: faulty.FaultyBackend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Promaccel]]:
     work = tmp_path_factory.mktemp("faults")
     # A retry budget that never runs out: these tests are about what is retried, not how often
-    # (test_a_sick_backend_is_not_hammered_with_retries is).
+    # (test_a_sick_backend_is_not_hammered_with_retries is), and no circuit breaker: a lasting
+    # fault would open it, and these tests ask again right after the fault ends
+    # (tests/backends/test_breaker.py is about the breaker).
     cfg = work / "promaccel.yaml"
     cfg.write_text(f"backends:\n  - name: default\n    url: {backend.url}\n    retry_ratio: 100\n"
-                   "    retry_floor: 100000\n")
+                   "    retry_floor: 100000\n    breaker: {failures: 0}\n")
     out = {
         "planned": Promaccel.start(None, ("--split-interval", "1h", "--shards", "2"), work / "planned", config=cfg),
         "whole": Promaccel.start(None, ("--split-interval", "none", "--shards", "1"), work / "whole", config=cfg),
@@ -228,8 +230,10 @@ def test_a_sick_backend_is_not_hammered_with_retries(prom: Any, backend: faulty.
     import time
 
     cfg = tmp_path / "promaccel.yaml"
-    cfg.write_text("cache:\n  enabled: false\n")
-    server = Promaccel.start(backend.url, ("--config", str(cfg), "--split-interval", "none"), tmp_path)
+    # No circuit breaker (it would stop the calls after 5 failures; this is about the budget).
+    cfg.write_text(f"cache:\n  enabled: false\nbackends:\n  - name: default\n    url: {backend.url}\n"
+                   "    breaker: {failures: 0}\n")
+    server = Promaccel.start(None, ("--config", str(cfg), "--split-interval", "none"), tmp_path)
     try:
         backend.set("html502", first=None)
         before, t0 = backend.calls, time.monotonic()
