@@ -12,7 +12,8 @@ Two ways to choose which requests get a fault:
 - `set_random(rate, faults, seed)`: each request, independently, gets one of `faults` (chosen
   uniformly) with probability `rate` (the chaos bench).
 `calls` counts requests, `faults_sent` faults, `by_fault` faults by kind. `GET /-/faults`
-(answered here, never forwarded) returns those counts as JSON.
+(answered here, never forwarded) returns those counts as JSON; `POST /-/faults?rate=R` sets
+the random mode's rate (0: healthy).
 
     python -m loadtests.faults --upstream http://127.0.0.1:9090 --port 9099 --rate 0.2
 """
@@ -122,7 +123,9 @@ class FaultyBackend:
     async def _answer(self, writer: asyncio.StreamWriter, method: str, target: str, headers: dict[str, str],
                       body: bytes) -> bool:
         """Answer one request; False when the connection must close."""
-        if target == "/-/faults":
+        if target.startswith("/-/faults"):
+            if method == "POST" and "?rate=" in target:
+                self.rate = float(target.partition("?rate=")[2])
             counts = {"calls": self.calls, "faults": self.faults_sent, "by_fault": dict(self.by_fault)}
             await _write(writer, 200, "application/json", json.dumps(counts).encode())
             return True

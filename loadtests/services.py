@@ -217,9 +217,10 @@ class Promaccel:
 
     @classmethod
     def start(cls, backend_url: str, args: Sequence[str], workdir: Path, redis_url: str | None = None,
-              code_dir: Path | None = None) -> "Promaccel":
+              code_dir: Path | None = None, config: Path | None = None) -> "Promaccel":
         """`code_dir`: serve another checkout's promaccel (run from its directory), to measure
-        two versions side by side."""
+        two versions side by side; `config`: a config file whose backends (`backend_url`
+        among them) are served instead of `--backend backend_url`."""
         assert_loopback(backend_url)
         workdir.mkdir(parents=True, exist_ok=True)
         port = free_port()
@@ -230,7 +231,8 @@ class Promaccel:
         t0 = time.monotonic()
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "proxy.cli", "serve", "--backend", backend_url,
+                [sys.executable, "-m", "proxy.cli", "serve",
+                 *(["--config", str(config)] if config is not None else ["--backend", backend_url]),
                  "--host", LOOPBACK, "--port", str(port), "--log-level", "warning", *extra, *args],
                 stdout=out, stderr=subprocess.STDOUT, cwd=str(code_dir or ROOT), env=env,
             )
