@@ -25,6 +25,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -115,11 +117,11 @@ async def replay(client: httpx.AsyncClient, url: str, reqs: list[PanelRequest], 
     await asyncio.gather(*(one(r) for r in reqs))
 
 
-def start_faults(upstream: str, rate: float, faults: str, work: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_faults(upstream: str, rate: float, faults: str, work: Path, seed: int = 1) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     log = (work / f"faults-{port}.log").open("wb")
     proc = subprocess.Popen([sys.executable, "-m", "loadtests.faults", "--upstream", upstream, "--port", str(port),
-                             "--rate", str(rate), "--faults", faults], stdout=log, stderr=subprocess.STDOUT,
+                             "--rate", str(rate), "--faults", faults, "--seed", str(seed)], stdout=log, stderr=subprocess.STDOUT,
                             cwd=str(ROOT))
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/-/faults", proc, timeout=30)
@@ -132,6 +134,25 @@ def fault_counts(url: str, set_rate: float | None = None) -> dict[str, Any]:
     return dict(httpx.get(url + "/-/faults", timeout=10).json())
 
 
+def serving_copy(src: Path, dest: Path) -> Path:
+    """The dataset's blocks for our own Prometheus (a Prometheus locks its directory, and the
+    bench's may be serving it): large block files hard-linked (Prometheus never writes into a
+    block's chunks or index), small ones (meta.json, tombstones) copied; no WAL, no lock, no
+    config (start_prometheus writes its own)."""
+    def place(a: str, b: str) -> None:
+        if os.path.getsize(a) > 1 << 20:
+            try:
+                os.link(a, b)
+                return
+            except OSError:
+                pass
+        shutil.copy2(a, b)
+
+    shutil.copytree(src, dest, copy_function=place, ignore=shutil.ignore_patterns(
+        "lock", "wal", "chunks_head", "queries.active", "*.log", "*.yml"))
+    return dest
+
+
 def write_config(path: Path, backend_url: str, extra: str) -> Path:
     path.write_text(f"backends:\n  - name: default\n    url: {backend_url}\n{extra}")
     return path
@@ -140,9 +161,10 @@ def write_config(path: Path, backend_url: str, extra: str) -> Path:
 async def phase_faults(a: argparse.Namespace, prom_url: str, work: Path, windows: list[tuple[float, float]],
                        out: dict[str, Any], deadline: float) -> None:
     dashboard = load_dashboard()
-    faults, furl = start_faults(prom_url, a.rate, FAULT_MIX, work)
+    faults, furl = start_faults(prom_url, a.rate, FAULT_MIX, work, a.seed)
     redis = RedisServer.start(work / "redis")
-    cfg = write_config(work / "chaos.yaml", furl, f"    retries: {a.retries}\n    retry_ratio: {a.retry_ratio}\n")
+    cfg = write_config(work / "chaos.yaml", furl, "".join(
+        f"    {k}: {v}\n" for k, v in (("retries", a.retries), ("retry_ratio", a.retry_ratio)) if v is not None))
     pa = Promaccel.start(furl, ["--split-interval", "1h", "--shards", "8"], work / "pa", redis.url, config=cfg)
     try:
         async with httpx.AsyncClient(timeout=a.timeout) as client:
@@ -190,7 +212,7 @@ async def phase_hedging(a: argparse.Namespace, prom_url: str, work: Path, end_s:
                         deadline: float) -> None:
     query = "sum by (Hostname) (DCGM_FI_DEV_GPU_UTIL)"
     modes = {"no hedging": "", "hedge_after: p95": "    hedge_after: p95\n"}
-    faults, furl = start_faults(prom_url, a.hedge_stall_rate, "stall", work)
+    faults, furl = start_faults(prom_url, a.hedge_stall_rate, "stall", work, a.seed)
     servers = {}
     try:
         for i, (name, extra) in enumerate(modes.items()):
@@ -233,26 +255,31 @@ def _hedge_metrics(text: str) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data-dir", type=Path, default=ROOT / ".cache" / "bench" / "256x8x24h",
-                    help="a built dataset (default: the bench's 256x8x24h; the CI fleet is built when missing)")
+    ap.add_argument("--data-dir", type=Path, help="a built dataset (default: the bench's .cache/bench/256x8x24h "
+                    "when built, else the CI fleet's .cache/bench/16x4x6h, built when missing)")
     ap.add_argument("--window", default="6h")
     ap.add_argument("--slide", default="5m", help="how far the window slides between refreshes")
     ap.add_argument("--refreshes", type=int, default=4)
     ap.add_argument("--rate", type=float, default=0.2)
-    ap.add_argument("--retries", type=int, default=2, help="backends[].retries of the faults phase")
-    ap.add_argument("--retry-ratio", type=float, default=0.2, help="backends[].retry_ratio of the faults phase")
+    ap.add_argument("--retries", type=int, help="backends[].retries of the faults phase (default: promaccel's)")
+    ap.add_argument("--retry-ratio", type=float, help="backends[].retry_ratio of the faults phase (default: promaccel's)")
     ap.add_argument("--max-requests", type=int, default=400)
     ap.add_argument("--time-limit", type=float, default=900.0)
     ap.add_argument("--timeout", type=float, default=130.0, help="client timeout per request")
     ap.add_argument("--hedge-requests", type=int, default=150, help="0: no hedging phase")
     ap.add_argument("--hedge-stall-rate", type=float, default=0.02)
+    ap.add_argument("--seed", type=int, default=1, help="which calls get which fault (the same seed, the same faults)")
     ap.add_argument("--skip-faults", action="store_true")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
+    if a.data_dir is None:
+        a.data_dir = ROOT / ".cache" / "bench" / "256x8x24h"
+        if read_manifest(str(a.data_dir)) is None:
+            a.data_dir = ROOT / ".cache" / "bench" / "16x4x6h"
+            build_tsdb(CI_SPEC, str(a.data_dir))
     manifest = read_manifest(str(a.data_dir))
     if manifest is None:
-        build_tsdb(CI_SPEC, str(a.data_dir))
-        manifest = read_manifest(str(a.data_dir))
+        raise SystemExit(f"{a.data_dir}: no dataset there (python -m loadtests.load builds one)")
     assert manifest is not None
     end_s = float(manifest["end"])
     from loadtests.bench import parse_duration_s, sliding_windows
@@ -263,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"command": "python -m loadtests.chaos " + " ".join(argv if argv is not None else sys.argv[1:]),
                            "dataset": manifest.get("spec"), "rows": [], "notes": [], "hedging": {}}
     t0 = time.monotonic()
-    with running_prometheus(str(a.data_dir)) as prom:
+    with running_prometheus(str(serving_copy(a.data_dir, work / "data"))) as prom:
         if not a.skip_faults:
             asyncio.run(phase_faults(a, prom.url, work, windows, out, deadline))
         if a.hedge_requests:

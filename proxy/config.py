@@ -161,7 +161,7 @@ class BackendConfig(_Strict):
     max_connections: int = Field(default=64, ge=1)
     max_keepalive: int = Field(default=32, ge=0)
     max_parallel: int = Field(default=4, ge=1, description="concurrent pieces per backend")
-    retries: int = Field(default=2, ge=0, le=10)
+    retries: int = Field(default=3, ge=0, le=10)  # 3: docs/BENCHMARKS.md, "Backend faults"
     # Retries this backend may take beyond each call's own: every call earns retry_ratio of a
     # retry, every retry spends one (at most 50 saved) and retry_floor per second are always
     # allowed -- a sick backend gets ~retry_ratio more calls, not (retries + 1) times as many.

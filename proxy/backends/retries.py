@@ -150,7 +150,7 @@ async def with_retries(attempt_once: Attempt, cfg: BackendConfig, endpoint: str,
                     raise broken_answer(name, endpoint, outcome.broken)
             elif reply.status not in RETRY_STATUSES or attempt >= cfg.retries or not _may_retry(budget, name):
                 return reply
-            METRICS.backend_retries.labels(name).inc()
+        METRICS.backend_retries.labels(name).inc()  # connection errors too (were not counted)
         attempt += 1
         # Exponential backoff with full jitter: 50 ms, 100 ms, 200 ms ...
         await asyncio.sleep(random.uniform(0, 0.05 * (2 ** (attempt - 1))))

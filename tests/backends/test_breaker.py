@@ -133,6 +133,7 @@ def backend(prom: Any) -> Iterator[faulty.FaultyBackend]:
 
 
 def _serve(backend: faulty.FaultyBackend, tmp_path: Path, extra: str = "", limits: str = "") -> Promaccel:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     cfg = tmp_path / "promaccel.yaml"
     cfg.write_text(f"cache:\n  enabled: false\nbackends:\n  - name: default\n    url: {backend.url}\n{extra}"
                    + (f"limits:\n{limits}" if limits else ""))
