@@ -1,0 +1,373 @@
+"""Compiled per-window loops of PromQL's range functions, transcribed from Prometheus v2.42.0
+promql/functions.go (and the window walk of promql/engine.go), operation for operation, so
+that results are bit-equal to Prometheus's wherever Go's arithmetic is deterministic.
+
+    run(code, offsets, t, v, eval_ms, range_ms, offset_ms, range_s, p0, p1)
+        -> (state int8[n_series * n_steps], value float64[n_series * n_steps])
+
+Cell (series s, step k) is at s * n_steps + k; state 0: no sample in the window (Prometheus
+does not call the function), 1: called, no output point (e.g. rate over one sample),
+2: output point `value`. The window of step k is [eval_ms[k] - offset_ms - range_ms,
+eval_ms[k] - offset_ms], closed on both ends (2.42; Prometheus 3 made it left-open).
+
+Floating point: every function here is compiled without fast-math (LLVM then neither
+reassociates nor contracts a*b+c into an FMA, as Go does not on amd64), and with numpy's
+error model (x/0 is Inf or NaN, as in Go, instead of Python's ZeroDivisionError).
+
+Exact shortcuts (same result as Go's loop, less work): counter resets inside a rate window
+are found through a next-reset index (their values are still added in window order);
+changes()/resets() count through prefix sums of integer flags; quantile_over_time keeps the
+window's non-NaN values in a sorted buffer that slides with the window (Go sorts each window;
+only the multiset of values reaches the result, NaN sorting first as Go's vectorByValueHeap
+puts it).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+__all__ = ["CODES", "run"]
+
+CODES: dict[str, int] = {
+    "rate": 0, "increase": 1, "delta": 2, "irate": 3, "idelta": 4,
+    "avg_over_time": 5, "min_over_time": 6, "max_over_time": 7, "sum_over_time": 8,
+    "count_over_time": 9, "quantile_over_time": 10, "stddev_over_time": 11,
+    "stdvar_over_time": 12, "last_over_time": 13, "present_over_time": 14,
+    "changes": 15, "resets": 16, "deriv": 17, "predict_linear": 18, "holt_winters": 19,
+}
+_QUANTILE = 10
+
+_JIT = {"cache": True, "nogil": True, "error_model": "numpy"}
+
+
+@njit(inline="always", **_JIT)
+def _kahan(inc, s, c):  # type: ignore[no-untyped-def]
+    """kahanSumInc: Neumaier's compensated step."""
+    t = s + inc
+    if abs(s) >= abs(inc):
+        c += (s - t) + inc
+    else:
+        c += (inc - t) + s
+    return t, c
+
+
+@njit(**_JIT)
+def _extrapolated(t, v, lo, hi, ts, range_ms, offset_ms, range_s, counter, is_rate, nxt):  # type: ignore[no-untyped-def]
+    """extrapolatedRate (floats): rate, increase, delta."""
+    n = hi - lo
+    result = v[hi - 1] - v[lo]
+    if counter:
+        r = nxt[lo + 1]
+        while r < hi:  # the resets in window order: resultValue += prevValue
+            result += v[r - 1]
+            r = nxt[r + 1]
+    range_start = ts - (range_ms + offset_ms)
+    range_end = ts - offset_ms
+    to_start = float(t[lo] - range_start) / 1000
+    to_end = float(range_end - t[hi - 1]) / 1000
+    sampled = float(t[hi - 1] - t[lo]) / 1000
+    avg_dur = sampled / float(n - 1)
+    if counter and result > 0 and v[lo] >= 0:
+        to_zero = sampled * (v[lo] / result)
+        if to_zero < to_start:
+            to_start = to_zero
+    threshold = avg_dur * 1.1
+    interval = sampled
+    if to_start < threshold:
+        interval += to_start
+    else:
+        interval += avg_dur / 2
+    if to_end < threshold:
+        interval += to_end
+    else:
+        interval += avg_dur / 2
+    factor = interval / sampled
+    if is_rate:
+        factor /= range_s
+    return result * factor
+
+
+@njit(**_JIT)
+def _linear_regression(t, v, lo, hi, intercept_time):  # type: ignore[no-untyped-def]
+    n = 0.0
+    sum_x = c_x = sum_y = c_y = sum_xy = c_xy = sum_x2 = c_x2 = 0.0
+    init_y = v[lo]
+    const_y = True
+    for j in range(lo, hi):
+        y = v[j]
+        if const_y and j > lo and y != init_y:
+            const_y = False
+        n += 1.0
+        x = float(t[j] - intercept_time) / 1e3
+        sum_x, c_x = _kahan(x, sum_x, c_x)
+        sum_y, c_y = _kahan(y, sum_y, c_y)
+        sum_xy, c_xy = _kahan(x * y, sum_xy, c_xy)
+        sum_x2, c_x2 = _kahan(x * x, sum_x2, c_x2)
+    if const_y:
+        if math.isinf(init_y):
+            return math.nan, math.nan
+        return 0.0, init_y
+    sum_x = sum_x + c_x
+    sum_y = sum_y + c_y
+    sum_xy = sum_xy + c_xy
+    sum_x2 = sum_x2 + c_x2
+    cov_xy = sum_xy - sum_x * sum_y / n
+    var_x = sum_x2 - sum_x * sum_x / n
+    slope = cov_xy / var_x
+    intercept = sum_y / n - slope * sum_x / n
+    return slope, intercept
+
+
+@njit(**_JIT)
+def _holt_winters(v, lo, hi, sf, tf):  # type: ignore[no-untyped-def]
+    s0 = 0.0
+    s1 = v[lo]
+    b = v[lo + 1] - v[lo]
+    for i in range(1, hi - lo):
+        x = sf * v[lo + i]
+        if i - 1 != 0:  # calcTrendValue(i-1, tf, s0, s1, b)
+            b = tf * (s1 - s0) + (1 - tf) * b
+        y = (1 - sf) * (s1 + b)
+        s0, s1 = s1, x + y
+    return s1
+
+
+@njit(**_JIT)
+def _moments(v, lo, hi):  # type: ignore[no-untyped-def]
+    """stdvar_over_time's running mean (Kahan-compensated): (aux + cAux) / count."""
+    count = 0.0
+    mean = c_mean = aux = c_aux = 0.0
+    for j in range(lo, hi):
+        x = v[j]
+        count += 1
+        delta = x - (mean + c_mean)
+        mean, c_mean = _kahan(delta / count, mean, c_mean)
+        aux, c_aux = _kahan(delta * (x - (mean + c_mean)), aux, c_aux)
+    return (aux + c_aux) / count
+
+
+@njit(**_JIT)
+def _avg(v, lo, hi):  # type: ignore[no-untyped-def]
+    mean = count = c = 0.0
+    for j in range(lo, hi):
+        x = v[j]
+        count += 1
+        if math.isinf(mean):
+            if math.isinf(x) and (mean > 0) == (x > 0):
+                continue
+            if not math.isinf(x) and not math.isnan(x):
+                continue
+        mean, c = _kahan(x / count - mean / count, mean, c)
+    if math.isinf(mean):
+        return mean
+    return mean + c
+
+
+@njit(**_JIT)
+def _sum(v, lo, hi):  # type: ignore[no-untyped-def]
+    s = c = 0.0
+    for j in range(lo, hi):
+        s, c = _kahan(v[j], s, c)
+    if math.isinf(s):
+        return s
+    return s + c
+
+
+@njit(**_JIT)
+def _window(code, t, v, lo, hi, ts, range_ms, offset_ms, range_s, p0, p1, nxt, pre):  # type: ignore[no-untyped-def]
+    """(has output, value) of one function over the samples [lo, hi) (at least one)."""
+    n = hi - lo
+    if code <= 2:
+        if n < 2:
+            return False, 0.0
+        return True, _extrapolated(t, v, lo, hi, ts, range_ms, offset_ms, range_s, code <= 1, code == 0, nxt)
+    if code <= 4:  # instantValue
+        if n < 2:
+            return False, 0.0
+        last = v[hi - 1]
+        prev = v[hi - 2]
+        if code == 3 and last < prev:
+            result = last
+        else:
+            result = last - prev
+        dt = t[hi - 1] - t[hi - 2]
+        if dt == 0:
+            return False, 0.0
+        if code == 3:
+            result /= float(dt) / 1000
+        return True, result
+    if code == 5:
+        return True, _avg(v, lo, hi)
+    if code == 6 or code == 7:
+        m = v[lo]
+        for j in range(lo, hi):
+            x = v[j]
+            if (x < m if code == 6 else x > m) or math.isnan(m):
+                m = x
+        return True, m
+    if code == 8:
+        return True, _sum(v, lo, hi)
+    if code == 9:
+        return True, float(n)
+    if code == 11:
+        return True, math.sqrt(_moments(v, lo, hi))
+    if code == 12:
+        return True, _moments(v, lo, hi)
+    if code == 13:
+        return True, v[hi - 1]
+    if code == 14:
+        return True, 1.0
+    if code == 15 or code == 16:  # flags of sample j (vs j-1) for j in (lo, hi)
+        return True, float(pre[hi - 1] - pre[lo])
+    if code == 17 or code == 18:
+        if n < 2:
+            return False, 0.0
+        if code == 17:
+            slope, _ = _linear_regression(t, v, lo, hi, t[lo])
+            return True, slope
+        slope, intercept = _linear_regression(t, v, lo, hi, ts)
+        return True, slope * p0 + intercept
+    if code == 19:
+        if n < 2:
+            return False, 0.0
+        return True, _holt_winters(v, lo, hi, p0, p1)
+    return False, 0.0
+
+
+@njit(**_JIT)
+def _series_aux(code, offsets, v):  # type: ignore[no-untyped-def]
+    """Per sample: `nxt[j]` the first counter reset at or after j (its series' end if none;
+    a reset at r: v[r] < v[r-1]); `pre[j]` the number of changes()/resets() flags at the
+    samples after its series' first up to j."""
+    nxt = np.empty(len(v) + 1, dtype=np.int64)
+    pre = np.zeros(len(v), dtype=np.int64)
+    for s in range(len(offsets) - 1):
+        a, b = offsets[s], offsets[s + 1]
+        if code <= 1:
+            nxt[b] = b
+            following = b
+            for j in range(b - 1, a, -1):
+                if v[j] < v[j - 1]:
+                    following = j
+                nxt[j] = following
+            if b > a:
+                nxt[a] = following
+        elif code == 15 or code == 16:
+            acc = 0
+            for j in range(a + 1, b):
+                cur, prev = v[j], v[j - 1]
+                if code == 15:
+                    if cur != prev and not (math.isnan(cur) and math.isnan(prev)):
+                        acc += 1
+                elif cur < prev:
+                    acc += 1
+                pre[j] = acc
+    return nxt, pre
+
+
+@njit(**_JIT)
+def _insert(buf, m, x):  # type: ignore[no-untyped-def]
+    lo, hi = 0, m
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if buf[mid] <= x:
+            lo = mid + 1
+        else:
+            hi = mid
+    for i in range(m, lo, -1):
+        buf[i] = buf[i - 1]
+    buf[lo] = x
+
+
+@njit(**_JIT)
+def _remove(buf, m, x):  # type: ignore[no-untyped-def]
+    lo, hi = 0, m
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if buf[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    for i in range(lo, m - 1):
+        buf[i] = buf[i + 1]
+
+
+@njit(**_JIT)
+def _quantile(buf, m, n, q):  # type: ignore[no-untyped-def]
+    """quantile() over n values of which the n - m NaNs sort first, then buf[:m]."""
+    if math.isnan(q):
+        return math.nan
+    if q < 0:
+        return -math.inf
+    if q > 1:
+        return math.inf
+    nans = n - m
+    fn = float(n)
+    rank = q * (fn - 1)
+    lower = max(0.0, math.floor(rank))
+    upper = min(fn - 1, lower + 1)
+    weight = rank - math.floor(rank)
+    li, ui = int(lower), int(upper)
+    a = math.nan if li < nans else buf[li - nans]
+    b = math.nan if ui < nans else buf[ui - nans]
+    return a * (1 - weight) + b * weight
+
+
+@njit(**_JIT)
+def run(code, offsets, t, v, eval_ms, range_ms, offset_ms, range_s, p0, p1):  # type: ignore[no-untyped-def]
+    n_series = len(offsets) - 1
+    n_steps = len(eval_ms)
+    state = np.zeros(n_series * n_steps, dtype=np.int8)
+    out = np.zeros(n_series * n_steps, dtype=np.float64)
+    nxt, pre = _series_aux(code, offsets, v)
+    longest = 0
+    for s in range(n_series):
+        longest = max(longest, offsets[s + 1] - offsets[s])
+    buf = np.empty(longest + 1 if code == _QUANTILE else 0, dtype=np.float64)
+    for s in range(n_series):
+        a, b = offsets[s], offsets[s + 1]
+        lo = hi = a
+        blo = bhi = a  # quantile: buf[:m] holds the sorted non-NaN values of v[blo:bhi]
+        m = 0
+        for k in range(n_steps):
+            maxt = eval_ms[k] - offset_ms
+            mint = maxt - range_ms
+            while lo < b and t[lo] < mint:
+                lo += 1
+            if hi < lo:
+                hi = lo
+            while hi < b and t[hi] <= maxt:
+                hi += 1
+            if hi == lo:
+                continue
+            cell = s * n_steps + k
+            state[cell] = 1
+            if code == _QUANTILE:
+                if lo >= bhi or (lo - blo) + (hi - bhi) > 32:
+                    m = 0
+                    for j in range(lo, hi):
+                        if not math.isnan(v[j]):
+                            buf[m] = v[j]
+                            m += 1
+                    buf[:m].sort()
+                else:
+                    for j in range(blo, lo):
+                        if not math.isnan(v[j]):
+                            _remove(buf, m, v[j])
+                            m -= 1
+                    for j in range(bhi, hi):
+                        if not math.isnan(v[j]):
+                            _insert(buf, m, v[j])
+                            m += 1
+                blo, bhi = lo, hi
+                out[cell] = _quantile(buf, m, hi - lo, p0[k])
+                state[cell] = 2
+                continue
+            ok, val = _window(code, t, v, lo, hi, eval_ms[k], range_ms, offset_ms, range_s, p0[k], p1[k], nxt, pre)
+            if ok:
+                state[cell] = 2
+                out[cell] = val
+    return state, out
