@@ -177,64 +177,30 @@ def _sum(v, lo, hi):  # type: ignore[no-untyped-def]
 
 
 @njit(**_JIT)
-def _window(code, t, v, lo, hi, ts, range_ms, offset_ms, range_s, p0, p1, nxt, pre):  # type: ignore[no-untyped-def]
-    """(has output, value) of one function over the samples [lo, hi) (at least one)."""
-    n = hi - lo
-    if code <= 2:
-        if n < 2:
-            return False, 0.0
-        return True, _extrapolated(t, v, lo, hi, ts, range_ms, offset_ms, range_s, code <= 1, code == 0, nxt)
-    if code <= 4:  # instantValue
-        if n < 2:
-            return False, 0.0
-        last = v[hi - 1]
-        prev = v[hi - 2]
-        if code == 3 and last < prev:
-            result = last
-        else:
-            result = last - prev
-        dt = t[hi - 1] - t[hi - 2]
-        if dt == 0:
-            return False, 0.0
-        if code == 3:
-            result /= float(dt) / 1000
-        return True, result
-    if code == 5:
-        return True, _avg(v, lo, hi)
-    if code == 6 or code == 7:
-        m = v[lo]
-        for j in range(lo, hi):
-            x = v[j]
-            if (x < m if code == 6 else x > m) or math.isnan(m):
-                m = x
-        return True, m
-    if code == 8:
-        return True, _sum(v, lo, hi)
-    if code == 9:
-        return True, float(n)
-    if code == 11:
-        return True, math.sqrt(_moments(v, lo, hi))
-    if code == 12:
-        return True, _moments(v, lo, hi)
-    if code == 13:
-        return True, v[hi - 1]
-    if code == 14:
-        return True, 1.0
-    if code == 15 or code == 16:  # flags of sample j (vs j-1) for j in (lo, hi)
-        return True, float(pre[hi - 1] - pre[lo])
-    if code == 17 or code == 18:
-        if n < 2:
-            return False, 0.0
-        if code == 17:
-            slope, _ = _linear_regression(t, v, lo, hi, t[lo])
-            return True, slope
-        slope, intercept = _linear_regression(t, v, lo, hi, ts)
-        return True, slope * p0 + intercept
-    if code == 19:
-        if n < 2:
-            return False, 0.0
-        return True, _holt_winters(v, lo, hi, p0, p1)
-    return False, 0.0
+def _instant(t, v, lo, hi, is_rate):  # type: ignore[no-untyped-def]
+    """instantValue: irate, idelta. NaN: no output."""
+    last = v[hi - 1]
+    prev = v[hi - 2]
+    if is_rate and last < prev:
+        result = last
+    else:
+        result = last - prev
+    dt = t[hi - 1] - t[hi - 2]
+    if dt == 0:
+        return math.nan, False
+    if is_rate:
+        result /= float(dt) / 1000
+    return result, True
+
+
+@njit(**_JIT)
+def _min_max(v, lo, hi, is_min):  # type: ignore[no-untyped-def]
+    m = v[lo]
+    for j in range(lo, hi):
+        x = v[j]
+        if (x < m if is_min else x > m) or math.isnan(m):
+            m = x
+    return m
 
 
 @njit(**_JIT)
@@ -242,8 +208,8 @@ def _series_aux(code, offsets, v):  # type: ignore[no-untyped-def]
     """Per sample: `nxt[j]` the first counter reset at or after j (its series' end if none;
     a reset at r: v[r] < v[r-1]); `pre[j]` the number of changes()/resets() flags at the
     samples after its series' first up to j."""
-    nxt = np.empty(len(v) + 1, dtype=np.int64)
-    pre = np.zeros(len(v), dtype=np.int64)
+    nxt = np.empty(len(v) + 1 if code <= 1 else 0, dtype=np.int64)
+    pre = np.zeros(len(v) if code == 15 or code == 16 else 0, dtype=np.int64)
     for s in range(len(offsets) - 1):
         a, b = offsets[s], offsets[s + 1]
         if code <= 1:
@@ -366,7 +332,40 @@ def run(code, offsets, t, v, eval_ms, range_ms, offset_ms, range_s, p0, p1):  # 
                 out[cell] = _quantile(buf, m, hi - lo, p0[k])
                 state[cell] = 2
                 continue
-            ok, val = _window(code, t, v, lo, hi, eval_ms[k], range_ms, offset_ms, range_s, p0[k], p1[k], nxt, pre)
+            n = hi - lo
+            if n < 2 and (code <= 4 or code >= 17):
+                continue  # rate and friends, deriv, predict_linear, holt_winters: two samples
+            ts = eval_ms[k]
+            ok = True
+            if code <= 2:
+                val = _extrapolated(t, v, lo, hi, ts, range_ms, offset_ms, range_s, code <= 1, code == 0, nxt)
+            elif code <= 4:
+                val, ok = _instant(t, v, lo, hi, code == 3)
+            elif code == 5:
+                val = _avg(v, lo, hi)
+            elif code == 6 or code == 7:
+                val = _min_max(v, lo, hi, code == 6)
+            elif code == 8:
+                val = _sum(v, lo, hi)
+            elif code == 9:
+                val = float(n)
+            elif code == 11:
+                val = math.sqrt(_moments(v, lo, hi))
+            elif code == 12:
+                val = _moments(v, lo, hi)
+            elif code == 13:
+                val = v[hi - 1]
+            elif code == 14:
+                val = 1.0
+            elif code == 15 or code == 16:  # the flags of samples lo+1 .. hi-1
+                val = float(pre[hi - 1] - pre[lo])
+            elif code == 17:
+                val = _linear_regression(t, v, lo, hi, t[lo])[0]
+            elif code == 18:
+                slope, intercept = _linear_regression(t, v, lo, hi, ts)
+                val = slope * p0[k] + intercept
+            else:
+                val = _holt_winters(v, lo, hi, p0[k], p1[k])
             if ok:
                 state[cell] = 2
                 out[cell] = val
