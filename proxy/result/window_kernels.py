@@ -40,10 +40,11 @@ CODES: dict[str, int] = {
 }
 _QUANTILE = 10
 
-_JIT = {"cache": True, "nogil": True, "error_model": "numpy"}
+_jit = njit(cache=True, nogil=True, error_model="numpy")
+_jit_inline = njit(cache=True, nogil=True, error_model="numpy", inline="always")
 
 
-@njit(inline="always", **_JIT)
+@_jit_inline
 def _kahan(inc, s, c):  # type: ignore[no-untyped-def]
     """kahanSumInc: Neumaier's compensated step."""
     t = s + inc
@@ -54,7 +55,7 @@ def _kahan(inc, s, c):  # type: ignore[no-untyped-def]
     return t, c
 
 
-@njit(**_JIT)
+@_jit
 def _extrapolated(t, v, lo, hi, ts, range_ms, offset_ms, range_s, counter, is_rate, nxt):  # type: ignore[no-untyped-def]
     """extrapolatedRate (floats): rate, increase, delta."""
     n = hi - lo
@@ -90,7 +91,7 @@ def _extrapolated(t, v, lo, hi, ts, range_ms, offset_ms, range_s, counter, is_ra
     return result * factor
 
 
-@njit(**_JIT)
+@_jit
 def _linear_regression(t, v, lo, hi, intercept_time):  # type: ignore[no-untyped-def]
     n = 0.0
     sum_x = c_x = sum_y = c_y = sum_xy = c_xy = sum_x2 = c_x2 = 0.0
@@ -121,7 +122,7 @@ def _linear_regression(t, v, lo, hi, intercept_time):  # type: ignore[no-untyped
     return slope, intercept
 
 
-@njit(**_JIT)
+@_jit
 def _holt_winters(v, lo, hi, sf, tf):  # type: ignore[no-untyped-def]
     s0 = 0.0
     s1 = v[lo]
@@ -135,7 +136,7 @@ def _holt_winters(v, lo, hi, sf, tf):  # type: ignore[no-untyped-def]
     return s1
 
 
-@njit(**_JIT)
+@_jit
 def _moments(v, lo, hi):  # type: ignore[no-untyped-def]
     """stdvar_over_time's running mean (Kahan-compensated): (aux + cAux) / count."""
     count = 0.0
@@ -149,7 +150,7 @@ def _moments(v, lo, hi):  # type: ignore[no-untyped-def]
     return (aux + c_aux) / count
 
 
-@njit(**_JIT)
+@_jit
 def _avg(v, lo, hi):  # type: ignore[no-untyped-def]
     mean = count = c = 0.0
     for j in range(lo, hi):
@@ -166,7 +167,7 @@ def _avg(v, lo, hi):  # type: ignore[no-untyped-def]
     return mean + c
 
 
-@njit(**_JIT)
+@_jit
 def _sum(v, lo, hi):  # type: ignore[no-untyped-def]
     s = c = 0.0
     for j in range(lo, hi):
@@ -176,7 +177,7 @@ def _sum(v, lo, hi):  # type: ignore[no-untyped-def]
     return s + c
 
 
-@njit(**_JIT)
+@_jit
 def _instant(t, v, lo, hi, is_rate):  # type: ignore[no-untyped-def]
     """instantValue: irate, idelta. NaN: no output."""
     last = v[hi - 1]
@@ -193,7 +194,7 @@ def _instant(t, v, lo, hi, is_rate):  # type: ignore[no-untyped-def]
     return result, True
 
 
-@njit(**_JIT)
+@_jit
 def _min_max(v, lo, hi, is_min):  # type: ignore[no-untyped-def]
     m = v[lo]
     for j in range(lo, hi):
@@ -203,7 +204,7 @@ def _min_max(v, lo, hi, is_min):  # type: ignore[no-untyped-def]
     return m
 
 
-@njit(**_JIT)
+@_jit
 def _series_aux(code, offsets, v):  # type: ignore[no-untyped-def]
     """Per sample: `nxt[j]` the first counter reset at or after j (its series' end if none;
     a reset at r: v[r] < v[r-1]); `pre[j]` the number of changes()/resets() flags at the
@@ -234,7 +235,7 @@ def _series_aux(code, offsets, v):  # type: ignore[no-untyped-def]
     return nxt, pre
 
 
-@njit(**_JIT)
+@_jit
 def _insert(buf, m, x):  # type: ignore[no-untyped-def]
     lo, hi = 0, m
     while lo < hi:
@@ -248,7 +249,7 @@ def _insert(buf, m, x):  # type: ignore[no-untyped-def]
     buf[lo] = x
 
 
-@njit(**_JIT)
+@_jit
 def _remove(buf, m, x):  # type: ignore[no-untyped-def]
     lo, hi = 0, m
     while lo < hi:
@@ -261,7 +262,7 @@ def _remove(buf, m, x):  # type: ignore[no-untyped-def]
         buf[i] = buf[i + 1]
 
 
-@njit(**_JIT)
+@_jit
 def _quantile(buf, m, n, q):  # type: ignore[no-untyped-def]
     """quantile() over n values of which the n - m NaNs sort first, then buf[:m]."""
     if math.isnan(q):
@@ -282,7 +283,7 @@ def _quantile(buf, m, n, q):  # type: ignore[no-untyped-def]
     return a * (1 - weight) + b * weight
 
 
-@njit(**_JIT)
+@_jit
 def run(code, offsets, t, v, eval_ms, range_ms, offset_ms, range_s, p0, p1):  # type: ignore[no-untyped-def]
     n_series = len(offsets) - 1
     n_steps = len(eval_ms)
