@@ -14,6 +14,9 @@ Floating point: every function here is compiled without fast-math (LLVM then nei
 reassociates nor contracts a*b+c into an FMA, as Go does not on amd64), and with numpy's
 error model (x/0 is Inf or NaN, as in Go, instead of Python's ZeroDivisionError).
 
+The functions whose every step depends on the one before (avg, sum, stddev, stdvar, deriv,
+predict_linear, holt_winters) are in window_lanes.py: Go's loops, four windows interleaved.
+
 Exact shortcuts (same result as Go's loop, less work): counter resets inside a rate window
 are found through a next-reset index (their values are still added in window order);
 changes()/resets() count through prefix sums of integer flags; quantile_over_time keeps the
@@ -29,6 +32,8 @@ import math
 import numpy as np
 from numba import njit
 
+from proxy.result.window_lanes import is_serial, run_serial
+
 __all__ = ["CODES", "run"]
 
 CODES: dict[str, int] = {
@@ -42,17 +47,6 @@ _QUANTILE = 10
 
 _jit = njit(cache=True, nogil=True, error_model="numpy")
 _jit_inline = njit(cache=True, nogil=True, error_model="numpy", inline="always")
-
-
-@_jit_inline
-def _kahan(inc, s, c):  # type: ignore[no-untyped-def]
-    """kahanSumInc: Neumaier's compensated step."""
-    t = s + inc
-    if abs(s) >= abs(inc):
-        c += (s - t) + inc
-    else:
-        c += (inc - t) + s
-    return t, c
 
 
 @_jit
@@ -89,92 +83,6 @@ def _extrapolated(t, v, lo, hi, ts, range_ms, offset_ms, range_s, counter, is_ra
     if is_rate:
         factor /= range_s
     return result * factor
-
-
-@_jit
-def _linear_regression(t, v, lo, hi, intercept_time):  # type: ignore[no-untyped-def]
-    n = 0.0
-    sum_x = c_x = sum_y = c_y = sum_xy = c_xy = sum_x2 = c_x2 = 0.0
-    init_y = v[lo]
-    const_y = True
-    for j in range(lo, hi):
-        y = v[j]
-        if const_y and j > lo and y != init_y:
-            const_y = False
-        n += 1.0
-        x = float(t[j] - intercept_time) / 1e3
-        sum_x, c_x = _kahan(x, sum_x, c_x)
-        sum_y, c_y = _kahan(y, sum_y, c_y)
-        sum_xy, c_xy = _kahan(x * y, sum_xy, c_xy)
-        sum_x2, c_x2 = _kahan(x * x, sum_x2, c_x2)
-    if const_y:
-        if math.isinf(init_y):
-            return math.nan, math.nan
-        return 0.0, init_y
-    sum_x = sum_x + c_x
-    sum_y = sum_y + c_y
-    sum_xy = sum_xy + c_xy
-    sum_x2 = sum_x2 + c_x2
-    cov_xy = sum_xy - sum_x * sum_y / n
-    var_x = sum_x2 - sum_x * sum_x / n
-    slope = cov_xy / var_x
-    intercept = sum_y / n - slope * sum_x / n
-    return slope, intercept
-
-
-@_jit
-def _holt_winters(v, lo, hi, sf, tf):  # type: ignore[no-untyped-def]
-    s0 = 0.0
-    s1 = v[lo]
-    b = v[lo + 1] - v[lo]
-    for i in range(1, hi - lo):
-        x = sf * v[lo + i]
-        if i - 1 != 0:  # calcTrendValue(i-1, tf, s0, s1, b)
-            b = tf * (s1 - s0) + (1 - tf) * b
-        y = (1 - sf) * (s1 + b)
-        s0, s1 = s1, x + y
-    return s1
-
-
-@_jit
-def _moments(v, lo, hi):  # type: ignore[no-untyped-def]
-    """stdvar_over_time's running mean (Kahan-compensated): (aux + cAux) / count."""
-    count = 0.0
-    mean = c_mean = aux = c_aux = 0.0
-    for j in range(lo, hi):
-        x = v[j]
-        count += 1
-        delta = x - (mean + c_mean)
-        mean, c_mean = _kahan(delta / count, mean, c_mean)
-        aux, c_aux = _kahan(delta * (x - (mean + c_mean)), aux, c_aux)
-    return (aux + c_aux) / count
-
-
-@_jit
-def _avg(v, lo, hi):  # type: ignore[no-untyped-def]
-    mean = count = c = 0.0
-    for j in range(lo, hi):
-        x = v[j]
-        count += 1
-        if math.isinf(mean):
-            if math.isinf(x) and (mean > 0) == (x > 0):
-                continue
-            if not math.isinf(x) and not math.isnan(x):
-                continue
-        mean, c = _kahan(x / count - mean / count, mean, c)
-    if math.isinf(mean):
-        return mean
-    return mean + c
-
-
-@_jit
-def _sum(v, lo, hi):  # type: ignore[no-untyped-def]
-    s = c = 0.0
-    for j in range(lo, hi):
-        s, c = _kahan(v[j], s, c)
-    if math.isinf(s):
-        return s
-    return s + c
 
 
 @_jit
@@ -289,6 +197,8 @@ def run(code, offsets, t, v, eval_ms, range_ms, offset_ms, range_s, p0, p1):  # 
     n_steps = len(eval_ms)
     state = np.zeros(n_series * n_steps, dtype=np.int8)
     out = np.zeros(n_series * n_steps, dtype=np.float64)
+    if is_serial(code):
+        return run_serial(code, offsets, t, v, eval_ms, range_ms, offset_ms, p0, p1, state, out)
     nxt, pre = _series_aux(code, offsets, v)
     longest = 0
     for s in range(n_series):
@@ -334,39 +244,24 @@ def run(code, offsets, t, v, eval_ms, range_ms, offset_ms, range_s, p0, p1):  # 
                 state[cell] = 2
                 continue
             n = hi - lo
-            if n < 2 and (code <= 4 or code >= 17):
-                continue  # rate and friends, deriv, predict_linear, holt_winters: two samples
+            if n < 2 and code <= 4:
+                continue  # rate and friends: two samples
             ts = eval_ms[k]
             ok = True
             if code <= 2:
                 val = _extrapolated(t, v, lo, hi, ts, range_ms, offset_ms, range_s, code <= 1, code == 0, nxt)
             elif code <= 4:
                 val, ok = _instant(t, v, lo, hi, code == 3)
-            elif code == 5:
-                val = _avg(v, lo, hi)
             elif code == 6 or code == 7:
                 val = _min_max(v, lo, hi, code == 6)
-            elif code == 8:
-                val = _sum(v, lo, hi)
             elif code == 9:
                 val = float(n)
-            elif code == 11:
-                val = math.sqrt(_moments(v, lo, hi))
-            elif code == 12:
-                val = _moments(v, lo, hi)
             elif code == 13:
                 val = v[hi - 1]
             elif code == 14:
                 val = 1.0
-            elif code == 15 or code == 16:  # the flags of samples lo+1 .. hi-1
+            else:  # changes, resets: the flags of samples lo+1 .. hi-1
                 val = float(pre[hi - 1] - pre[lo])
-            elif code == 17:
-                val = _linear_regression(t, v, lo, hi, t[lo])[0]
-            elif code == 18:
-                slope, intercept = _linear_regression(t, v, lo, hi, ts)
-                val = slope * p0[k] + intercept
-            else:
-                val = _holt_winters(v, lo, hi, p0[k], p1[k])
             if ok:
                 state[cell] = 2
                 out[cell] = val
