@@ -340,6 +340,10 @@ class LimitsConfig(_Strict):
     # Most new cache entries one query may write: the rest of its pieces are answered but not
     # kept (a ten-year range would otherwise leave thousands of keys for cache.ttl). 0: no limit.
     max_new_cache_keys: int = Field(default=2_048, ge=0)
+    # Most raw samples a query may gather for a range function whose window straddles two
+    # stores (fetched from each and evaluated by promaccel); over it: 422 naming the limit.
+    # 0: no limit.
+    max_window_samples: int = Field(default=20_000_000, ge=0)
     # Admission: queries (query, query_range) running at once, in all and per client (the
     # tenant's forwarded headers when tenancy.forward_headers is set, else the client's
     # address -- behind Grafana every viewer has Grafana's address, hence off by default);

@@ -77,7 +77,7 @@ def build(config: Config, backends: Sequence[Backend], store: Callable[[], Piece
     merge = Merge(planner, lookup)
     fallback = Fallback(by_name, primary, merge)
     forward = Forward(by_name, primary, slots, reader, writer, landing, fetcher.flight, ask, fallback)
-    cross_store = CrossStore(planner, backends, merge)
+    cross_store = CrossStore(planner, backends, merge, config.limits.max_window_samples)
     route = Route(backends, forward, cross_store)
     plan = Plan(planner, primary, cache_on, route)
     admit = Admit(config.limits, plan, admission)
