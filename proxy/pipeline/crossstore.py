@@ -46,7 +46,7 @@ from .ask import Asker
 from .local_ops import _absent_or_scalar, _restamp, as_answer, check_distinct, grid_of, joined
 from .names import MetricNames
 from .planning import Planner
-from .raw_fetch import fetch_raw, window_parts
+from .raw_fetch import RawCache, fetch_raw, window_parts
 from .routing import merges, router_for
 from .stage import Stage
 from .values import Answer, PieceFailed, Query
@@ -94,12 +94,13 @@ class CrossStore:
     answers); the stage runs that tree, and /api/v1/explain shows it."""
 
     def __init__(self, planner: Planner, backends: Sequence[Backend], run: Stage[Query, Answer],
-                 max_window_samples: int = 0) -> None:
+                 max_window_samples: int = 0, raw_cache: RawCache | None = None) -> None:
         self.planner = planner
         self.names = MetricNames(backends, planner.config.planner.shard_values_ttl)
         self.backends = backends
         self.run = run  # the planned path (merge and below) for each subquery
         self.max_window_samples = max_window_samples
+        self.raw_cache = raw_cache
 
     async def __call__(self, q: Query) -> Answer:
         assert q.plan is not None
@@ -302,7 +303,8 @@ class CrossStore:
             arg = arg.expr
         assert isinstance(arg, MatrixSel)
         by_name = {b.name: b for b in self.backends}
-        raw = await fetch_raw(arg.selector, step.reads, by_name, q.timeout_s, self.max_window_samples)
+        cache = self.raw_cache if q.cache is not None else None  # the query may use the cache
+        raw = await fetch_raw(arg.selector, step.reads, by_name, q.timeout_s, self.max_window_samples, cache)
         params = [a.value for a in node.args if isinstance(a, Number)]
         out = eval_range_function(node.func, params, raw, grid_of(step.req), arg.range_ms,
                                   offset_ms=arg.selector.offset_ms)

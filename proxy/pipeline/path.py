@@ -39,6 +39,7 @@ from .landing import Landing
 from .lookup import Coalesce, FanOut, Lookup
 from .merging import Fallback, Merge
 from .planning import Plan, Planner
+from .raw_fetch import RawCache
 from .routing import Route
 from .slots import SlotMaker
 
@@ -77,7 +78,9 @@ def build(config: Config, backends: Sequence[Backend], store: Callable[[], Piece
     merge = Merge(planner, lookup)
     fallback = Fallback(by_name, primary, merge)
     forward = Forward(by_name, primary, slots, reader, writer, landing, fetcher.flight, ask, fallback)
-    cross_store = CrossStore(planner, backends, merge, config.limits.max_window_samples)
+    window_bound = min((n for n in (config.limits.max_window_samples, config.limits.max_samples) if n), default=0)
+    raw_cache = RawCache(config, store, writer) if cache_on else None
+    cross_store = CrossStore(planner, backends, merge, window_bound, raw_cache)
     route = Route(backends, forward, cross_store)
     plan = Plan(planner, primary, cache_on, route)
     admit = Admit(config.limits, plan, admission)

@@ -13,7 +13,7 @@ import httpx
 import orjson
 import pytest
 
-from loadtests.compare import DATA, EMPTY, Expect
+from loadtests.compare import DATA, EMPTY, Expect, diff_answers
 from tests.corpus import QUERIES
 from tests.equivalence import compare_case, metadata_problems
 from tests.servers import Promaccel
@@ -161,7 +161,13 @@ def test_window_straddling_the_stores_equals_direct(prom: Any, by_time: tuple[Pr
     assert explain["route"]["kind"] == "cross_store"
     window = explain["cross_store"]["args"][0]
     assert window["kind"] == "window", explain["cross_store"]
-    assert [r["backend"] for r in window["reads"]] == ["old", "new"], window["reads"]
+    assert [r["backend"] for r in window["reads"]][:1] == ["old"] and window["reads"][-1]["backend"] == "new"
+    # The window's raw chunks are cached: the same panel again asks no backend.
+    form = {"query": query, "time": str(t + 6000)}
+    first = httpx.post(proxy.url + "/api/v1/query", data=form, timeout=60)
+    again = httpx.post(proxy.url + "/api/v1/query", data=form, timeout=60)
+    assert again.headers["X-Promaccel-Backend-Calls"] == "0", dict(again.headers)
+    assert diff_answers(first.json(), again.json()) == []
 
 
 @pytest.mark.parametrize("name", sorted(set(SAMPLE) & set(QUERIES)))
@@ -221,6 +227,30 @@ def test_cross_store_unsupported_is_a_clear_422(prom: Any, by_metric: Promaccel)
     body = r.json()
     assert body["errorType"] == "execution"
     assert "DCGM_FI_DEV_GPU_UTIL" in body["error"] and "amp" in body["error"] and "local" in body["error"]
+
+
+def test_straddling_window_samples_are_bounded(prom: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """limits.max_window_samples bounds the raw samples one query gathers: over it, a 422."""
+    t = prom.end_s - 3 * HOUR
+    t -= t % HOUR
+    proxy = _start(prom, tmp_path_factory, "bounded", f"""
+  - name: old
+    url: {prom.url}
+    holds: {{until: "{_iso(t + 1800)}"}}
+  - name: new
+    url: {prom.url}
+    holds: {{since: "{_iso(t)}"}}
+""", "limits: {max_window_samples: 1000}")
+    try:
+        form = {"query": "sum(increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[2h]))", "time": str(t + 6000)}
+        r = httpx.post(proxy.url + "/api/v1/query", data=form, timeout=60)
+        assert r.status_code == 422, r.text
+        assert "limits.max_window_samples" in r.json()["error"]
+        small = {"query": 'increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{Hostname="gpu-node-0000", gpu="0"}[2h])',
+                 "time": str(t + 6000)}
+        _check(prom.url, proxy.url, "/api/v1/query", small, "bounded_small")
+    finally:
+        proxy.stop()
 
 
 def test_metric_no_store_has_is_empty_as_in_prometheus(prom: Any, by_metric: Promaccel) -> None:
