@@ -30,6 +30,7 @@ from .breaker import CircuitBreaker
 from .deadline import idle_timeout
 from .frame import encode_value
 from .keys import KEY_PREFIX, CacheItem, CacheKey
+from .leases import RedisLeases
 from .redis_client import connect, redact_url
 from .store import ANY_METRIC, PieceStore, describe, wall_ms
 
@@ -113,6 +114,7 @@ class RedisStore(PieceStore):
         self.breaker = CircuitBreaker(breaker_failures, breaker_backoff_ms, breaker_max_backoff_ms)
         self._generation = 0
         self._gen_read_at: float | None = None
+        self.leases = RedisLeases(self)
 
     # Guarding ---------------------------------------------------------------------------
 

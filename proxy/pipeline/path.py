@@ -36,6 +36,7 @@ from .fetch import Fetcher
 from .forward import Forward
 from .hybrid_fetch import RouteAnswer
 from .landing import Landing
+from .leases import Leases
 from .lookup import Coalesce, FanOut, Lookup
 from .merging import Fallback, Merge
 from .planning import Plan, Planner
@@ -54,6 +55,7 @@ class Parts:
     landing: Landing
     reader: CacheReader
     writer: CacheWriter
+    leases: Leases
     fetcher: Fetcher
     cross_store: CrossStore
 
@@ -67,17 +69,18 @@ def build(config: Config, backends: Sequence[Backend], store: Callable[[], Piece
     landing = Landing()
     reader = CacheReader(config, store, landing, slots)
     writer = CacheWriter(config, store, landing)
+    leases = writer.leases = Leases(config, store, reader)
     ask = Asker()
-    fetcher = Fetcher(landing, writer, RouteAnswer(config, backends, ask), cache_on)
+    fetcher = Fetcher(landing, writer, RouteAnswer(config, backends, ask), cache_on, leases)
 
     fan_out = FanOut(fetcher)
     coalesce = Coalesce(config, primary.cfg.max_parallel, landing, fan_out)
     lookup = Lookup(config, slots, reader, coalesce)
     merge = Merge(planner, lookup)
     fallback = Fallback(by_name, primary, merge)
-    forward = Forward(by_name, primary, slots, reader, writer, landing, fetcher.flight, ask, fallback)
+    forward = Forward(by_name, primary, slots, reader, writer, landing, fetcher.flight, ask, fallback, leases)
     cross_store = CrossStore(planner, backends, merge)
     route = Route(backends, forward, cross_store)
     plan = Plan(planner, primary, cache_on, route)
     admit = Admit(config.limits, plan)
-    return admit, Parts(planner, slots, landing, reader, writer, fetcher, cross_store)
+    return admit, Parts(planner, slots, landing, reader, writer, leases, fetcher, cross_store)
