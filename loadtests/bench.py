@@ -81,6 +81,7 @@ from .report import (
     cache_lookups,
     counter_delta,
     git_info,
+    layout_name,
     machine_info,
     parse_metrics,
     prometheus_query_traffic,
@@ -913,7 +914,7 @@ async def scenario_workers(env: Env) -> dict[str, Any]:
             for r, x in zip(reqs, reference[-1]):
                 tally.note(f"reference round {i} {panel_key(r)}", "direct", x)
     for w, n in layouts:
-        label = f"{w} workers" if n == 1 else f"{n} processes"
+        label = layout_name({"workers": w, "processes": n})
         if deadline.expired():
             s["notes"].append(f"duration limit reached before {label}")
             break
@@ -1277,7 +1278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     t_start = time.monotonic()
     started = dt.datetime.now(dt.timezone.utc)
-    out_dir = args.out or RESULTS_DIR / started.strftime("%Y%m%d-%H%M%S")
+    # Absolute: redis-server changes into its --dir before it opens its --logfile.
+    out_dir = (args.out or RESULTS_DIR / started.strftime("%Y%m%d-%H%M%S")).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     progress = Progress()
     spec = _fleet_spec(args)

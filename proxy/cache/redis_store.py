@@ -12,6 +12,9 @@ Invalidation indexes: one sorted set per metric and generation, members
 `generation_refresh_ms`; the invalidation marker is `promaccel:invalidated_at`. A put that
 sees the marker move while it writes deletes what it wrote.
 
+Fetch leases (`leases.py`, `store.leases`): of the processes sharing the Redis, one fetches a
+piece missing from the cache while the others wait for it.
+
 Recommended server setting: `maxmemory-policy volatile-lru` -- every entry has a TTL and
 the generation key has none, so Redis evicts entries but never the generation.
 """
