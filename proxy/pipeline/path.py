@@ -16,7 +16,8 @@ Each stage has one job and one `async __call__`; it derives the value it hands d
     CrossStore evaluates the operators above per-store subqueries, each run from Merge down.
 
 Shared state lives with the component that owns it: `Landing` (landing zone, calls in
-flight, recent calls), `CacheReader`/`CacheWriter` (the store), `Fetcher` (single-flight).
+flight, recent calls), `CacheReader`/`CacheWriter` (the store), `Fetcher` (single-flight),
+`Leases` (fetch leases shared with the other processes using the Redis).
 """
 
 from __future__ import annotations

@@ -269,6 +269,36 @@ def test_without_redis_there_are_no_leases_and_nobody_waits() -> None:
     asyncio.run(main())
 
 
+def test_leases_on_a_redis_cluster(tmp_path: Path) -> None:
+    from tests.redis_cluster import LocalCluster
+
+    cluster = LocalCluster.start(tmp_path / "cluster")
+    try:
+        async def main() -> None:
+            a, b = Proc(cluster.url), Proc(cluster.url)
+            try:
+                units = [unit(i) for i in range(20, 30)]  # keys over every node
+                digests = {u.key.digest for u in units if u.key}
+                assert await a.leases.acquire(units) == Claim(digests, {})
+                assert await b.leases.acquire(units) == Claim(set(), {})
+                await a.put(20)
+                a.leases.release(digests)
+                landed, here = await asyncio.wait_for(b.leases.wait(units, timeout_s=30), 10)
+                assert list(landed) == [units[0].key.digest if units[0].key else ""] and here == units[1:]
+                assert await b.leases.acquire(units[1:]) == Claim(digests - set(landed), {})
+                table = b.store.leases
+                assert table is not None
+                assert await table.renew([d for d in b.leases.held], [t for t, _ in b.leases.held.values()],
+                                         60_000) == [True] * 9
+            finally:
+                await a.aclose()
+                await b.aclose()
+
+        asyncio.run(main())
+    finally:
+        cluster.stop()
+
+
 def test_leases_off_or_in_process_store() -> None:
     cfg = build_config({"backends": [{"url": "http://127.0.0.1:1"}], "cache": {"fetch_lease": "0s"}})
     assert cfg.cache.fetch_lease == 0
