@@ -265,6 +265,10 @@ class CacheConfig(_Strict):
     breaker_backoff: DurationMs = 1_000
     breaker_max_backoff: DurationMs = 10_000
     max_pending_puts: int = Field(default=64, ge=1)
+    # Redis: a piece missing from the cache is fetched by one process of all those sharing
+    # the Redis; the others wait for it to land (pipeline/leases.py). The lease lives this
+    # long unless its owner renews it (it does while it fetches and stores). 0: off.
+    fetch_lease: DurationMs = Field(default=5_000, ge=0)
     revalidate_interval: DurationMs = 0
     revalidate_max_age: DurationMs = 3_600_000
     revalidate_max_entries: int = Field(default=10_000, ge=1)

@@ -105,7 +105,7 @@ class _Metrics:
         )
         # Piece store (proxy/cache/) and request coalescing (proxy/singleflight.py).
         # `store` is "memory" or "redis"; cache_errors' `op` is get, put, delete,
-        # generation, invalidate or bump.
+        # generation, invalidate, bump or lease.
         self.cache_pieces = Counter(
             "promaccel_cache_piece_lookups_total",
             "Piece lookups in the piece store by result (hit, miss)",
@@ -156,6 +156,16 @@ class _Metrics:
         )
         self.cache_memory_entries = Gauge(
             "promaccel_cache_memory_entries", "Entries held by the in-process piece store", registry=r
+        )
+        # Fetch leases (proxy/pipeline/leases.py), per piece: won (this process fetches it),
+        # landed (another process fetched it; read from Redis), released (its lease went
+        # without a stored piece: fetched here), timeout (waited half the query's deadline:
+        # fetched here), error (Redis failed or skipped: fetched without a lease).
+        self.cache_leases = Counter(
+            "promaccel_cache_leases_total",
+            "Pieces missing from the cache by how their fetch lease went",
+            ["result"],
+            registry=r,
         )
         self.coalesced = Counter(
             "promaccel_coalesced_calls_total",

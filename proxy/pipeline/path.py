@@ -16,7 +16,8 @@ Each stage has one job and one `async __call__`; it derives the value it hands d
     CrossStore evaluates the operators above per-store subqueries, each run from Merge down.
 
 Shared state lives with the component that owns it: `Landing` (landing zone, calls in
-flight, recent calls), `CacheReader`/`CacheWriter` (the store), `Fetcher` (single-flight).
+flight, recent calls), `CacheReader`/`CacheWriter` (the store), `Fetcher` (single-flight),
+`Leases` (fetch leases shared with the other processes using the Redis).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from .fetch import Fetcher
 from .forward import Forward
 from .hybrid_fetch import RouteAnswer
 from .landing import Landing
+from .leases import Leases
 from .lookup import Coalesce, FanOut, Lookup
 from .merging import Fallback, Merge
 from .planning import Plan, Planner
@@ -53,6 +55,7 @@ class Parts:
     landing: Landing
     reader: CacheReader
     writer: CacheWriter
+    leases: Leases
     fetcher: Fetcher
     cross_store: CrossStore
 
@@ -69,19 +72,20 @@ def build(config: Config, backends: Sequence[Backend], store: Callable[[], Piece
     landing = Landing()
     reader = CacheReader(config, store, landing, slots)
     writer = CacheWriter(config, store, landing)
+    leases = writer.leases = Leases(config, store, reader)
     ask = Asker()
-    fetcher = Fetcher(landing, writer, RouteAnswer(config, backends, ask), cache_on)
+    fetcher = Fetcher(landing, writer, RouteAnswer(config, backends, ask), cache_on, leases)
 
     fan_out = FanOut(fetcher)
     coalesce = Coalesce(config, primary.cfg.max_parallel, landing, fan_out)
     lookup = Lookup(config, slots, reader, coalesce)
     merge = Merge(planner, lookup)
     fallback = Fallback(by_name, primary, merge)
-    forward = Forward(by_name, primary, slots, reader, writer, landing, fetcher.flight, ask, fallback)
+    forward = Forward(by_name, primary, slots, reader, writer, landing, fetcher.flight, ask, fallback, leases)
     window_bound = min((n for n in (config.limits.max_window_samples, config.limits.max_samples) if n), default=0)
     raw_cache = RawCache(config, store, writer) if cache_on else None
     cross_store = CrossStore(planner, backends, merge, window_bound, raw_cache)
     route = Route(backends, forward, cross_store)
     plan = Plan(planner, primary, cache_on, route)
     admit = Admit(config.limits, plan, admission)
-    return admit, Parts(planner, slots, landing, reader, writer, fetcher, cross_store)
+    return admit, Parts(planner, slots, landing, reader, writer, leases, fetcher, cross_store)

@@ -83,6 +83,7 @@ class QueryService:
             await self.revalidator.aclose()
         self.parts.fetcher.flight.cancel_all()
         await self.parts.writer.aclose()
+        await self.parts.leases.aclose()
         if self._store is not None:  # the root's only
             await self._store.aclose()
 

@@ -17,7 +17,7 @@ import pytest
 from tests.corpus import QUERIES
 from tests.e2e.test_hybrid import INSTANTS, RANGES, reference
 from tests.equivalence import compare_case
-from tests.hybrid import AmpProcess, SliceServer, promaccel_config, aws_env
+from tests.hybrid import AmpProcess, SliceServer, aws_env, promaccel_config
 from tests.servers import Promaccel
 
 pytestmark = pytest.mark.prom
