@@ -35,6 +35,7 @@ system-deps:
 
 test: setup
 	$(BIN)/python -m proxy.codec.warmup
+	$(BIN)/python -m proxy.result.warmup
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: setup
