@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import orjson
 
+from shardplanner.answer_size import answer_bytes
 from shardplanner.explain import reason_code
 from shardplanner.plan import Plan as QueryPlan
 from shardplanner.plan import PlannerSettings, QueryRequest
@@ -87,19 +88,27 @@ class ShardValues:
     def _refreshed(self, key: tuple[str, str], _task: asyncio.Task[None]) -> None:
         self._refreshing.pop(key, None)
 
+    def _discover(self, scope: str, label: str) -> asyncio.Task[None]:
+        key = (scope, label)
+        task = self._refreshing.get(key)
+        if task is None:
+            task = asyncio.create_task(self._fetch(label))  # inherits the tenant (contextvar)
+            self._refreshing[key] = task
+            task.add_done_callback(functools.partial(self._refreshed, key))
+        return task
+
     async def get(self, labels: Sequence[str]) -> dict[str, tuple[str, ...]]:
         scope = tenant_scope()
         missing = [lb for lb in labels if (scope, lb) not in self._values]
         if missing:
-            await asyncio.gather(*(self._fetch(lb) for lb in missing))
+            # Concurrent first queries share one discovery per label.
+            await asyncio.gather(*(asyncio.shield(self._discover(scope, lb)) for lb in missing))
         now = time.monotonic()
         for lb in labels:
             key = (scope, lb)
             entry = self._values.get(key)
             if entry and now - entry[0] > self.ttl_s and key not in self._refreshing:
-                task = asyncio.create_task(self._fetch(lb))  # inherits the tenant (contextvar)
-                self._refreshing[key] = task
-                task.add_done_callback(functools.partial(self._refreshed, key))
+                self._discover(scope, lb)
         return {lb: self._values[(scope, lb)][1] for lb in labels if (scope, lb) in self._values}
 
 
@@ -116,13 +125,19 @@ class Planner:
         values: Mapping[str, Sequence[str]] = {}
         max_samples = self.config.limits.max_samples
         if self.settings.shards > 1 or max_samples:
-            labels = sorted({label for _, label in self.settings.shard_labels})
-            values = await self.shard_values.get(labels)
+            values = await self._shard_values()
         plan = make_plan(req, self.settings, values)
         refusal = samples_limit_message(plan, max_samples)  # limits.max_samples (0: off)
         if refusal is not None:
             raise PromError("execution", refusal)
         return plan
+
+    async def _shard_values(self) -> Mapping[str, Sequence[str]]:
+        return await self.shard_values.get(sorted({label for _, label in self.settings.shard_labels}))
+
+    async def answer_bytes(self, plan: QueryPlan) -> int | None:
+        """The answer's decoded bytes, estimated (shardplanner/answer_size.py); None: unknown."""
+        return answer_bytes(plan.expr, plan.request, self.settings, await self._shard_values())
 
     def unsharded(self, plan: QueryPlan) -> QueryPlan:
         """The same request planned without shards (a topk tie at the k-th place)."""
