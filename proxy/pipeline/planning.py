@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -63,15 +64,20 @@ class ShardValues:
     queries; at most MAX_ENTRIES (scope, label) pairs are kept, oldest dropped first."""
 
     MAX_ENTRIES = 4096
+    # A discovery that failed is not tried again for this long: every query of a sick backend
+    # would otherwise add a discovery (and its retries) to its own call.
+    RETRY_AFTER_FAILURE_S = 30.0
 
     def __init__(self, backend: Backend, ttl_ms: int) -> None:
         self.backend = backend
         self.ttl_s = ttl_ms / 1000
         self._values: dict[tuple[str, str], tuple[float, tuple[str, ...]]] = {}
         self._refreshing: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._failed: dict[tuple[str, str], float] = {}  # (scope, label) -> when discovery failed
 
     async def _fetch(self, label: str) -> None:
         key = (tenant_scope(), label)
+        self._failed.pop(key, None)
         try:
             reply = await self.backend.request(
                 "GET", f"/api/v1/label/{label}/values", timeout_s=10, endpoint="/api/v1/label/:name/values"
@@ -84,6 +90,10 @@ class ShardValues:
                     del self._values[next(iter(self._values))]
         except (PromError, ValueError) as exc:
             log.warning("could not discover values of shard label %s: %s", label, exc)
+        if key not in self._values or self._values[key][0] < time.monotonic() - self.ttl_s:
+            self._failed[key] = time.monotonic()
+            while len(self._failed) > self.MAX_ENTRIES:
+                del self._failed[next(iter(self._failed))]
 
     def _refreshed(self, key: tuple[str, str], _task: asyncio.Task[None]) -> None:
         self._refreshing.pop(key, None)
@@ -99,7 +109,9 @@ class ShardValues:
 
     async def get(self, labels: Sequence[str]) -> dict[str, tuple[str, ...]]:
         scope = tenant_scope()
-        missing = [lb for lb in labels if (scope, lb) not in self._values]
+        now = time.monotonic()
+        missing = [lb for lb in labels if (scope, lb) not in self._values
+                   and now - self._failed.get((scope, lb), -math.inf) > self.RETRY_AFTER_FAILURE_S]
         if missing:
             # Concurrent first queries share one discovery per label.
             await asyncio.gather(*(asyncio.shield(self._discover(scope, lb)) for lb in missing))
@@ -107,7 +119,8 @@ class ShardValues:
         for lb in labels:
             key = (scope, lb)
             entry = self._values.get(key)
-            if entry and now - entry[0] > self.ttl_s and key not in self._refreshing:
+            if entry and now - entry[0] > self.ttl_s and key not in self._refreshing \
+                    and now - self._failed.get(key, -math.inf) > self.RETRY_AFTER_FAILURE_S:
                 self._discover(scope, lb)
         return {lb: self._values[(scope, lb)][1] for lb in labels if (scope, lb) in self._values}
 
