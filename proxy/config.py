@@ -357,6 +357,12 @@ class LimitsConfig(_Strict):
     max_queries_per_client: int = Field(default=0, ge=0)
     max_queued: int = Field(default=1024, ge=0)
     queue_timeout: DurationMs = Field(default=30_000, ge=0)
+    # Bytes of answers being materialised at once (decoded: 16 a sample + labels; a cold
+    # answer's transient copies cost ~3x that in RSS): each query reserves its estimated
+    # answer before fetching, waits (in order, at most queue_timeout and its deadline, then
+    # 429) while the budget is taken, and gives it back once the response is sent. A query
+    # larger than the budget runs alone. 0: no limit.
+    max_inflight_answer_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
 
 
 # Headers promaccel sets itself or that describe the connection, never forwarded.
@@ -434,6 +440,10 @@ class ListenConfig(_Strict):
     body_timeout: DurationMs = Field(default=60_000, gt=0)
     keep_alive_timeout: DurationMs = Field(default=120_000, gt=0)
     max_concurrency: int = Field(default=1024, ge=1)
+    # A client that takes none of its answer for this long while promaccel has more to send
+    # (the socket's send buffer full) is cut off: a client that never reads holds neither
+    # the answer nor its share of limits.max_inflight_answer_bytes longer than this.
+    send_timeout: DurationMs = Field(default=60_000, gt=0)
     # On SIGTERM/SIGINT: stop accepting, let queries in flight finish for at most this long
     # (Kubernetes gives 30 s by default before SIGKILL), then close the pools.
     shutdown_timeout: DurationMs = Field(default=25_000, gt=0)

@@ -173,6 +173,14 @@ class _Metrics:
             ["flight"],
             registry=r,
         )
+        self.answer_bytes_waits = Counter(
+            "promaccel_answer_bytes_waits_total",
+            "Queries that waited for room in limits.max_inflight_answer_bytes", registry=r,
+        )
+        self.answer_bytes_reserved = Gauge(
+            "promaccel_answer_bytes_reserved",
+            "Bytes of answers being materialised, as reserved (limits.max_inflight_answer_bytes)", registry=r,
+        )
 
 
 METRICS = _Metrics()

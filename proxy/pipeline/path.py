@@ -5,6 +5,8 @@ Each stage has one job and one `async __call__`; it derives the value it hands d
 
     Admit      admission (in flight, a bounded wait), allowances (calls, cache keys), AMP samples
     Plan       parse once (cached by text), shard-label values, the plan, the cache context
+    Reserve    the answer's estimated bytes from the process's budget (a bounded wait), given
+               back once the response is sent
     Route      hybrid fleets: who holds what; a join across stores branches to CrossStore
     Forward    a query left whole: its cached answer, or the backend's bytes untouched
     Fallback   a piece's backend error is the answer; shapes the merge cannot model go whole
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from ..backends import Backend
 from ..cache import PieceStore
 from ..config import Config
+from .answer_bytes import AnswerBytes, Reserve
 from .ask import Asker
 from .budget import Admission, Admit
 from .cache_read import CacheReader
@@ -58,12 +61,13 @@ class Parts:
     leases: Leases
     fetcher: Fetcher
     cross_store: CrossStore
+    answers: AnswerBytes
 
 
 def build(config: Config, backends: Sequence[Backend], store: Callable[[], PieceStore],
-          admission: Admission | None = None) -> tuple[Admit, Parts]:
-    """The stages over `backends` (backends[0] the primary); `admission` shared with other
-    pipelines (one per tenant) when given."""
+          admission: Admission | None = None, answers: AnswerBytes | None = None) -> tuple[Admit, Parts]:
+    """The stages over `backends` (backends[0] the primary); `admission` and the answer-bytes
+    budget `answers` shared with other pipelines (one per tenant) when given."""
     primary = backends[0]
     by_name = {b.name: b for b in backends}
     cache_on = config.cache.enabled
@@ -86,6 +90,9 @@ def build(config: Config, backends: Sequence[Backend], store: Callable[[], Piece
     raw_cache = RawCache(config, store, writer) if cache_on else None
     cross_store = CrossStore(planner, backends, merge, window_bound, raw_cache)
     route = Route(backends, forward, cross_store)
-    plan = Plan(planner, primary, cache_on, route)
-    admit = Admit(config.limits, plan, admission)
-    return admit, Parts(planner, slots, landing, reader, writer, leases, fetcher, cross_store)
+    limits = config.limits
+    answers = answers or AnswerBytes(limits.max_inflight_answer_bytes, limits.queue_timeout / 1000)
+    reserve = Reserve(answers, planner, route)
+    plan = Plan(planner, primary, cache_on, reserve)
+    admit = Admit(limits, plan, admission)
+    return admit, Parts(planner, slots, landing, reader, writer, leases, fetcher, cross_store, answers)

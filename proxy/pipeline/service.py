@@ -48,7 +48,8 @@ class QueryService:
         self.run: Admit
         self.parts: Parts
         self.run, self.parts = build(config, backends, self.store,
-                                     self.root.run.admission if shared is not None else None)
+                                     self.root.run.admission if shared is not None else None,
+                                     self.root.parts.answers if shared is not None else None)
         if shared is not None:
             self.root.children.append(self)
 
