@@ -144,5 +144,8 @@ class Backend:
 
 
 def _complete_json_check(reply: BackendReply) -> str | None:
+    if reply.status == 204 and not reply.body:
+        # No Content: Prometheus's /api/v1/query_exemplars for a query without selectors.
+        return None
     reply.parsed = parsed_json(reply.body)
     return None if reply.parsed is not None else "not complete JSON"
