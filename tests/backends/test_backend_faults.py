@@ -153,8 +153,11 @@ def test_shutdown_lets_queries_in_flight_finish(prom: Any, backend: faulty.Fault
     import time
 
     cfg = tmp_path / "promaccel.yaml"
-    cfg.write_text("listen:\n  shutdown_timeout: 20s\ncache:\n  enabled: false\n")
-    server = Promaccel.start(backend.url, ("--config", str(cfg), "--split-interval", "1h"), tmp_path)
+    # One backend call per query, all at once (max_parallel): every query waits on the backend
+    # when the signal comes.
+    cfg.write_text(f"listen:\n  shutdown_timeout: 20s\ncache:\n  enabled: false\nbackends:\n  - name: default\n"
+                   f"    url: {backend.url}\n    max_parallel: 16\n")
+    server = Promaccel.start(None, ("--split-interval", "none"), tmp_path, config=cfg)
     # labels over the generated window only: Prometheus's own scrapes add label names as it runs
     window = {"start": str(prom.end_s - 3600), "end": str(prom.end_s)}
     queries = [(p, f if p != "/api/v1/labels" else window) for p, f in _queries(prom, salt=7777)]
@@ -169,10 +172,15 @@ def test_shutdown_lets_queries_in_flight_finish(prom: Any, backend: faulty.Fault
     pool = concurrent.futures.ThreadPoolExecutor(len(queries))
     try:
         futures = [pool.submit(ask, path, form) for path, form in queries]
+
+        def waiting(path: str, form: dict[str, str]) -> bool:  # a backend call of this query has arrived
+            salt = next((w for w in form.get("query", "").split() if w.isdigit()), "")
+            return any(k.startswith(f"POST {path}".encode() + b"\0") and salt.encode() in k for k in list(backend.seen))
+
         deadline = time.monotonic() + 10
-        while backend.calls < len(queries) and time.monotonic() < deadline:
+        while not all(waiting(p, f) for p, f in queries) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert backend.calls >= len(queries), backend.calls  # every query is waiting on the backend
+        assert all(waiting(p, f) for p, f in queries), list(backend.seen)  # every query is in flight
         t0 = time.monotonic()
         server.proc.send_signal(getattr(signal, sig))
         time.sleep(0.5)
