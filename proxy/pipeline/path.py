@@ -41,6 +41,9 @@ from .merging import Fallback, Merge
 from .planning import Plan, Planner
 from .routing import Route
 from .slots import SlotMaker
+from .stage import Stage
+from .traced import traced
+from .values import Answer, Query
 
 
 @dataclass
@@ -54,10 +57,11 @@ class Parts:
     writer: CacheWriter
     fetcher: Fetcher
     cross_store: CrossStore
+    admission: Admission  # shared by the pipelines of every tenant
 
 
 def build(config: Config, backends: Sequence[Backend], store: Callable[[], PieceStore],
-          admission: Admission | None = None) -> tuple[Admit, Parts]:
+          admission: Admission | None = None) -> tuple[Stage[Query, Answer], Parts]:
     """The stages over `backends` (backends[0] the primary); `admission` shared with other
     pipelines (one per tenant) when given."""
     primary = backends[0]
@@ -71,14 +75,15 @@ def build(config: Config, backends: Sequence[Backend], store: Callable[[], Piece
     ask = Asker()
     fetcher = Fetcher(landing, writer, RouteAnswer(config, backends, ask), cache_on)
 
+    # Each stage's next one inside its tracing span when tracing is on (traced.py).
     fan_out = FanOut(fetcher)
-    coalesce = Coalesce(config, primary.cfg.max_parallel, landing, fan_out)
-    lookup = Lookup(config, slots, reader, coalesce)
-    merge = Merge(planner, lookup)
-    fallback = Fallback(by_name, primary, merge)
-    forward = Forward(by_name, primary, slots, reader, writer, landing, fetcher.flight, ask, fallback)
-    cross_store = CrossStore(planner, backends, merge)
-    route = Route(backends, forward, cross_store)
-    plan = Plan(planner, primary, cache_on, route)
-    admit = Admit(config.limits, plan, admission)
-    return admit, Parts(planner, slots, landing, reader, writer, fetcher, cross_store)
+    coalesce = Coalesce(config, primary.cfg.max_parallel, landing, traced(fan_out))
+    lookup = Lookup(config, slots, reader, traced(coalesce))
+    merge = Merge(planner, traced(lookup))
+    fallback = Fallback(by_name, primary, traced(merge))
+    forward = Forward(by_name, primary, slots, reader, writer, landing, fetcher.flight, ask, traced(fallback))
+    cross_store = CrossStore(planner, backends, traced(merge))
+    route = Route(backends, traced(forward), traced(cross_store))
+    plan = Plan(planner, primary, cache_on, traced(route))
+    admit = Admit(config.limits, traced(plan), admission)
+    return traced(admit), Parts(planner, slots, landing, reader, writer, fetcher, cross_store, admit.admission)
