@@ -456,6 +456,28 @@ class UiConfig(_Strict):
     recent_queries: int = Field(default=100, ge=1, le=10_000)
 
 
+class TracingConfig(_Strict):
+    """Optional OpenTelemetry tracing (proxy/tracing.py; needs the `tracing` extra). Off unless
+    otlp_endpoint is set or the environment names an OTLP endpoint (OTEL_EXPORTER_OTLP_ENDPOINT,
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)."""
+
+    otlp_endpoint: str | None = None  # OTLP/HTTP traces URL, e.g. http://127.0.0.1:4318/v1/traces
+    service_name: str | None = None  # null: $OTEL_SERVICE_NAME, else "promaccel"
+    sample_ratio: float | None = Field(default=None, ge=0.0, le=1.0)  # null: $OTEL_TRACES_SAMPLER_ARG, else 1
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"otlp_endpoint must be an http(s) URL, got {v!r}")
+        if parts.username or parts.password:
+            raise ValueError("otlp_endpoint must not hold user:pass@ (use OTEL_EXPORTER_OTLP_HEADERS)")
+        return v
+
+
 class Config(_Strict):
     listen: ListenConfig = Field(default_factory=ListenConfig)
     backends: list[BackendConfig] = Field(default_factory=list)
@@ -465,6 +487,7 @@ class Config(_Strict):
     tenancy: TenancyConfig = Field(default_factory=TenancyConfig)
     ui: UiConfig = Field(default_factory=UiConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # text: one line per request, human-readable; json: one JSON object per log record (the
     # access line carries query id, Grafana's headers, plan shape, pieces, cache, backend calls,

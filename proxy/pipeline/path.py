@@ -47,6 +47,9 @@ from .planning import Plan, Planner
 from .raw_fetch import RawCache
 from .routing import Route
 from .slots import SlotMaker
+from .stage import Stage
+from .traced import traced
+from .values import Answer, Query
 
 
 @dataclass
@@ -62,10 +65,11 @@ class Parts:
     fetcher: Fetcher
     cross_store: CrossStore
     answers: AnswerBytes
+    admission: Admission  # shared by the pipelines of every tenant
 
 
 def build(config: Config, backends: Sequence[Backend], store: Callable[[], PieceStore],
-          admission: Admission | None = None, answers: AnswerBytes | None = None) -> tuple[Admit, Parts]:
+          admission: Admission | None = None, answers: AnswerBytes | None = None) -> tuple[Stage[Query, Answer], Parts]:
     """The stages over `backends` (backends[0] the primary); `admission` and the answer-bytes
     budget `answers` shared with other pipelines (one per tenant) when given."""
     primary = backends[0]
@@ -80,19 +84,21 @@ def build(config: Config, backends: Sequence[Backend], store: Callable[[], Piece
     ask = Asker()
     fetcher = Fetcher(landing, writer, RouteAnswer(config, backends, ask), cache_on, leases)
 
+    # Each stage's next one inside its tracing span when tracing is on (traced.py).
     fan_out = FanOut(fetcher)
-    coalesce = Coalesce(config, primary.cfg.max_parallel, landing, fan_out)
-    lookup = Lookup(config, slots, reader, coalesce)
-    merge = Merge(planner, lookup)
-    fallback = Fallback(by_name, primary, merge)
-    forward = Forward(by_name, primary, slots, reader, writer, landing, fetcher.flight, ask, fallback, leases)
+    coalesce = Coalesce(config, primary.cfg.max_parallel, landing, traced(fan_out))
+    lookup = Lookup(config, slots, reader, traced(coalesce))
+    merge = Merge(planner, traced(lookup))
+    fallback = Fallback(by_name, primary, traced(merge))
+    forward = Forward(by_name, primary, slots, reader, writer, landing, fetcher.flight, ask, traced(fallback), leases)
     window_bound = min((n for n in (config.limits.max_window_samples, config.limits.max_samples) if n), default=0)
     raw_cache = RawCache(config, store, writer) if cache_on else None
-    cross_store = CrossStore(planner, backends, merge, window_bound, raw_cache)
-    route = Route(backends, forward, cross_store)
+    cross_store = CrossStore(planner, backends, traced(merge), window_bound, raw_cache)
+    route = Route(backends, traced(forward), traced(cross_store))
     limits = config.limits
     answers = answers or AnswerBytes(limits.max_inflight_answer_bytes, limits.queue_timeout / 1000)
-    reserve = Reserve(answers, planner, route)
-    plan = Plan(planner, primary, cache_on, reserve)
-    admit = Admit(limits, plan, admission)
-    return admit, Parts(planner, slots, landing, reader, writer, leases, fetcher, cross_store, answers)
+    reserve = Reserve(answers, planner, traced(route))
+    plan = Plan(planner, primary, cache_on, traced(reserve))
+    admit = Admit(limits, traced(plan), admission)
+    return traced(admit), Parts(planner, slots, landing, reader, writer, leases, fetcher, cross_store, answers,
+                                admit.admission)

@@ -20,10 +20,10 @@ from ..cache.revalidate import Revalidator
 from ..config import Config
 from ..errors import PromError
 from ..hybrid import Router
-from .budget import Admit
 from .crossstore import Op, Step, Sub, operator_text, piece_count, subqueries, tree_backends
 from .path import Parts, build
 from .routing import check_mergeable, goes_cross_store, router_for, whole_route
+from .stage import Stage
 from .units import coalesce_units
 from .values import ARROW_STREAM, Answer, Pairs, Query
 
@@ -45,10 +45,10 @@ class QueryService:
         self._ready_cache: dict[str, tuple[float, bool]] = {}
         self.root: QueryService = shared.root if shared is not None else self
         self.children: list[QueryService] = []
-        self.run: Admit
+        self.run: Stage[Query, Answer]
         self.parts: Parts
         self.run, self.parts = build(config, backends, self.store,
-                                     self.root.run.admission if shared is not None else None,
+                                     self.root.parts.admission if shared is not None else None,
                                      self.root.parts.answers if shared is not None else None)
         if shared is not None:
             self.root.children.append(self)
