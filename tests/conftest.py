@@ -65,9 +65,9 @@ _share_httpx_tls_context()
 # under a file lock and served from a per-worker copy (tests/servers.py: built_tsdb,
 # serving_copy).
 
-SPLIT_BY_TEST = {"tests/e2e/test_equivalence_matrix.py"}
+SPLIT_BY_TEST = {"tests/e2e/test_equivalence_matrix.py", "tests/e2e/test_hybrid_matrix.py"}
 UNIT_COST: dict[str, float] = {
-    "tests/e2e/test_hybrid.py": 240, "tests/cache/test_cache_integration.py": 160, "tests/harness/test_bench.py": 60,
+    "tests/e2e/test_hybrid.py": 240, "tests/e2e/test_hybrid_matrix.py": 45, "tests/cache/test_cache_integration.py": 160, "tests/harness/test_bench.py": 60,
     "tests/backends/test_amp.py": 45, "tests/shardplanner/test_instant_split.py": 45, "tests/e2e/test_hybrid_routing.py": 30,
     "tests/shardplanner/test_serialize.py": 28, "tests/e2e/test_equivalence_matrix.py": 25, "tests/result/test_codec.py": 20,
     "tests/result/test_binop_prometheus.py": 19, "tests/e2e/test_passthrough_equivalence.py": 18,

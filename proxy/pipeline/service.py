@@ -20,7 +20,7 @@ from ..cache.revalidate import Revalidator
 from ..config import Config
 from ..errors import PromError
 from ..hybrid import Router
-from .crossstore import Op, Step, Sub, operator_text, piece_count, subqueries, tree_backends
+from .crossstore import Op, Step, Sub, operator_text, piece_count, subqueries, tree_backends, uncovered
 from .path import Parts, build
 from .routing import check_mergeable, goes_cross_store, router_for, whole_route
 from .stage import Stage
@@ -277,6 +277,7 @@ def _tree_data(step: Step, described: dict[int, dict[str, Any]]) -> dict[str, An
         if step.kind == "window":
             # Where the window's raw samples come from; time nobody holds is not read.
             out["reads"] = [{"backend": b, "from_ms": a, "to_ms": z} for b, a, z in step.reads]
+            out["uncovered"] = [{"from_ms": a, "to_ms": z} for a, z in uncovered(step)]
         return out
     if isinstance(step, str):
         return {"string": step}
