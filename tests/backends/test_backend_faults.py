@@ -163,6 +163,10 @@ def test_shutdown_lets_queries_in_flight_finish(prom: Any, backend: faulty.Fault
     queries = [(p, f if p != "/api/v1/labels" else window) for p, f in _queries(prom, salt=7777)]
     queries += _queries(prom, salt=7778)[:2]
     direct = [httpx.post(prom.url + path, data=form, timeout=60).json() for path, form in queries]
+    # The planner's shard-label discovery (answer-size estimates) is done before the stall, so
+    # that every query's own backend call is what waits.
+    warm = httpx.post(server.url + "/api/v1/query", data={"query": "up", "time": str(prom.end_s)}, timeout=60)
+    assert warm.status_code == 200, warm.text
     backend.set("stall", first=None)  # 3 s before the backend answers each call
 
     def ask(path: str, form: dict[str, str]) -> tuple[httpx.Response, float]:

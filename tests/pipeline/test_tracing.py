@@ -24,7 +24,7 @@ from proxy.config import build_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SECRETS = ("s3cret-backend-pw-777", "client-bearer-token-555", "tenant-orgid-999")
-CHAIN = ["POST /api/v1/query_range", "Admit", "Plan", "Route", "Forward", "Fallback", "Merge", "Lookup", "Coalesce",
+CHAIN = ["POST /api/v1/query_range", "Admit", "Plan", "Reserve", "Route", "Forward", "Fallback", "Merge", "Lookup", "Coalesce",
          "FanOut", "backend /api/v1/query_range"]
 
 
