@@ -16,7 +16,8 @@ Redis and promaccel on free loopback ports, and runs the scenarios of issue 7:
   users      (d) --users users refreshing one dashboard at once: backend calls vs one user's
   heavy      (e) --heavy distinct heavy queries at once: promaccel's peak RSS and failures
   codec      (f) loadtests/codec_bench.py's output, when that file exists
-  workers    (g) the --users users' dashboard through 1 vs --workers worker processes sharing
+  workers    (g) the --users users' dashboard through 1 vs --workers worker processes vs
+             --processes separate promaccel processes (users spread over them), all sharing
              Redis: round wall time, backend calls (counted by Prometheus), answers compared
 
 Virtual users behave like Grafana's server-side Prometheus data source: POST form bodies,
@@ -48,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
 import gc
@@ -79,6 +81,7 @@ from .report import (
     cache_lookups,
     counter_delta,
     git_info,
+    layout_name,
     machine_info,
     parse_metrics,
     prometheus_query_traffic,
@@ -475,6 +478,8 @@ class Env:
     budget: Budget
     dashboard: dict[str, Any]
     promaccel: Promaccel | None = None
+    # Further promaccel processes beside `promaccel` (scenario (g)'s separate processes).
+    others: list[Promaccel] = field(default_factory=list)
     code_digests: list[str] = field(default_factory=list)
     log_findings: list[dict[str, Any]] = field(default_factory=list)
     dataset: str = "main"  # which dataset prom_url serves: "main" or "long"
@@ -496,16 +501,20 @@ class Env:
     def data_span_s(self) -> float:
         return self.now_s + PHASE_S - self.data_start_s
 
-    def fresh_promaccel(self, workers: int = 1) -> Promaccel:
-        """A new promaccel with an empty cache (Redis flushed), counters and RSS from zero."""
+    def fresh_promaccel(self, workers: int = 1, processes: int = 1) -> Promaccel:
+        """A new promaccel with an empty cache (Redis flushed), counters and RSS from zero;
+        `processes` > 1: that many separate promaccel processes sharing the Redis (the first
+        returned, the others in `others`)."""
         self.stop_promaccel()
         if self.redis is not None:
             self.redis.flush()
         self.code_digests.append(code_digest())
         args = [*self.promaccel_args, *(["--workers", str(workers)] if workers > 1 else [])]
-        self.promaccel = Promaccel.start(self.prom_url, args, self.workdir,
-                                         self.redis.url if self.redis else None)
-        self._warm_up(self.promaccel, workers)
+        started = [Promaccel.start(self.prom_url, args, self.workdir, self.redis.url if self.redis else None)
+                   for _ in range(max(1, processes))]
+        self.promaccel, self.others = started[0], started[1:]
+        for pa in started:
+            self._warm_up(pa, workers)
         return self.promaccel
 
     def _warm_up(self, pa: Promaccel, workers: int = 1) -> None:
@@ -523,10 +532,10 @@ class Env:
                     raise RuntimeError(f"promaccel warm-up {req.path} answered {status}: {body[:300]!r}")
 
     def stop_promaccel(self) -> None:
-        if self.promaccel is not None:
-            self.promaccel.stop()
-            self.log_findings.append(scan_log(self.promaccel.log))
-            self.promaccel = None
+        for pa in [*([self.promaccel] if self.promaccel is not None else []), *self.others]:
+            pa.stop()
+            self.log_findings.append(scan_log(pa.log))
+        self.promaccel, self.others = None, []
 
     def snapshot(self) -> Snapshot:
         status, body = http_get(self.prom_url + "/metrics")
@@ -535,7 +544,7 @@ class Env:
         pa_cpu = 0.0
         if self.promaccel is not None:
             pa = parse_metrics(self.promaccel.metrics_text())
-            pa_cpu = cpu_seconds(self.promaccel.pid)
+            pa_cpu = sum(cpu_seconds(p.pid) for p in (self.promaccel, *self.others))
         return Snapshot(prom, cpu_seconds(self.prom_pid) if self.prom_pid else math.nan, pa, pa_cpu)
 
     @staticmethod
@@ -877,21 +886,24 @@ async def scenario_heavy(env: Env) -> dict[str, Any]:
 
 
 async def scenario_workers(env: Env) -> dict[str, Any]:
-    """(g) 1 vs --workers worker processes sharing one Redis, --users users on one dashboard.
+    """(g) 1 process vs --workers worker processes vs --processes separate promaccel processes,
+    all sharing one Redis, --users users on one dashboard (spread round-robin over separate
+    processes, as a Service spreads them over replicas).
 
-    Same refreshes as (d) (round 0 cold, then warm), each worker count on its own fresh
-    promaccel (Redis flushed), one count after the other (alternating them round by round
-    would share one warm cache). Backend calls are counted by Prometheus (each worker has
-    its own /metrics); CPU and RSS are summed over promaccel's process tree. Every answer is
-    compared with one user's direct answers to the same refresh."""
+    Same refreshes as (d) (round 0 cold, then warm), each layout on its own fresh promaccel
+    (Redis flushed), one after the other (alternating them round by round would share one warm
+    cache). Backend calls are counted by Prometheus (each worker has its own /metrics); CPU and
+    RSS are summed over promaccel's processes. Every answer is compared with one user's direct
+    answers to the same refresh."""
     a = env.args
     span = env.data_span_s
     fitting = [w for w in a.window if parse_duration_s(w) <= span + 1e-6] or ["1h"]
     window = min(fitting, key=parse_duration_s)
     windows = sliding_windows(env.now_s, parse_duration_s(window), a.slide_s, a.users_refreshes)
-    counts = [1, a.workers] if a.workers > 1 else [1]
+    layouts = [(1, 1)] + ([(a.workers, 1)] if a.workers > 1 else []) + ([(1, a.processes)] if a.processes > 1 else [])
     s: dict[str, Any] = {"name": "workers", "users": a.users, "window": window, "slide_s": a.slide_s,
-                         "workers": counts, "runs": [], "notes": []}
+                         "workers": sorted({w for w, n in layouts if n == 1}),
+                         "layouts": [{"workers": w, "processes": n} for w, n in layouts], "runs": [], "notes": []}
     tally = Tally()
     deadline = Deadline(a.duration_limit)
     reference: list[list[Answer]] = []
@@ -901,26 +913,31 @@ async def scenario_workers(env: Env) -> dict[str, Any]:
             reference.append((await user_refresh(direct, reqs)).answers)
             for r, x in zip(reqs, reference[-1]):
                 tally.note(f"reference round {i} {panel_key(r)}", "direct", x)
-    for n in counts:
+    for w, n in layouts:
+        label = layout_name({"workers": w, "processes": n})
         if deadline.expired():
-            s["notes"].append(f"duration limit reached before {n} workers")
+            s["notes"].append(f"duration limit reached before {label}")
             break
-        pa = env.fresh_promaccel(workers=n)
-        rss = RssSampler(pa.pid).start()
-        run: dict[str, Any] = {"workers": n, "rounds": []}
+        first = env.fresh_promaccel(workers=w, processes=n)
+        pas = [first, *env.others]
+        samplers = [RssSampler(pa.pid).start() for pa in pas]
+        run: dict[str, Any] = {"workers": w, "processes": n, "rounds": []}
         try:
-            async with Client(pa.url, env.budget, a.timeout) as proxied:
+            async with contextlib.AsyncExitStack() as stack:
+                clients = [await stack.enter_async_context(Client(pa.url, env.budget, a.timeout)) for pa in pas]
                 for i, (start, end) in enumerate(windows):
                     reqs = panel_requests(env.dashboard, start, end, a.width)
                     if env.budget.sent + a.users * len(reqs) > env.budget.max_requests:
-                        s["notes"].append(f"request limit reached after {i} rounds with {n} workers")
+                        s["notes"].append(f"request limit reached after {i} rounds with {label}")
                         break
-                    proxied.done = 0
+                    for c in clients:
+                        c.done = 0
                     before = env.snapshot()
                     t0 = time.perf_counter()
-                    async with Ticker(env, lambda c=proxied, n=n, i=i, t=a.users * len(reqs):
-                                      f"(g) {n} worker(s), round {i + 1}/{len(windows)}: {c.done}/{t} requests"):
-                        user_runs = await asyncio.gather(*(user_refresh(proxied, reqs) for _ in range(a.users)))
+                    async with Ticker(env, lambda cs=clients, lb=label, i=i, t=a.users * len(reqs):
+                                      f"(g) {lb}, round {i + 1}/{len(windows)}: {sum(c.done for c in cs)}/{t} requests"):
+                        user_runs = await asyncio.gather(*(user_refresh(clients[u % len(clients)], reqs)
+                                                           for u in range(a.users)))
                     wall = time.perf_counter() - t0
                     after = env.snapshot()
                     reqs_, _ = prometheus_query_traffic(before.prom, after.prom)
@@ -931,11 +948,12 @@ async def scenario_workers(env: Env) -> dict[str, Any]:
                     })
                     for u, ur in enumerate(user_runs):
                         for r, ref, y in zip(reqs, reference[i], ur.answers):
-                            tally.check(f"{n} workers user {u} round {i} {panel_key(r)}", ref, y, direct_noted=True)
+                            tally.check(f"{label} user {u} round {i} {panel_key(r)}", ref, y, direct_noted=True)
                     del user_runs
         finally:
-            rss.stop()
-            run["peak_rss"] = rss.peak
+            for sampler in samplers:
+                sampler.stop()
+            run["peak_rss"] = sum(sampler.peak for sampler in samplers)  # each one's peak, summed
             env.stop_promaccel()
         s["runs"].append(run)
     s.update(tally.as_dict())
@@ -1093,6 +1111,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-redis", action="store_true", help="use promaccel's in-process cache instead of Redis")
     g.add_argument("--workers", type=int, default=2,
                    help="worker processes compared with 1 in (g) (default 2)")
+    g.add_argument("--processes", type=int, default=2,
+                   help="separate promaccel processes sharing Redis compared with 1 in (g) (default 2; 1: none)")
     g.add_argument("--codec-args", default="", help="arguments for loadtests.codec_bench in (f)")
     g = p.add_argument_group("output")
     g.add_argument("--out", type=Path, help="run directory (default loadtests/results/<UTC time>/)")
@@ -1113,6 +1133,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error(str(exc))
     if not 1 <= a.workers <= 16:
         p.error("--workers must be within 1..16")
+    if not 1 <= a.processes <= 8:
+        p.error("--processes must be within 1..8")
     if not 1 <= a.users <= MAX_USERS:
         p.error(f"--users must be within 1..{MAX_USERS}")
     for name in ("refreshes", "users_refreshes", "cold_reps", "tiny_requests", "heavy", "max_requests"):
@@ -1256,7 +1278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     t_start = time.monotonic()
     started = dt.datetime.now(dt.timezone.utc)
-    out_dir = args.out or RESULTS_DIR / started.strftime("%Y%m%d-%H%M%S")
+    # Absolute: redis-server changes into its --dir before it opens its --logfile.
+    out_dir = (args.out or RESULTS_DIR / started.strftime("%Y%m%d-%H%M%S")).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     progress = Progress()
     spec = _fleet_spec(args)

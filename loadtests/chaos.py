@@ -165,7 +165,8 @@ async def phase_faults(a: argparse.Namespace, prom_url: str, work: Path, windows
     redis = RedisServer.start(work / "redis")
     cfg = write_config(work / "chaos.yaml", furl, "".join(
         f"    {k}: {v}\n" for k, v in (("retries", a.retries), ("retry_ratio", a.retry_ratio)) if v is not None))
-    pa = Promaccel.start(furl, ["--split-interval", "1h", "--shards", "8"], work / "pa", redis.url, config=cfg)
+    pa = Promaccel.start(None, ["--config", str(cfg), "--split-interval", "1h", "--shards", "8"], work / "pa",
+                         redis.url)
     try:
         async with httpx.AsyncClient(timeout=a.timeout) as client:
             sent: list[PanelRequest] = []
@@ -217,7 +218,7 @@ async def phase_hedging(a: argparse.Namespace, prom_url: str, work: Path, end_s:
     try:
         for i, (name, extra) in enumerate(modes.items()):
             cfg = write_config(work / f"hedge{i}.yaml", furl, extra + "cache:\n  enabled: false\n")
-            servers[name] = Promaccel.start(furl, ["--shards", "8"], work / f"hedge{i}", config=cfg)
+            servers[name] = Promaccel.start(None, ["--config", str(cfg), "--shards", "8"], work / f"hedge{i}")
         took: dict[str, list[float]] = {n: [] for n in modes}
         calls: dict[str, int] = {n: 0 for n in modes}
         async with httpx.AsyncClient(timeout=a.timeout) as client:

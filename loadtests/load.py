@@ -138,10 +138,22 @@ class Selection:
 
     windows: tuple[tuple[int, int], ...] | None = None
     metrics: str | None = None
+    # Non-empty: this selection is the union of these (disjoint: no sample in two of them),
+    # e.g. node_* at all times and DCGM_* since T; `windows`/`metrics` are then unused.
+    union: tuple["Selection", ...] = ()
 
     def to_dict(self) -> dict:
+        if self.union:
+            return {"union": [u.to_dict() for u in self.union]}
         return {"windows": [list(w) for w in self.windows] if self.windows is not None else None,
                 "metrics": self.metrics}
+
+    def parts(self, a: int, b: int) -> "list[tuple[int, int, Callable[[str], bool] | None]]":
+        """The parts of [a, b) to generate: (from, to, which metrics)."""
+        if self.union:
+            return [p for u in self.union for p in u.parts(a, b)]
+        keep = self.keep()
+        return [(lo, hi, keep) for lo, hi in self.pieces(a, b)]
 
     def keep(self) -> "Callable[[str], bool] | None":
         if self.metrics is None:
@@ -261,10 +273,9 @@ def build_tsdb(spec: FleetSpec, data_dir: str, *, slice_seconds: int = SLICE_SEC
 
     try:
         fleet = Fleet(spec)
-        keep = select.keep() if select is not None else None
         parts = [p for a, b in slice_bounds(spec, slice_seconds)
-                 for p in (select.pieces(a, b) if select is not None else [(a, b)])]
-        for i, (a, b) in enumerate(parts):
+                 for p in (select.parts(a, b) if select is not None else [(a, b, None)])]
+        for i, (a, b, keep) in enumerate(parts):
             path = os.path.join(scratch, f"slice-{i:03d}.om")
             tg = time.perf_counter()
             with open(path, "wb", buffering=1 << 20) as f:

@@ -551,14 +551,22 @@ def _render_heavy(s: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def workers_summary(s: Mapping[str, Any]) -> dict[int, dict[str, float]]:
-    """Per worker count: median wall of the warm rounds (all but round 0), round 0's wall,
-    backend requests in round 0 and in the warm rounds, CPU and peak RSS."""
-    out: dict[int, dict[str, float]] = {}
+def layout_name(run: Mapping[str, Any]) -> str:
+    """"1 process", "2 workers" (uvicorn workers of one promaccel), "2 processes" (separate)."""
+    w, n = int(run.get("workers", 1)), int(run.get("processes", 1))
+    if n > 1:
+        return f"{n} processes"
+    return "1 process" if w == 1 else f"{w} workers"
+
+
+def workers_summary(s: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """Per layout (`layout_name`): median wall of the warm rounds (all but round 0), round 0's
+    wall, backend requests in round 0 and in the warm rounds, CPU and peak RSS."""
+    out: dict[str, dict[str, float]] = {}
     for run in s.get("runs", []):
         rounds = run.get("rounds", [])
         warm = rounds[1:]
-        out[int(run["workers"])] = {
+        out[layout_name(run)] = {
             "cold_wall_s": rounds[0]["wall_s"] if rounds else math.nan,
             "warm_wall_s": median(r["wall_s"] for r in warm) if warm else math.nan,
             "warm_user_p50_s": median(x for r in warm for x in r["user_s"]) if warm else math.nan,
@@ -573,22 +581,25 @@ def workers_summary(s: Mapping[str, Any]) -> dict[int, dict[str, float]]:
 
 def _render_workers(s: Mapping[str, Any]) -> list[str]:
     out = [f"{s['users']} users refresh the dashboard (window {s['window']}, slide {s['slide_s']:g} s; round 0 cold, "
-           "then warm) through promaccel with 1 and with N uvicorn worker processes sharing one Redis, each on a "
-           "fresh promaccel with Redis flushed. Backend calls are counted by Prometheus; CPU and RSS are summed "
-           "over promaccel's process tree.", ""]
+           "then warm) through one promaccel process, one with N uvicorn worker processes, and N separate promaccel "
+           "processes (users spread round-robin), all sharing one Redis, each on a fresh promaccel with Redis "
+           "flushed. Backend calls are counted by Prometheus; CPU and RSS are summed over promaccel's processes.", ""]
     summ = workers_summary(s)
-    rows = [[str(n), fmt_ms(v["cold_wall_s"]), fmt_ms(v["warm_wall_s"]), fmt_ms(v["warm_user_p50_s"]),
+    rows = [[name, fmt_ms(v["cold_wall_s"]), fmt_ms(v["warm_wall_s"]), fmt_ms(v["warm_user_p50_s"]),
              fmt_num(v["cold_backend_requests"]), fmt_num(v["warm_backend_requests"]), fmt_num(v["warm_cpu_s"], 2),
-             fmt_bytes(v["peak_rss"]), str(v["failures"])] for n, v in sorted(summ.items())]
-    out += _table(["workers", "cold round ms", "warm round ms (median)", "warm user refresh p50 ms",
+             fmt_bytes(v["peak_rss"]), str(v["failures"])] for name, v in summ.items()]
+    out += _table(["layout", "cold round ms", "warm round ms (median)", "warm user refresh p50 ms",
                    "backend calls, cold round", "backend calls, warm rounds", "promaccel CPU s per warm round",
                    "peak RSS", "failed"], rows)
-    if 1 in summ and len(summ) > 1:
-        n = max(summ)
-        one, many = summ[1], summ[n]
-        out += ["", f"Warm round, {n} workers vs 1: **{fmt_ratio(count_ratio(one['warm_wall_s'], many['warm_wall_s']))}** "
-                f"of the wall time; cold round backend calls {fmt_num(many['cold_backend_requests'])} vs "
-                f"{fmt_num(one['cold_backend_requests'])} (request coalescing is per worker)."]
+    one = summ.get("1 process")
+    if one is not None:
+        for name, many in summ.items():
+            if name == "1 process":
+                continue
+            out += ["", f"{name} vs 1 process: warm round **{fmt_ratio(count_ratio(one['warm_wall_s'], many['warm_wall_s']))}** "
+                    f"of the wall time; cold round backend calls {fmt_num(many['cold_backend_requests'])} vs "
+                    f"{fmt_num(one['cold_backend_requests'])} "
+                    f"(**{fmt_ratio(count_ratio(one['cold_backend_requests'], many['cold_backend_requests']))}**)."]
     return out
 
 

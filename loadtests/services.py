@@ -216,12 +216,13 @@ class Promaccel:
         return int(self.proc.pid)
 
     @classmethod
-    def start(cls, backend_url: str, args: Sequence[str], workdir: Path, redis_url: str | None = None,
-              code_dir: Path | None = None, config: Path | None = None) -> "Promaccel":
+    def start(cls, backend_url: str | None, args: Sequence[str], workdir: Path, redis_url: str | None = None,
+              code_dir: Path | None = None) -> "Promaccel":
         """`code_dir`: serve another checkout's promaccel (run from its directory), to measure
-        two versions side by side; `config`: a config file whose backends (`backend_url`
-        among them) are served instead of `--backend backend_url`."""
-        assert_loopback(backend_url)
+        two versions side by side. `backend_url` None: the backends come from a `--config`
+        file in `args`."""
+        if backend_url is not None:
+            assert_loopback(backend_url)
         workdir.mkdir(parents=True, exist_ok=True)
         port = free_port()
         log = workdir / f"promaccel-{port}.log"
@@ -231,8 +232,7 @@ class Promaccel:
         t0 = time.monotonic()
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "proxy.cli", "serve",
-                 *(["--config", str(config)] if config is not None else ["--backend", backend_url]),
+                [sys.executable, "-m", "proxy.cli", "serve", *(["--backend", backend_url] if backend_url else []),
                  "--host", LOOPBACK, "--port", str(port), "--log-level", "warning", *extra, *args],
                 stdout=out, stderr=subprocess.STDOUT, cwd=str(code_dir or ROOT), env=env,
             )

@@ -286,6 +286,10 @@ class CacheConfig(_Strict):
     breaker_backoff: DurationMs = 1_000
     breaker_max_backoff: DurationMs = 10_000
     max_pending_puts: int = Field(default=64, ge=1)
+    # Redis: a piece missing from the cache is fetched by one process of all those sharing
+    # the Redis; the others wait for it to land (pipeline/leases.py). The lease lives this
+    # long unless its owner renews it (it does while it fetches and stores). 0: off.
+    fetch_lease: DurationMs = Field(default=5_000, ge=0)
     revalidate_interval: DurationMs = 0
     revalidate_max_age: DurationMs = 3_600_000
     revalidate_max_entries: int = Field(default=10_000, ge=1)
@@ -361,6 +365,10 @@ class LimitsConfig(_Strict):
     # Most new cache entries one query may write: the rest of its pieces are answered but not
     # kept (a ten-year range would otherwise leave thousands of keys for cache.ttl). 0: no limit.
     max_new_cache_keys: int = Field(default=2_048, ge=0)
+    # Most raw samples a query may gather for a range function whose window straddles two
+    # stores (fetched from each and evaluated by promaccel); over it: 422 naming the limit.
+    # 0: no limit.
+    max_window_samples: int = Field(default=20_000_000, ge=0)
     # Admission: queries (query, query_range) running at once, in all and per client (the
     # tenant's forwarded headers when tenancy.forward_headers is set, else the client's
     # address -- behind Grafana every viewer has Grafana's address, hence off by default);
@@ -370,6 +378,12 @@ class LimitsConfig(_Strict):
     max_queries_per_client: int = Field(default=0, ge=0)
     max_queued: int = Field(default=1024, ge=0)
     queue_timeout: DurationMs = Field(default=30_000, ge=0)
+    # Bytes of answers being materialised at once (decoded: 16 a sample + labels; a cold
+    # answer's transient copies cost ~3x that in RSS): each query reserves its estimated
+    # answer before fetching, waits (in order, at most queue_timeout and its deadline, then
+    # 429) while the budget is taken, and gives it back once the response is sent. A query
+    # larger than the budget runs alone. 0: no limit.
+    max_inflight_answer_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
 
 
 # Headers promaccel sets itself or that describe the connection, never forwarded.
@@ -447,6 +461,10 @@ class ListenConfig(_Strict):
     body_timeout: DurationMs = Field(default=60_000, gt=0)
     keep_alive_timeout: DurationMs = Field(default=120_000, gt=0)
     max_concurrency: int = Field(default=1024, ge=1)
+    # A client that takes none of its answer for this long while promaccel has more to send
+    # (the socket's send buffer full) is cut off: a client that never reads holds neither
+    # the answer nor its share of limits.max_inflight_answer_bytes longer than this.
+    send_timeout: DurationMs = Field(default=60_000, gt=0)
     # On SIGTERM/SIGINT: stop accepting, let queries in flight finish for at most this long
     # (Kubernetes gives 30 s by default before SIGKILL), then close the pools.
     shutdown_timeout: DurationMs = Field(default=25_000, gt=0)
@@ -459,6 +477,28 @@ class UiConfig(_Strict):
     recent_queries: int = Field(default=100, ge=1, le=10_000)
 
 
+class TracingConfig(_Strict):
+    """Optional OpenTelemetry tracing (proxy/tracing.py; needs the `tracing` extra). Off unless
+    otlp_endpoint is set or the environment names an OTLP endpoint (OTEL_EXPORTER_OTLP_ENDPOINT,
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)."""
+
+    otlp_endpoint: str | None = None  # OTLP/HTTP traces URL, e.g. http://127.0.0.1:4318/v1/traces
+    service_name: str | None = None  # null: $OTEL_SERVICE_NAME, else "promaccel"
+    sample_ratio: float | None = Field(default=None, ge=0.0, le=1.0)  # null: $OTEL_TRACES_SAMPLER_ARG, else 1
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"otlp_endpoint must be an http(s) URL, got {v!r}")
+        if parts.username or parts.password:
+            raise ValueError("otlp_endpoint must not hold user:pass@ (use OTEL_EXPORTER_OTLP_HEADERS)")
+        return v
+
+
 class Config(_Strict):
     listen: ListenConfig = Field(default_factory=ListenConfig)
     backends: list[BackendConfig] = Field(default_factory=list)
@@ -468,6 +508,7 @@ class Config(_Strict):
     tenancy: TenancyConfig = Field(default_factory=TenancyConfig)
     ui: UiConfig = Field(default_factory=UiConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # text: one line per request, human-readable; json: one JSON object per log record (the
     # access line carries query id, Grafana's headers, plan shape, pieces, cache, backend calls,

@@ -83,6 +83,15 @@ class Router:
         # The request spans several backends: a backend that is down costs its part of the
         # answer (with a warning), not the whole answer.
         self.partial_ok = False
+        # Holdings added for this request (`with_holdings`): names no store has.
+        self.extra: tuple[BackendHolding, ...] = ()
+
+    def with_holdings(self, extra: Sequence[BackendHolding]) -> Router:
+        """The same request routed with `extra` holdings as well (a new memo)."""
+        out = Router((*self.holdings, *extra), self.query, self.lookback_ms, self.urls)
+        out.by_piece, out.edge_ms, out.partial_ok = self.by_piece, self.edge_ms, self.partial_ok
+        out.extra = (*self.extra, *extra)
+        return out
 
     def range_route(self, start_ms: int, end_ms: int, step_ms: int, query: Expr | str | None = None) -> Route:
         return self._route(query, start_ms, end_ms, step_ms)

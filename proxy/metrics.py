@@ -123,7 +123,7 @@ class _Metrics:
         )
         # Piece store (proxy/cache/) and request coalescing (proxy/singleflight.py).
         # `store` is "memory" or "redis"; cache_errors' `op` is get, put, delete,
-        # generation, invalidate or bump.
+        # generation, invalidate, bump or lease.
         self.cache_pieces = Counter(
             "promaccel_cache_piece_lookups_total",
             "Piece lookups in the piece store by result (hit, miss)",
@@ -175,11 +175,29 @@ class _Metrics:
         self.cache_memory_entries = Gauge(
             "promaccel_cache_memory_entries", "Entries held by the in-process piece store", registry=r
         )
+        # Fetch leases (proxy/pipeline/leases.py), per piece: won (this process fetches it),
+        # landed (another process fetched it; read from Redis), released (its lease went
+        # without a stored piece: fetched here), timeout (waited half the query's deadline:
+        # fetched here), error (Redis failed or skipped: fetched without a lease).
+        self.cache_leases = Counter(
+            "promaccel_cache_leases_total",
+            "Pieces missing from the cache by how their fetch lease went",
+            ["result"],
+            registry=r,
+        )
         self.coalesced = Counter(
             "promaccel_coalesced_calls_total",
             "Calls that joined an identical call already in flight instead of making their own",
             ["flight"],
             registry=r,
+        )
+        self.answer_bytes_waits = Counter(
+            "promaccel_answer_bytes_waits_total",
+            "Queries that waited for room in limits.max_inflight_answer_bytes", registry=r,
+        )
+        self.answer_bytes_reserved = Gauge(
+            "promaccel_answer_bytes_reserved",
+            "Bytes of answers being materialised, as reserved (limits.max_inflight_answer_bytes)", registry=r,
         )
 
 

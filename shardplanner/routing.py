@@ -46,6 +46,7 @@ read (Prometheus 2 includes it, Prometheus 3 does not): conservative either way.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
@@ -75,9 +76,11 @@ __all__ = [
     "Route",
     "RouteKind",
     "TimePart",
+    "partition_window",
     "reads",
     "route",
     "route_piece",
+    "served_segments",
 ]
 
 DEFAULT_LOOKBACK_MS = 300_000
@@ -98,16 +101,19 @@ class Read(NamedTuple):
 @dataclass(frozen=True)
 class _Shape:
     """A selector's read window as a function of the evaluation range [a, b]:
-    `[a + lo_ms, b + hi_ms]`, or the fixed `pinned` window when `@` fixes its times."""
+    `[a + lo_ms, b + hi_ms]`, or the fixed `pinned` window when `@` fixes its times.
+    `name`: one of the names of a selector that names its metrics as a literal alternation
+    (`{__name__=~"a|b"}` reads a and b: one shape each)."""
 
     selector: Selector
     lo_ms: int
     hi_ms: int
     pinned: tuple[int, int] | None
+    name: str | None = None
 
     @property
     def metric(self) -> str | None:
-        return self.selector.metric_name
+        return self.name if self.name is not None else self.selector.metric_name
 
     @property
     def text(self) -> str:
@@ -164,10 +170,29 @@ def _shapes(expr: Expr, start_ms: int, end_ms: int, lookback_ms: int) -> list[_S
             pin = (at - o - span, at - o)
         elif pin is not None:
             pin = (pin[0] - o - span, pin[1] - o)
-        out.append(_Shape(sel, lo - o - span, hi - o, pin))
+        names = listed_names(sel)
+        for name in names or (None,):
+            out.append(_Shape(sel, lo - o - span, hi - o, pin, name))
 
     rec(expr, 0, 0, None)
     return out
+
+
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
+def listed_names(sel: Selector) -> tuple[str, ...]:
+    """The metrics a nameless selector reads when its `__name__` matcher is a literal list,
+    `{__name__=~"a|b|c"}` (PromQL regexes are anchored: exactly a, b and c); `()` otherwise."""
+    if sel.metric_name is not None or sel.or_matchers:
+        return ()
+    regexes = [m for m in sel.matchers if m.name == "__name__"]
+    if len(regexes) != 1 or regexes[0].op != "=~":
+        return ()
+    names = regexes[0].value.split("|")
+    if not all(_METRIC_NAME.fullmatch(n) for n in names):
+        return ()
+    return tuple(dict.fromkeys(names))
 
 
 def reads(
@@ -360,24 +385,7 @@ def route_piece(
     if unheld:
         return unheld
 
-    last = start_ms + ((end_ms - start_ms) // step_ms) * step_ms
-    starts = sorted(
-        {start_ms}
-        | {
-            first_grid_point_at_or_after(start_ms, step_ms, c)
-            for c in fleet.critical_times(shapes)
-            if start_ms < c <= last
-        }
-    )
-    segments: list[tuple[int, int, tuple[str, ...]]] = []
-    for i, a in enumerate(starts):
-        b = starts[i + 1] - step_ms if i + 1 < len(starts) else last
-        who = fleet.serving(shapes, a)
-        if segments and segments[-1][2] == who:
-            segments[-1] = (segments[-1][0], b, who)
-        else:
-            segments.append((a, b, who))
-
+    segments = _segments(shapes, fleet, start_ms, end_ms, step_ms)
     for a, b, who in segments:
         if not who:
             return _diagnose(expr, shapes, fleet, a, b, notes)
@@ -391,6 +399,85 @@ def route_piece(
         parts=tuple(TimePart(a, b, who) for a, b, who in segments),
         notes=tuple(notes),
     )
+
+
+Segment = tuple[int, int, tuple[str, ...]]
+
+
+def _segments(shapes: Sequence[_Shape], fleet: _Fleet, start_ms: int, end_ms: int, step_ms: int) -> list[Segment]:
+    """The step grid `start_ms + k*step_ms` (to `end_ms`) cut where the backends that hold
+    every read change: `(first, last, backends)`, time order; `()` where nobody holds them
+    all."""
+    last = start_ms + ((end_ms - start_ms) // step_ms) * step_ms
+    starts = sorted(
+        {start_ms}
+        | {
+            first_grid_point_at_or_after(start_ms, step_ms, c)
+            for c in fleet.critical_times(shapes)
+            if start_ms < c <= last
+        }
+    )
+    segments: list[Segment] = []
+    for i, a in enumerate(starts):
+        b = starts[i + 1] - step_ms if i + 1 < len(starts) else last
+        who = fleet.serving(shapes, a)
+        if segments and segments[-1][2] == who:
+            segments[-1] = (segments[-1][0], b, who)
+        else:
+            segments.append((a, b, who))
+    return segments
+
+
+def served_segments(
+    expr: Expr,
+    start_ms: int,
+    end_ms: int,
+    holdings: Sequence[BackendHolding],
+    lookback_ms: int = DEFAULT_LOOKBACK_MS,
+    *,
+    step_ms: int,
+) -> list[Segment]:
+    """`route_piece`'s view of a range: the step grid cut into stretches with the same
+    backends, `()` for the steps no single backend answers (a read window straddling two
+    stores, a join across stores). Cross-store evaluation answers those steps itself and
+    routes the rest as usual. `[]` when some metric read is named by no backend."""
+    if step_ms <= 0 or end_ms < start_ms:
+        raise ValueError("a range needs start <= end and a positive step")
+    fleet = _Fleet(holdings)
+    shapes = _shapes(expr, start_ms, end_ms, lookback_ms)
+    if shapes and _unheld(shapes, fleet):
+        return []
+    if not shapes:
+        return [(start_ms, start_ms + ((end_ms - start_ms) // step_ms) * step_ms, (fleet.order[0],))]
+    return _segments(shapes, fleet, start_ms, end_ms, step_ms)
+
+
+def partition_window(holdings: Sequence[BackendHolding], metric: str | None, lo_ms: int,
+                     hi_ms: int) -> list[tuple[str, int, int]]:
+    """The closed sample window `[lo_ms, hi_ms]` of `metric` cut among the backends that hold
+    it: `(backend, from, to)` in time order, disjoint, each stretch given to the preferred
+    backend holding it (the primary where stores overlap). Stretches nobody holds are left
+    out: no backend has their samples."""
+    fleet = _Fleet(holdings)
+    cuts = {lo_ms, hi_ms + 1}
+    for name in fleet.order:
+        for s, u in fleet.windows(metric, name):
+            for c in (s, u + 1):
+                if lo_ms < c <= hi_ms:
+                    cuts.add(int(c))
+    edges = sorted(cuts)
+    out: list[tuple[str, int, int]] = []
+    for a, nxt in zip(edges, edges[1:]):
+        b = nxt - 1
+        who = next((n for n in fleet.order
+                    if any(s <= a and b <= u for s, u in fleet.windows(metric, n))), None)
+        if who is None:
+            continue
+        if out and out[-1][0] == who and out[-1][2] == a - 1:
+            out[-1] = (who, out[-1][1], b)
+        else:
+            out.append((who, a, b))
+    return out
 
 
 def route(

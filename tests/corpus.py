@@ -62,6 +62,9 @@ QUERIES: dict[str, str] = {
     "selector_escaped_regex_dot": 'DCGM_FI_DEV_FB_USED{modelName=~"NVIDIA H100.*"}',
     "selector_raw_string": "DCGM_FI_DEV_GPU_TEMP{Hostname=~`gpu-node-000\\d`}",
     "name_regex": '{__name__=~"DCGM_FI_DEV_FB_(USED|FREE)", gpu="1"}',
+    # metrics of two stores in a hybrid fleet (DCGM_* in AMP, node_* local): a union
+    "name_regex_stores": 'rate({__name__=~"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION|node_network_receive_bytes_.*"}[5m])',
+    "name_regex_stores_sum": 'sum by (__name__) ({__name__=~"DCGM_FI_DEV_GPU_(UTIL|TEMP)|node_load.*"})',
     "scalar_compare": f"{GPU} > 50",
     "scalar_compare_bool": f"{GPU} > bool 50",
     "scalar_arith": "DCGM_FI_DEV_FB_USED / 1024",

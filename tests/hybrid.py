@@ -79,7 +79,7 @@ class SliceSpec:
     scenario: str
     backend: str  # "amp" | "local"
     select: Selection
-    holds: dict[str, Any]
+    holds: dict[str, Any] | list[dict[str, Any]]
     primary: bool
 
     @property
@@ -100,11 +100,19 @@ def _slices() -> list[SliceSpec]:
         SliceSpec("overlap", "local", win((OVERLAP_SINCE, LOCAL_OUTAGE[0]), (LOCAL_OUTAGE[1], END)),
                   {"since": iso_utc(OVERLAP_SINCE)}, True),
         SliceSpec("overlap", "amp", win((START, AMP_OUTAGE[0]), (AMP_OUTAGE[1], END)), {"metrics": ["*"]}, False),
+        # both at once: DCGM_* moved to AMP, which holds it until T+30m; local holds node_*,
+        # kube_*, up at all times and DCGM_* since T
+        SliceSpec("both", "local",
+                  Selection(union=(Selection(metrics="|".join(LOCAL_METRICS)),
+                                   Selection(windows=((T, END),), metrics="DCGM_.*"))),
+                  [{"metrics": LOCAL_METRICS}, {"metrics": ["DCGM_.*"], "since": iso_utc(T)}], True),
+        SliceSpec("both", "amp", Selection(windows=((START, BY_TIME_AMP_UNTIL + 1),), metrics="DCGM_.*"),
+                  {"metrics": ["DCGM_.*"], "until": iso_utc(BY_TIME_AMP_UNTIL)}, False),
     ]
 
 
 SLICES: list[SliceSpec] = _slices()
-SCENARIOS = ("by_time", "by_metric", "overlap")
+SCENARIOS = ("by_time", "by_metric", "overlap", "both")
 
 
 def aws_env() -> dict[str, str]:

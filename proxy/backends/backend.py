@@ -18,6 +18,7 @@ import time
 import urllib.parse
 from typing import Callable, Mapping, Sequence
 
+from .. import tracing
 from ..activity import ACTIVITY
 from ..config import BackendConfig
 from ..errors import PromError
@@ -142,11 +143,16 @@ class Backend:
         t0 = time.perf_counter()
         reply: BackendReply | None = None
         try:
-            if limited:
-                async with self._sem:
+            # One span per call (each retry its own): the backend's name, kind and endpoint (a
+            # fixed vocabulary), never its URL or a header; the time waiting for a slot counts.
+            with tracing.span(f"backend {endpoint}", {"promaccel.backend": self.name, "promaccel.backend_kind":
+                                                      self.cfg.kind, "promaccel.endpoint": endpoint}) as s:
+                if limited:
+                    async with self._sem:
+                        reply = await self._timed(method, path, params, body, headers, timeout_s, endpoint, sent)
+                else:
                     reply = await self._timed(method, path, params, body, headers, timeout_s, endpoint, sent)
-            else:
-                reply = await self._timed(method, path, params, body, headers, timeout_s, endpoint, sent)
+                tracing.set_attrs(s, {"http.response.status_code": reply.status, "promaccel.bytes": len(reply.body)})
             return reply
         except Exception as exc:  # translated once, here
             METRICS.backend_errors.labels(self.name, type(exc).__name__).inc()
@@ -191,5 +197,8 @@ class Backend:
 
 
 def _complete_json_check(reply: BackendReply) -> str | None:
+    if reply.status == 204 and not reply.body:
+        # No Content: Prometheus's /api/v1/query_exemplars for a query without selectors.
+        return None
     reply.parsed = parsed_json(reply.body)
     return None if reply.parsed is not None else "not complete JSON"

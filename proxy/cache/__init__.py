@@ -7,6 +7,7 @@
     memory.py        the in-process LRU store
     redis_store.py   the Redis / Redis Cluster store
     redis_client.py  Redis connections (the only importer of `redis`)
+    leases.py        fetch leases in Redis (one process of all sharing it fetches a piece)
     breaker.py       circuit breaker for Redis outages
     deadline.py      deadlines in event-loop idle time
     factory.py       make_store: the store a configuration asks for

@@ -12,6 +12,9 @@ Invalidation indexes: one sorted set per metric and generation, members
 `generation_refresh_ms`; the invalidation marker is `promaccel:invalidated_at`. A put that
 sees the marker move while it writes deletes what it wrote.
 
+Fetch leases (`leases.py`, `store.leases`): of the processes sharing the Redis, one fetches a
+piece missing from the cache while the others wait for it.
+
 Recommended server setting: `maxmemory-policy volatile-lru` -- every entry has a TTL and
 the generation key has none, so Redis evicts entries but never the generation.
 """
@@ -31,6 +34,7 @@ from .breaker import CircuitBreaker
 from .deadline import idle_timeout
 from .frame import encode_value
 from .keys import KEY_PREFIX, CacheItem, CacheKey
+from .leases import RedisLeases
 from .redis_client import connect, redact_url
 from .store import ANY_METRIC, PieceStore, describe, wall_ms
 
@@ -116,6 +120,7 @@ class RedisStore(PieceStore):
         self._gen_read_at: float | None = None
         self._ping: tuple[float, dict[str, Any]] | None = None  # (monotonic, health's ping result)
         self._last_error: dict[str, Any] | None = None
+        self.leases = RedisLeases(self)
 
     # Guarding ---------------------------------------------------------------------------
 

@@ -18,11 +18,14 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..metrics import METRICS
 from .frame import CorruptValue, decode_value
 from .keys import CacheItem, CacheKey
+
+if TYPE_CHECKING:
+    from .leases import RedisLeases
 
 __all__ = ["ANY_METRIC", "PieceStore", "RateLimitedLog", "describe", "wall_ms"]
 
@@ -64,6 +67,9 @@ class PieceStore(ABC):
 
     kind: str
     verify_checksum = True
+    # Fetch leases shared by every process using the store (Redis); None: this store is
+    # private to one process, whose own coalescing is all there is.
+    leases: RedisLeases | None = None
 
     def __init__(self, log_interval_s: float = 30.0) -> None:
         self._log = RateLimitedLog(log_interval_s)

@@ -95,29 +95,7 @@ class CacheReader:
                 found[digest] = landed
         rest = [k for d, k in wanted.items() if d not in found]
         if rest:
-            payloads = await self.store().get_many(rest)
-            todo: list[tuple[CacheKey, bytes]] = []
-            for k, payload in zip(rest, payloads):
-                if payload is None:
-                    continue
-                memo = self.decoded.get(k.digest, payload)
-                if memo is not None:
-                    found[k.digest] = memo
-                else:
-                    todo.append((k, payload))
-            # A warm 24 h panel reads megabytes: decode off the event loop (Arrow's
-            # decompression releases the GIL), so other requests go on meanwhile.
-            if sum(len(p) for _, p in todo) > DECODE_IN_THREAD_BYTES:
-                outcomes = await asyncio.to_thread(decode_payloads, [p for _, p in todo])
-            else:
-                outcomes = decode_payloads([p for _, p in todo])
-            for (k, payload), out in zip(todo, outcomes):
-                if isinstance(out, Exception):  # an undecodable entry is a miss
-                    METRICS.cache_errors.labels("decode").inc()
-                    log.warning("cached piece %s does not decode (%s): treated as a miss", k.digest[:16], out)
-                    continue
-                found[k.digest] = out
-                self.decoded.put(k.digest, payload, out)
+            found.update(await self.decode(rest, await self.store().get_many(rest)))
         for s in slots:
             for k in s.keys:
                 r = found.get(k.digest)
@@ -131,6 +109,34 @@ class CacheReader:
                         r = slice_time(r, span.start_ms, span.end_ms)
                 s.result, s.status = r, "hit"
                 break
+
+    async def decode(self, keys: Sequence[CacheKey], payloads: Sequence[bytes | None]) -> dict[str, QueryResult]:
+        """Payloads read from the store for `keys`, decoded (None and undecodable ones left
+        out), by key digest."""
+        found: dict[str, QueryResult] = {}
+        todo: list[tuple[CacheKey, bytes]] = []
+        for k, payload in zip(keys, payloads):
+            if payload is None:
+                continue
+            memo = self.decoded.get(k.digest, payload)
+            if memo is not None:
+                found[k.digest] = memo
+            else:
+                todo.append((k, payload))
+        # A warm 24 h panel reads megabytes: decode off the event loop (Arrow's
+        # decompression releases the GIL), so other requests go on meanwhile.
+        if sum(len(p) for _, p in todo) > DECODE_IN_THREAD_BYTES:
+            outcomes = await asyncio.to_thread(decode_payloads, [p for _, p in todo])
+        else:
+            outcomes = decode_payloads([p for _, p in todo])
+        for (k, payload), out in zip(todo, outcomes):
+            if isinstance(out, Exception):  # an undecodable entry is a miss
+                METRICS.cache_errors.labels("decode").inc()
+                log.warning("cached piece %s does not decode (%s): treated as a miss", k.digest[:16], out)
+                continue
+            found[k.digest] = out
+            self.decoded.put(k.digest, payload, out)
+        return found
 
     async def lookup_finer(self, slots: Sequence[Slot], ctx: CacheCtx, router: Router | None) -> None:
         """Zooming out: a missing range piece at step S is answered by the cached cell of the

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, TypeVar
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from shardplanner.footprint import digest_query
 
@@ -19,6 +19,9 @@ from ..result import QueryResult
 from .budget import BUDGET
 from .landing import Landing
 from .units import Unit
+
+if TYPE_CHECKING:
+    from .leases import Leases
 
 log = logging.getLogger("promaccel.cache")
 
@@ -37,6 +40,7 @@ class CacheWriter:
         self.store = store
         self.landing = landing
         self.revalidator: Revalidator | None = None
+        self.leases: Leases | None = None
         self.tasks: set[asyncio.Task[Any]] = set()
 
     async def aclose(self) -> None:
@@ -58,10 +62,12 @@ class CacheWriter:
         return True
 
     def keep(self, units: Sequence[Unit], results: Sequence[QueryResult], fetched_at_ms: int,
-              baselines: Mapping[tuple[str, int], bytes]) -> None:
-        """Land fetched units and store them in the background."""
+              baselines: Mapping[tuple[str, int], bytes], leased: Collection[str] = ()) -> set[str]:
+        """Land fetched units and store them in the background. Returns the key digests
+        being stored; of those, the fetch leases named in `leased` are let go once the put
+        has landed (or failed), so that other processes waiting for them read them."""
         if fetched_at_ms < self.landing.invalidated_at_ms:
-            return  # fetched before an invalidation through this process
+            return set()  # fetched before an invalidation through this process
         entries: list[tuple[Unit, QueryResult, bytes | None]] = []
         budget = BUDGET.get()
         for u, r in zip(units, results):
@@ -79,16 +85,19 @@ class CacheWriter:
                         continue  # cannot be revalidated: not cached
             entries.append((u, r, baseline))
         if not entries:
-            return
+            return set()
         kind = self.store().kind
-        if not self.spawn(self._put(entries, fetched_at_ms)):
+        digests = {u.key.digest for u, _, _ in entries if u.key is not None}
+        if not self.spawn(self._put(entries, fetched_at_ms, [d for d in digests if d in leased])):
             METRICS.cache_puts.labels(kind, "dropped").inc(len(entries))
-            return
+            return set()
         for u, r, _ in entries:
             assert u.key is not None
             self.landing.land(u.key.digest, r, fetched_at_ms)
+        return digests
 
-    async def _put(self, entries: list[tuple[Unit, QueryResult, bytes | None]], fetched_at_ms: int) -> None:
+    async def _put(self, entries: list[tuple[Unit, QueryResult, bytes | None]], fetched_at_ms: int,
+                   leased: Sequence[str] = ()) -> None:
         try:
             compression = self.config.cache.compression
             # Encoded and written a few megabytes at a time: a 3 M-sample answer's pieces
@@ -113,6 +122,8 @@ class CacheWriter:
             METRICS.cache_errors.labels("put").inc()
             log.exception("storing fetched pieces failed")
         finally:
+            if leased and self.leases is not None:
+                self.leases.release(leased)
             landed = [(u.key.digest, r) for u, r, _ in entries if u.key is not None]
             self.landing.unland_later(landed)
 
@@ -134,11 +145,11 @@ class CacheWriter:
         return await self.revalidator.baselines(wanted, timeout_s, backend)
 
     def keep_whole(self, result: QueryResult, unit: Unit, fetched_at_ms: int,
-                   baselines: Mapping[tuple[str, int], bytes]) -> None:
+                   baselines: Mapping[tuple[str, int], bytes], leased: Collection[str] = ()) -> set[str]:
         """Keep a forwarded answer (decoded when it was checked before being relayed)."""
         if unit.is_range and result.result_type != "matrix":
-            return
-        self.keep([unit], [result], fetched_at_ms, baselines)
+            return set()
+        return self.keep([unit], [result], fetched_at_ms, baselines, leased)
 
 
 def digest_backend(u: Unit) -> str | None:

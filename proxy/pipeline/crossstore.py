@@ -1,41 +1,59 @@
-"""Cross-store evaluation: a query no single backend can answer (a join of metrics that live in
-different stores). The largest subtrees one backend can answer run as queries of their own
-(planned, cached, sharded like any query), and promaccel evaluates the binary operators and
-aggregations above them on the decoded answers. Anything else above them is a 422 naming the
-metrics, the backends and the operator -- never a guess."""
+"""Cross-store evaluation: a query no single backend can answer. The largest subtrees one
+backend can answer run as queries of their own (planned, cached, sharded like any query), and
+promaccel evaluates what lies above them on the decoded answers:
+
+- a range query's steps that some backend answers whole are routed as usual; only the
+  stretches of steps no single backend answers are evaluated here (`segments`);
+- operators, functions and aggregations above subtrees held by different stores (a join of
+  AMP's DCGM_* with the local node_*): `binary`, `function`, `aggregate`, `absent`;
+- a range function whose window straddles two stores (`increase(x[6h])` where AMP stops and
+  the local Prometheus starts): the window's raw samples come from each store for the
+  stretch it holds (proxy/pipeline/raw_fetch.py) and the function is evaluated here with
+  Prometheus 2's semantics (`window`); over a subquery, its inner expression is asked on
+  the subquery's own step grid (routed like any query) and the function applied here
+  (`subquery`).
+Whatever cannot be answered exactly gets a 422 naming the metrics, the backends and the
+operator -- never a guess."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
 from shardplanner.analysis import ABSENT_LIKE, absent_like, pinned_at
-from shardplanner.ast import Agg, Binary, Call, Number, Paren, Selector, transform
+from shardplanner.ast import Agg, Binary, Call, MatrixSel, Number, Paren, Selector, String, Subquery, Unary, transform
 from shardplanner.explain import reason_code
-from shardplanner.plan import MergeRecipe, Plan, QueryRequest
+from shardplanner.holdings import ALL_METRICS, BackendHolding
+from shardplanner.names import NO_METRIC, fixed_names, needs_names, per_series_selector, resolve_names, with_names
+from shardplanner.plan import Plan, QueryRequest, Span
 from shardplanner.routing import Route as PieceRoute
+from shardplanner.routing import listed_names, served_segments
 from shardplanner.serialize import to_promql
 
 from ..backends import Backend
 from ..errors import PromError
 from ..hybrid import Router
 from ..metrics import METRICS
-from ..result import QueryResult, ResultType
+from ..result import QueryResult
+from ..result.aggregate import AGGREGATIONS, evaluate_aggregation
 from ..result.binop import BinopError, evaluate_binary
-from ..result.merge import concat, merge
+from ..result.functions import INSTANT_FUNCTIONS, evaluate_call
+from ..result.windows import RANGE_FUNCTIONS, eval_range_function
 from .ask import Asker
+from .local_ops import _absent_or_scalar, _restamp, as_answer, check_distinct, grid_of, joined
+from .names import MetricNames
 from .planning import Planner
+from .raw_fetch import RawCache, fetch_raw, window_parts
 from .routing import merges, router_for
 from .stage import Stage
 from .values import Answer, PieceFailed, Query
 
-_LOCAL_AGGS = frozenset({"sum", "min", "max", "count", "group", "avg", "topk", "bottomk"})
 _ABSENT_LIKE = ABSENT_LIKE
+# `[5m:]`: Prometheus's default evaluation interval (global.evaluation_interval, 1m).
+DEFAULT_SUBQUERY_STEP_MS = 60_000
 
 
 @dataclass(frozen=True)
@@ -46,21 +64,27 @@ class Sub:
     req: QueryRequest
     plan: Plan
     route: PieceRoute
+    extra: tuple[BackendHolding, ...] = ()  # holdings of names no store has (`_resolved`)
 
 
 @dataclass(frozen=True)
 class Op:
-    """An operator promaccel evaluates above its arguments: `binary`, `absent` (absent,
-    absent_over_time, scalar), `aggregate`, or `pinned` (an `@`-pinned answer restamped at
-    every step of `req`)."""
+    """What promaccel evaluates over `req`'s steps, above its arguments: `binary`, `absent`
+    (absent, absent_over_time, scalar), `aggregate`, `function`, `pinned` (an `@`-pinned
+    answer restamped at every step), `segments` (each arg answers a stretch of the steps),
+    `window` (a range function over raw samples; `reads`: (backend, from, to) stretches of
+    its window), `subquery` (a range function over its one arg, the inner expression
+    evaluated on the subquery's grid)."""
 
     kind: str
     node: Any
     args: tuple[Step, ...]
     req: QueryRequest
+    reads: tuple[tuple[str, int, int], ...] = ()
+    window: tuple[int, int] | None = None  # `window`: the samples' time, first to last (ms)
 
 
-Step = Sub | Op | float  # float: a number literal
+Step = Sub | Op | float | str  # float: a number literal; str: a string literal
 
 
 class CrossStore:
@@ -70,10 +94,14 @@ class CrossStore:
     which operators promaccel evaluates above them (or refuses the query with the 422 it
     answers); the stage runs that tree, and /api/v1/explain shows it."""
 
-    def __init__(self, planner: Planner, backends: Sequence[Backend], run: Stage[Query, Answer]) -> None:
+    def __init__(self, planner: Planner, backends: Sequence[Backend], run: Stage[Query, Answer],
+                 max_window_samples: int = 0, raw_cache: RawCache | None = None) -> None:
         self.planner = planner
+        self.names = MetricNames(backends, planner.config.planner.shard_values_ttl)
         self.backends = backends
         self.run = run  # the planned path (merge and below) for each subquery
+        self.max_window_samples = max_window_samples
+        self.raw_cache = raw_cache
 
     async def __call__(self, q: Query) -> Answer:
         assert q.plan is not None
@@ -107,16 +135,45 @@ class CrossStore:
         reason = q.whole.reason or "the query cannot be answered exactly across the backends' holdings"
         if q.unmergeable or q.plan.expr is None:
             raise PromError("execution", reason)
-        tree = await self._tree(q.plan.expr, q.req, q.router, reason)
-        if isinstance(tree, float):
+        expr, router = await self._resolved(q.plan.expr, q.router)
+        tree = await self._tree(expr, q.req, router, reason)
+        if isinstance(tree, (float, str)):
             raise PromError("execution", reason)
         return tree
+
+    async def _resolved(self, expr: Any, router: Router) -> tuple[Any, Router]:
+        """`expr` with its selectors without a fixed metric name resolved against the stores'
+        metric names (`shardplanner/names.py`), and a router that knows the names no store
+        has (they read nothing: the primary answers them, with the empty answer every store
+        would give). A name no list has refreshes the lists once."""
+        holders = router.holdings
+        if any(ALL_METRICS in h.metrics for h in holders):
+            return expr, router  # a "*" holding answers any selector
+        unheld = {n for n in fixed_names(expr) if not any(h.holds_metric(n) for h in holders)}
+        if not needs_names(expr) and not unheld:
+            return expr, router
+        known = await self.names.known()
+        resolved = resolve_names(expr, known)
+        absent = {n for n in fixed_names(resolved) if n not in known}
+        if absent - {NO_METRIC}:
+            known = await self.names.known(missed=True)
+            resolved = resolve_names(expr, known)
+            absent = {n for n in fixed_names(resolved) if n not in known}
+        nowhere = tuple(sorted(n for n in absent if not any(h.holds_metric(n) for h in holders)))
+        if not nowhere:
+            return resolved, router
+        extra = (BackendHolding(self.backends[0].name, tuple(re.escape(n) for n in nowhere), primary=True),)
+        return resolved, router.with_holdings(extra)
 
     async def _tree(self, node: Any, req: QueryRequest, router: Router, reason: str) -> Step:
         while isinstance(node, Paren):
             node = node.expr
         if isinstance(node, Number):
             return node.value
+        if isinstance(node, String):
+            return node.value
+        if isinstance(node, Unary):  # -v: v * -1, the metric name dropped, as Prometheus does
+            node = Binary("*", node.expr, Number(-1.0))
         span = req.span
         if span.is_range:
             r = router.range_route(span.start_ms, span.end_ms, span.step, node)
@@ -130,13 +187,27 @@ class CrossStore:
             free = transform(node, lambda n: replace(n, at=None) if isinstance(n, Selector) else n)
             at_t = QueryRequest.instant(to_promql(free), pinned, req.lookback_ms)
             inner = await self._tree(free, at_t, router, reason)
-            if not isinstance(inner, float):
+            if not isinstance(inner, (float, str)):
                 return Op("pinned", node, (inner,), req)
         if r.kind != "unroutable" and not (merges(r) and absent_like(node)):
             # A scalar-typed side (scalar(x), time()) comes back as a one-series matrix for a
             # range query; evaluate_binary knows it is a scalar from the expression.
             sub = replace(req, query=to_promql(node))
-            return Sub(sub, await self.planner.plan(sub), r)
+            return Sub(sub, await self.planner.plan(sub), r, router.extra)
+        if r.kind == "unroutable" and span.is_range and span.step_ms is not None:
+            segs = served_segments(node, span.start_ms, span.end_ms, router.holdings, router.lookback_ms,
+                                   step_ms=span.step_ms)
+            if any(who for _, _, who in segs) and not all(who for _, _, who in segs):
+                # Only the steps no single backend answers are evaluated here.
+                parts = await asyncio.gather(*(
+                    self._tree(node, replace(req, span=Span.range(a, b, span.step_ms)), router, reason)
+                    for a, b, _ in segs))
+                return Op("segments", node, tuple(parts), req)
+        groups = self._name_groups(node, req, router)
+        if groups is not None:
+            # Series of different metrics held by different stores: a union of each store's.
+            parts = await asyncio.gather(*(self._tree(n, req, router, reason) for n in groups))
+            return Op("union", node, tuple(parts), req)
         if isinstance(node, Binary):
             lhs, rhs = await asyncio.gather(self._tree(node.lhs, req, router, reason),
                                             self._tree(node.rhs, req, router, reason))
@@ -148,35 +219,137 @@ class CrossStore:
             arg = node.args[0]
             inner_expr = Call("count_over_time", (arg,)) if node.func == "absent_over_time" else arg
             inner = await self._tree(inner_expr, req, router, reason)
-            if not isinstance(inner, float):
+            if not isinstance(inner, (float, str)):
                 return Op("absent", node, (inner,), req)
-        if isinstance(node, Agg) and node.op in _LOCAL_AGGS and (node.param is None or isinstance(node.param, Number)):
-            inner = await self._tree(node.expr, req, router, reason)
-            if not isinstance(inner, float):
-                return Op("aggregate", node, (inner,), req)
+        if isinstance(node, Call) and node.func in RANGE_FUNCTIONS:
+            return await self._range_function(node, req, router, reason)
+        if isinstance(node, Call) and node.func in INSTANT_FUNCTIONS and not _stamps_samples(node):
+            args = await asyncio.gather(*(self._tree(a, req, router, reason) for a in node.args))
+            return Op("function", node, tuple(args), req)
+        if isinstance(node, Agg) and (node.param is None or isinstance(node.param, (Number, String))):
+            if node.op in AGGREGATIONS:
+                inner = await self._tree(node.expr, req, router, reason)
+                if not isinstance(inner, (float, str)):
+                    return Op("aggregate", node, (inner,), req)
         raise PromError("execution", reason)
 
-    async def _execute(self, step: Step, q: Query) -> QueryResult | float:
-        if isinstance(step, float):
+    @staticmethod
+    def _name_groups(node: Any, req: QueryRequest, router: Router) -> list[Any] | None:
+        """`node`, per series over one selector listing metrics that different stores hold, as
+        one variant per group of names routed alike; None when that is not the case."""
+        sel = per_series_selector(node)
+        names = listed_names(sel) if sel is not None else ()
+        if sel is None or len(names) < 2:
+            return None
+        span = req.span
+        groups: dict[str, list[str]] = {}
+        for n in names:
+            variant = with_names(node, sel, (n,))
+            if span.is_range:
+                r = router.range_route(span.start_ms, span.end_ms, span.step, variant)
+            else:
+                r = router.instant_route(span.time_ms, variant)
+            groups.setdefault(r.key(), []).append(n)
+        if len(groups) < 2:
+            return None
+        return [with_names(node, sel, tuple(g)) for g in groups.values()]
+
+    async def _range_function(self, node: Call, req: QueryRequest, router: Router, reason: str) -> Step:
+        """`func(x[r])` / `func(expr[r:s])` whose window no single backend holds: over raw
+        samples from each store (`window`), or over the inner expression evaluated on the
+        subquery's grid (`subquery`); the other arguments must be number literals."""
+        ranged = [a for a in node.args if not isinstance(a, Number)]
+        arg: Any = ranged[0] if len(ranged) == 1 else None
+        while isinstance(arg, Paren):
+            arg = arg.expr
+        grid = grid_of(req)
+        if (isinstance(arg, MatrixSel) and arg.selector.at is None
+                and any(h.holds_metric(arg.selector.metric_name) for h in router.holdings)):
+            sel = arg.selector
+            lo = int(grid[0]) - sel.offset_ms - arg.range_ms
+            hi = int(grid[-1]) - sel.offset_ms
+            return Op("window", node, (), req, tuple(window_parts(router.holdings, sel, lo, hi)), (lo, hi))
+        if isinstance(arg, Subquery) and arg.at is None:
+            step = arg.step_ms or DEFAULT_SUBQUERY_STEP_MS
+            first = int(grid[0]) - arg.offset_ms - arg.range_ms
+            start = -(-first // step) * step  # the first multiple of the step at or after it
+            end = int(grid[-1]) - arg.offset_ms
+            if start <= end:
+                inner_req = QueryRequest.range(to_promql(arg.expr), start, end, step, req.lookback_ms)
+                inner = await self._tree(arg.expr, inner_req, router, reason)
+                if not isinstance(inner, (float, str)):
+                    return Op("subquery", node, (inner,), req)
+        raise PromError("execution", reason)
+
+    async def _execute(self, step: Step, q: Query) -> QueryResult | float | str:
+        if isinstance(step, (float, str)):
             return step
         if isinstance(step, Sub):
             answer = await self.run(replace(q, req=step.req, plan=step.plan, whole=None,
-                                            router=router_for(self.backends, step.req, step.plan)))
+                                            router=router_for(self.backends, step.req, step.plan, step.extra)))
             assert answer.result is not None
             return answer.result
+        if step.kind == "window":
+            return await self._window(step, q)
         args = await asyncio.gather(*(self._execute(a, q) for a in step.args))
+        try:
+            return self._evaluate(step, args)
+        except BinopError as exc:
+            raise PromError("execution", exc.message) from None
+
+    async def _window(self, step: Op, q: Query) -> QueryResult:
+        node: Call = step.node
+        arg: Any = next(a for a in node.args if not isinstance(a, Number))
+        while isinstance(arg, Paren):
+            arg = arg.expr
+        assert isinstance(arg, MatrixSel)
+        by_name = {b.name: b for b in self.backends}
+        cache = self.raw_cache if q.cache is not None else None  # the query may use the cache
+        raw = await fetch_raw(arg.selector, step.reads, by_name, q.timeout_s, self.max_window_samples, cache)
+        params = [a.value for a in node.args if isinstance(a, Number)]
+        out = eval_range_function(node.func, params, raw, grid_of(step.req), arg.range_ms,
+                                  offset_ms=arg.selector.offset_ms)
+        return as_answer(out, step.req)
+
+    @staticmethod
+    def _evaluate(step: Op, args: list[QueryResult | float | str]) -> QueryResult | float:
+        node, req = step.node, step.req
         if step.kind == "binary":
-            try:
-                return evaluate_binary(step.node, args[0], args[1])
-            except BinopError as exc:
-                raise PromError("execution", exc.message) from None
+            lhs, rhs = args
+            assert not isinstance(lhs, str) and not isinstance(rhs, str)
+            return evaluate_binary(node, lhs, rhs)
+        if step.kind == "function":
+            return evaluate_call(node, args, grid_of(req), req.is_range)
+        if step.kind in ("segments", "union"):
+            assert all(isinstance(a, QueryResult) for a in args)
+            results = [a for a in args if isinstance(a, QueryResult)]
+            if step.kind == "union":
+                check_distinct(results)
+            return joined(results, req)
         inner = args[0]
-        assert isinstance(inner, QueryResult)  # tree() never puts a number under these
+        assert isinstance(inner, QueryResult)  # tree() never puts a literal under these
+        if step.kind == "subquery":
+            sub = next(a for a in node.args if not isinstance(a, Number))
+            while isinstance(sub, Paren):
+                sub = sub.expr
+            params = [a.value for a in node.args if isinstance(a, Number)]
+            out = eval_range_function(node.func, params, inner, grid_of(req), sub.range_ms, offset_ms=sub.offset_ms)
+            return as_answer(out, req)
         if step.kind == "pinned":
-            return _restamp(inner, step.req)
+            return _restamp(inner, req)
         if step.kind == "absent":
-            return _absent_or_scalar(step.node, inner, step.req)
-        return _aggregate_locally(step.node, inner, step.req.time_ms)
+            return _absent_or_scalar(node, inner, req)
+        param = node.param.value if node.param is not None else None
+        return evaluate_aggregation(node, inner, param, grid_of(req), req.is_range)
+
+
+def _stamps_samples(node: Call) -> bool:
+    """timestamp(x) of a selector is each sample's own time, which a decoded answer (stamped
+    at its steps) no longer has."""
+    arg = node.args[0] if node.func == "timestamp" and node.args else None
+    while isinstance(arg, Paren):
+        arg = arg.expr
+    return isinstance(arg, Selector)
 
 
 def piece_count(step: Step) -> int:
@@ -197,9 +370,39 @@ def subqueries(step: Step) -> list[Sub]:
     return []
 
 
+def uncovered(op: Op) -> list[tuple[int, int]]:
+    """The stretches of a window's time that no store holds (read by nobody: no data there,
+    as in a Prometheus with that retention)."""
+    if op.window is None:
+        return []
+    lo, hi = op.window
+    out: list[tuple[int, int]] = []
+    at = lo
+    for _, a, b in sorted(op.reads, key=lambda r: r[1]):
+        if a > at:
+            out.append((at, a - 1))
+        at = max(at, b + 1)
+    if at <= hi:
+        out.append((at, hi))
+    return out
+
+
+def tree_backends(step: Step) -> list[str]:
+    """Every backend a tree asks: its subqueries' and its windows' raw reads'."""
+    out: dict[str, None] = {}
+    if isinstance(step, Sub):
+        out.update(dict.fromkeys(step.route.backends))
+    elif isinstance(step, Op):
+        out.update(dict.fromkeys(b for b, _, _ in step.reads))
+        for a in step.args:
+            out.update(dict.fromkeys(tree_backends(a)))
+    return list(out)
+
+
 def operator_text(op: Op) -> str:
     """What promaccel evaluates at `op`, in PromQL words: `* on (Hostname) group_left ()`,
-    `sum by (namespace)`, `topk(5)`, `absent`, `@ 1761955200`."""
+    `sum by (namespace)`, `topk(5)`, `absent`, `@ 1761955200`, `increase(...[1h])`,
+    `max_over_time(...[30m:1m])`."""
     node = op.node
     if op.kind == "binary":
         text = str(node.op) + (" bool" if node.return_bool else "")
@@ -213,88 +416,19 @@ def operator_text(op: Op) -> str:
         text = str(node.op)
         if node.grouping is not None:
             text += f" {'without' if node.without else 'by'} ({', '.join(node.grouping)})"
-        return text + (f" (param {node.param.value:g})" if node.param is not None else "")
-    if op.kind == "absent":
+        if isinstance(node.param, Number):
+            text += f" (param {node.param.value:g})"
+        elif isinstance(node.param, String):
+            text += f" (param {node.param.value!r})"
+        return text
+    if op.kind in ("absent", "function"):
         return str(node.func)
+    if op.kind == "segments":
+        return "the steps no single backend answers, joined to the steps routed as usual"
+    if op.kind == "union":
+        return "the union of metrics held by different stores"
+    if op.kind in ("window", "subquery"):
+        return to_promql(node)
     at = pinned_at(node)
     assert at is not None
     return f"@ {at / 1000:g}"
-
-
-def _restamp(value: QueryResult, req: QueryRequest) -> QueryResult:
-    """An instant answer (evaluated at a pinned time) as the answer at every step of `req`."""
-    grid = _grid(req)
-    n = value.n_series
-    if value.result_type == "scalar":
-        v = float(value.value[0]) if len(value.value) else float("nan")
-        if not req.is_range:
-            return QueryResult.scalar(int(grid[0]), v)
-        return QueryResult("matrix", [{}], np.array([0, len(grid)], dtype=np.int64), grid, np.full(len(grid), v))
-    values = value.value[value.offsets[:-1]] if n else np.zeros(0)
-    rtype: ResultType = "matrix" if req.is_range else "vector"
-    offsets = np.arange(n + 1, dtype=np.int64) * len(grid)
-    out = QueryResult(rtype, list(value.labels), offsets, np.tile(grid, n), np.repeat(values, len(grid)),
-                      list(value.warnings), list(value.infos))
-    if rtype == "matrix" and n > 1:
-        out = concat([out])  # Prometheus sorts range answers by labels
-    return out
-
-
-def _grid(req: QueryRequest) -> npt.NDArray[np.int64]:
-    span = req.span
-    return np.arange(span.start_ms, span.end_ms + 1, span.step_ms or 1, dtype=np.int64)
-
-
-def _absent_or_scalar(node: Any, inner: QueryResult, req: QueryRequest) -> QueryResult:
-    """absent(v) / absent_over_time(m) (with `inner` = count_over_time(m)) / scalar(v) of a
-    merged answer, as Prometheus computes them."""
-    from shardplanner.ast import MatrixSel, Selector
-
-    grid = _grid(req)
-    if node.func == "scalar":
-        counts = np.zeros(len(grid), dtype=np.int64)
-        values = np.full(len(grid), np.nan)
-        pos = np.searchsorted(grid, inner.t_ms)
-        np.add.at(counts, pos, 1)
-        values[pos] = inner.value  # kept only where exactly one series has a sample
-        values[counts != 1] = np.nan
-        if not req.is_range:
-            return QueryResult.scalar(int(grid[0]), float(values[0]))
-        return QueryResult("matrix", [{}], np.array([0, len(grid)], dtype=np.int64), grid, values)
-    # absent: 1 at the steps where the argument has no series; labels from its selector's
-    # equality matchers (a label given twice is left out), as Prometheus does.
-    sel = node.args[0]
-    if isinstance(sel, MatrixSel):
-        sel = sel.selector
-    labels: dict[str, str] = {}
-    if isinstance(sel, Selector) and not sel.or_matchers:
-        seen: dict[str, int] = {}
-        for m in sel.matchers:
-            seen[m.name] = seen.get(m.name, 0) + 1
-        for m in sel.matchers:
-            if m.op == "=" and m.name != "__name__" and seen[m.name] == 1 and m.value:
-                labels[m.name] = m.value
-    t = grid[~np.isin(grid, inner.t_ms)]
-    rtype: ResultType = "matrix" if req.is_range else "vector"
-    if len(t) == 0:
-        return QueryResult.empty(rtype)
-    return QueryResult(rtype, [labels], np.array([0, len(t)], dtype=np.int64), t, np.ones(len(t)))
-
-
-def _aggregate_locally(node: Any, inner: QueryResult, time_ms: int | None) -> QueryResult:
-    """`op by/without (...) (inner)` on a decoded answer, with the re-aggregation kernels of
-    the merge: each series is its own partial (count: ones summed; avg: sum / count)."""
-    if node.without:
-        # `without` drops the metric name too (the kernels group by the remaining labels).
-        labels = [{k: v for k, v in d.items() if k != "__name__"} for d in inner.labels]
-        inner = QueryResult(inner.result_type, labels, inner.offsets, inner.t_ms, inner.value,
-                            inner.warnings, inner.infos)
-    ones = QueryResult(inner.result_type, inner.labels, inner.offsets, inner.t_ms,
-                       np.ones_like(inner.value), inner.warnings, inner.infos)
-    param = float(node.param.value) if node.param is not None else None
-    recipe = MergeRecipe("aggregate", op=node.op, grouping=node.grouping or (), without=node.without, param=param)
-    if node.op == "count":
-        return merge([(None, ones)], replace(recipe, op="sum"), time_ms=time_ms)
-    if node.op == "avg":
-        return merge([("sum", inner), ("count", ones)], recipe, time_ms=time_ms)
-    return merge([(None, inner)], recipe, time_ms=time_ms)

@@ -1,13 +1,14 @@
 """One fetch (a backend call covering one or more units): shared with identical calls in
 flight (single-flight) or just finished (recent calls), announced so that requests needing
 one of its units wait for it, answered by its route's backends, cut back into its units and
-those stored."""
+those stored. Across processes sharing a Redis, units another process is fetching right now
+(it holds their fetch leases, `leases.py`) are awaited from Redis instead."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from ..backends.tenancy import scope as tenant_scope
@@ -16,12 +17,14 @@ from ..errors import PromError
 from ..hybrid import Router
 from ..metrics import METRICS
 from ..result import QueryResult
+from ..result.merge import concat
 from ..result.pieces import split_time
 from ..singleflight import SingleFlight
 from .ask import instant_of, query_call
 from .cache_write import CacheWriter
 from .hybrid_fetch import RouteAnswer
 from .landing import Landing
+from .leases import Leases
 from .units import Fetch, Unit
 from .values import CacheCtx, Pairs
 
@@ -36,11 +39,13 @@ def _retrieve(fut: asyncio.Future[QueryResult]) -> None:
 
 
 class Fetcher:
-    def __init__(self, landing: Landing, writer: CacheWriter, route_answer: RouteAnswer, cache_enabled: bool) -> None:
+    def __init__(self, landing: Landing, writer: CacheWriter, route_answer: RouteAnswer, cache_enabled: bool,
+                 leases: Leases | None = None) -> None:
         self.landing = landing
         self.writer = writer
         self.route_answer = route_answer
         self.cache_enabled = cache_enabled
+        self.leases = leases
         self.flight: SingleFlight[tuple[Any, ...], Any] = SingleFlight("backend")
 
     async def fetch(self, f: Fetch, extra: Pairs, timeout_s: float, ctx: CacheCtx | None,
@@ -60,10 +65,10 @@ class Fetcher:
                 self._store_fetch(f, unlanded, result, fetched_at, baselines)
             return result  # type: ignore[no-any-return]
         return await self.flight.do(  # type: ignore[no-any-return]
-            key, lambda: self._fetch_now(key, f, path, form, timeout_s, router)
+            key, lambda: self._fetch_now(key, f, extra, path, form, timeout_s, router)
         )
 
-    async def _fetch_now(self, key: tuple[Any, ...], f: Fetch, path: str, form: Pairs,
+    async def _fetch_now(self, key: tuple[Any, ...], f: Fetch, extra: Pairs, path: str, form: Pairs,
                          timeout_s: float, router: Router | None = None) -> QueryResult:
         # Announce the call's units, so that requests needing one of them wait for this call.
         loop = asyncio.get_running_loop()
@@ -74,7 +79,7 @@ class Fetcher:
                 fut.add_done_callback(_retrieve)
                 announced[u.key.digest] = self.landing.inflight[u.key.digest] = fut
         try:
-            result = await self._call(key, f, path, form, timeout_s, router)
+            result = await self._leased(key, f, extra, path, form, timeout_s, router)
         except BaseException as exc:
             for fut in announced.values():
                 if fut.done():
@@ -90,31 +95,100 @@ class Fetcher:
                     del self.landing.inflight[digest]
         return result
 
-    async def _call(self, key: tuple[Any, ...], f: Fetch, path: str, form: Pairs,
-                    timeout_s: float, router: Router | None = None) -> QueryResult:
-        storable = [u for u in f.units if u.storable] if self.cache_enabled else []
-        baselines = await self.writer.baselines(storable, timeout_s) if storable else {}
-        fetched_at = wall_ms()
-        if fetch_log.isEnabledFor(logging.DEBUG):
-            fetch_log.debug("fetch %s start_ms=%s end_ms=%s step_ms=%s time_ms=%s units=%d query=%s",
-                            path, f.start_ms, f.end_ms, f.step_ms, f.time_ms, len(f.units), f.query)
-        result = await self.route_answer.answer(f, path, form, timeout_s, router)
-        keyed = [u for u in f.units if u.key is not None]
-        parts = self.cut(f, keyed, result)
-        for u, part in zip(keyed, parts or ()):
+    async def _leased(self, key: tuple[Any, ...], f: Fetch, extra: Pairs, path: str, form: Pairs,
+                      timeout_s: float, router: Router | None) -> QueryResult:
+        """`f` under fetch leases: the units whose leases this process wins (or all, without
+        leases) are fetched here; those stored meanwhile are read; those another process
+        holds are awaited from Redis, or fetched here when that process stores nothing. The
+        answer is then the units' cells in time order (a range call's answer is the union of
+        its cells')."""
+        leases = self.leases
+        candidates = ([u for u in f.units if u.storable]
+                      if leases is not None and self.cache_enabled and not f.instants else [])
+        claim = await leases.acquire(candidates) if leases is not None and candidates else None
+        if leases is None or claim is None or len(claim.won) == len(candidates):
+            return (await self._call(key, f, path, form, timeout_s, router, claim.won if claim else ()))[0]
+        won, found = claim.won, claim.found
+        lost = [u for u in candidates if u.key is not None and u.key.digest not in won and u.key.digest not in found]
+        index = {id(u): i for i, u in enumerate(f.units)}
+        parts: dict[int, QueryResult] = {}
+        for u in candidates:
             assert u.key is not None
-            fut = self.landing.inflight.get(u.key.digest)
-            if fut is not None and not fut.done():
-                fut.set_result(part)
-        if parts is None:
-            raise PromError("internal", f"a range query answered with a {result.result_type}")
-        if storable and not result.warnings:
-            by_digest = {u.key.digest: part for u, part in zip(keyed, parts) if u.key is not None}
-            self.writer.keep(storable, [by_digest[u.key.digest] for u in storable if u.key is not None],
-                       fetched_at, baselines)
-            if len(storable) == len(f.units):
-                self.landing.remember_call(key, (result, fetched_at, baselines), fetched_at)
-        return result
+            cell = found.get(u.key.digest)
+            if cell is not None:
+                parts[index[id(u)]] = cell
+                self._resolve(u, cell)
+
+        async def fetch_here(units: Sequence[Unit], won: Collection[str]) -> None:
+            for sub in _runs(f, units):
+                sub_path, sub_form = query_call(sub.query, sub.span, extra)
+                _, cut = await self._call(None, sub, sub_path, sub_form, timeout_s, router, won)
+                for u, part in zip(sub.units, cut):
+                    parts[index[id(u)]] = part
+
+        async def wait_elsewhere() -> None:
+            landed, here = await leases.wait(lost, timeout_s)
+            for u in lost:
+                assert u.key is not None
+                cell = landed.get(u.key.digest)
+                if cell is not None:
+                    parts[index[id(u)]] = cell
+                    self._resolve(u, cell)
+            if here:
+                await fetch_here(here, ())
+
+        elsewhere = {id(u) for u in lost}
+        mine = [u for u in f.units if index[id(u)] not in parts and id(u) not in elsewhere]
+        try:
+            async with asyncio.TaskGroup() as tg:
+                if mine:
+                    tg.create_task(fetch_here(mine, won))
+                if lost:
+                    tg.create_task(wait_elsewhere())
+        except BaseExceptionGroup as group:
+            raise _leaf(group) from None
+        cells = [parts[i] for i in range(len(f.units))]
+        return cells[0] if len(cells) == 1 else concat(cells)
+
+    def _resolve(self, u: Unit, cell: QueryResult) -> None:
+        """Requests of this process waiting for unit `u` get `cell`."""
+        fut = self.landing.inflight.get(u.key.digest) if u.key is not None else None
+        if fut is not None and not fut.done():
+            fut.set_result(cell)
+
+    async def _call(self, key: tuple[Any, ...] | None, f: Fetch, path: str, form: Pairs, timeout_s: float,
+                    router: Router | None = None, won: Collection[str] = ()) -> tuple[QueryResult, list[QueryResult]]:
+        """One backend call for `f`: its answer and, for a part of a flight (`key` None: not
+        remembered as a recent call), the answer cut into each of `f`'s units (else into its
+        keyed units only). The leases of `won` are let go once their units are stored, at
+        once if they will not be."""
+        kept: set[str] = set()
+        try:
+            storable = [u for u in f.units if u.storable] if self.cache_enabled else []
+            baselines = await self.writer.baselines(storable, timeout_s) if storable else {}
+            fetched_at = wall_ms()
+            if fetch_log.isEnabledFor(logging.DEBUG):
+                fetch_log.debug("fetch %s start_ms=%s end_ms=%s step_ms=%s time_ms=%s units=%d query=%s",
+                                path, f.start_ms, f.end_ms, f.step_ms, f.time_ms, len(f.units), f.query)
+            result = await self.route_answer.answer(f, path, form, timeout_s, router)
+            units = f.units if key is None else [u for u in f.units if u.key is not None]
+            parts = self.cut(f, units, result)
+            if parts is None:
+                raise PromError("internal", f"a range query answered with a {result.result_type}")
+            for u, part in zip(units, parts):
+                fut = self.landing.inflight.get(u.key.digest) if u.key is not None else None
+                if fut is not None and not fut.done():
+                    fut.set_result(part)
+            if storable and not result.warnings:
+                by_digest = {u.key.digest: part for u, part in zip(units, parts) if u.key is not None}
+                kept = self.writer.keep(storable, [by_digest[u.key.digest] for u in storable if u.key is not None],
+                                        fetched_at, baselines, leased=won)
+                if key is not None and len(storable) == len(f.units):
+                    self.landing.remember_call(key, (result, fetched_at, baselines), fetched_at)
+            return result, parts
+        finally:
+            if won and self.leases is not None:
+                self.leases.release(d for d in won if d not in kept)
 
     @staticmethod
     def cut(f: Fetch, units: Sequence[Unit], result: QueryResult) -> list[QueryResult] | None:
@@ -137,3 +211,38 @@ class Fetcher:
         parts = self.cut(f, units, result)
         if parts is not None and not result.warnings:
             self.writer.keep(units, parts, fetched_at, baselines)
+
+
+def _runs(f: Fetch, units: Sequence[Unit]) -> list[Fetch]:
+    """`units` (some of `f`'s, in `f`'s order) as calls over their contiguous runs."""
+    if len(f.units) == 1 or not f.span.is_range:
+        return [f]
+    at = {id(u): i for i, u in enumerate(f.units)}
+    runs: list[list[Unit]] = []
+    for u in units:
+        if runs and at[id(runs[-1][-1])] == at[id(u)] - 1:
+            runs[-1].append(u)
+        else:
+            runs.append([u])
+    return [Fetch(f.query, f.role, f.shard_index, f.span.with_bounds(r[0].span.start_ms, r[-1].span.end_ms),
+                  tuple(r), f.route) for r in runs]
+
+
+def _leaf(group: BaseExceptionGroup[Any]) -> BaseException:
+    """The first exception of a task group's failure, unwrapped (a backend's verdict first)."""
+    leaves: list[BaseException] = []
+
+    def walk(g: BaseExceptionGroup[Any]) -> None:
+        for e in g.exceptions:
+            if isinstance(e, BaseExceptionGroup):
+                walk(e)
+            else:
+                leaves.append(e)
+
+    walk(group)
+    from .values import PieceFailed
+
+    for e in leaves:
+        if isinstance(e, PieceFailed):
+            return e
+    return leaves[0]

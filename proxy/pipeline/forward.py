@@ -1,4 +1,5 @@
-"""A query the planner left whole: its cached answer, or the backend's bytes relayed untouched."""
+"""A query the planner left whole: its cached answer, or the backend's bytes relayed untouched
+(or, when another process sharing the Redis holds its fetch lease, the answer it stores)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from ..backends.tenancy import scope as tenant_scope
 from ..cache import wall_ms
 from ..codec.json_encode import encode_prometheus_json
 from ..metrics import METRICS
+from ..result import QueryResult
 from ..singleflight import SingleFlight
 from .ask import Asker, needs_range_form
 from .cache_read import CacheReader
 from .cache_write import CacheWriter
 from .landing import Landing
+from .leases import Leases
 from .slots import SlotMaker
 from .stage import Stage
 from .units import Unit
@@ -46,7 +49,7 @@ class Forward:
 
     def __init__(self, backends: Mapping[str, Backend], primary: Backend, slots: SlotMaker, reader: CacheReader,
                  writer: CacheWriter, landing: Landing, flight: SingleFlight[tuple[Any, ...], Any], ask: Asker,
-                 next: Stage[Query, Answer]) -> None:
+                 next: Stage[Query, Answer], leases: Leases | None = None) -> None:
         self.by_name = backends
         self.primary = primary
         self.slots = slots
@@ -56,6 +59,7 @@ class Forward:
         self.flight = flight
         self.ask = ask
         self.next = next
+        self.leases = leases
 
     async def __call__(self, q: Query) -> Answer:
         if not forwards_whole(q):
@@ -72,15 +76,47 @@ class Forward:
         unit = slots[0].unit if slots and slots[0].unit.storable else None
         tenant = ctx.tenant if ctx is not None else tenant_scope()
         key = ("whole", q.path, tuple(q.pairs), tenant, backend.name)
-        reply: BackendReply | None = self.landing.recent_call(key) if unit is not None else None
+        reply: BackendReply | QueryResult | None = self.landing.recent_call(key) if unit is not None else None
         if reply is not None:
             METRICS.coalesced.labels("recent").inc()
         else:
-            reply = await self.flight.do(key, lambda: self._forward(key, q, unit, backend))
+            reply = await self.flight.do(key, lambda: self._leased(key, q, unit, backend))
         status = self.reader.count(slots)
-        return Answer(reply=reply, headers={"X-Promaccel-Pieces": "1", "X-Cache": status})
+        headers = {"X-Promaccel-Pieces": "1", "X-Cache": status}
+        if isinstance(reply, QueryResult):  # stored by another process meanwhile
+            return Answer(result=reply, headers=headers)
+        return Answer(reply=reply, headers=headers)
 
-    async def _forward(self, key: tuple[Any, ...], q: Query, unit: Unit | None, backend: Backend) -> BackendReply:
+    async def _leased(self, key: tuple[Any, ...], q: Query, unit: Unit | None,
+                      backend: Backend) -> BackendReply | QueryResult:
+        """The answer of another process sharing the Redis when it holds the unit's fetch
+        lease (or just stored it), else the backend's (`leases.py`)."""
+        leases = self.leases
+        if unit is None or unit.key is None or leases is None:
+            return await self._forward(key, q, unit, backend)
+        claim = await leases.acquire([unit])
+        won: set[str] = set()
+        if claim is not None:
+            cell = claim.found.get(unit.key.digest)
+            if cell is None and not claim.won:
+                landed, _ = await leases.wait([unit], q.timeout_s)
+                cell = landed.get(unit.key.digest)
+            if cell is not None:
+                return cell
+            won = claim.won
+        return await self._forward(key, q, unit, backend, won)
+
+    async def _forward(self, key: tuple[Any, ...], q: Query, unit: Unit | None, backend: Backend,
+                       won: set[str] | None = None) -> BackendReply:
+        kept: set[str] = set()
+        try:
+            return await self._forward_now(key, q, unit, backend, won or set(), kept)
+        finally:
+            if won and self.leases is not None:
+                self.leases.release(won - kept)
+
+    async def _forward_now(self, key: tuple[Any, ...], q: Query, unit: Unit | None, backend: Backend,
+                           won: set[str], kept: set[str]) -> BackendReply:
         baselines = await self.writer.baselines([unit], q.timeout_s) if unit is not None else {}
         fetched_at = wall_ms()
         fetch_log.debug("fetch %s whole from %s", q.path, backend.name)
@@ -95,5 +131,5 @@ class Forward:
         if unit is not None and reply.ok:
             self.landing.remember_call(key, reply, fetched_at)
             if result is not None:
-                self.writer.keep_whole(result, unit, fetched_at, baselines)
+                kept |= self.writer.keep_whole(result, unit, fetched_at, baselines, leased=won)
         return reply

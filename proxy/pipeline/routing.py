@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from shardplanner.analysis import absent_like, edge_ms, pinned_at
+from shardplanner.holdings import BackendHolding
 from shardplanner.plan import Plan, QueryRequest
 from shardplanner.routing import Route as PieceRoute
 
@@ -18,11 +19,14 @@ from .stage import Stage
 from .values import UNMERGEABLE_PARAMS, Answer, Query
 
 
-def router_for(backends: Sequence[Backend], req: QueryRequest, plan: Plan) -> Router:
-    """Per-request routing state, over the plan's pinned tree (the query text if unparsed)."""
+def router_for(backends: Sequence[Backend], req: QueryRequest, plan: Plan,
+               extra: Sequence[BackendHolding] = ()) -> Router:
+    """Per-request routing state, over the plan's pinned tree (the query text if unparsed);
+    `extra`: holdings added for this request (names no store has, see CrossStore)."""
     query = plan.expr if plan.expr is not None else req.query
-    router = Router(holdings_of(backends, wall_ms()), query, req.lookback_ms,
+    router = Router([*holdings_of(backends, wall_ms()), *extra], query, req.lookback_ms,
                     {b.name: b.cfg.ident for b in backends})
+    router.extra = tuple(extra)
     router.by_piece = plan.merge.combine_time
     router.edge_ms = edge_ms(plan.expr, req.lookback_ms)
     return router

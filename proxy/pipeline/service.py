@@ -20,10 +20,10 @@ from ..cache.revalidate import Revalidator
 from ..config import Config
 from ..errors import PromError
 from ..hybrid import Router
-from .budget import Admit
-from .crossstore import Op, Step, Sub, operator_text, piece_count, subqueries
+from .crossstore import Op, Step, Sub, operator_text, piece_count, subqueries, tree_backends, uncovered
 from .path import Parts, build
 from .routing import check_mergeable, goes_cross_store, router_for, whole_route
+from .stage import Stage
 from .units import coalesce_units
 from .values import ARROW_STREAM, Answer, Pairs, Query
 
@@ -45,10 +45,11 @@ class QueryService:
         self._ready_cache: dict[str, tuple[float, bool]] = {}
         self.root: QueryService = shared.root if shared is not None else self
         self.children: list[QueryService] = []
-        self.run: Admit
+        self.run: Stage[Query, Answer]
         self.parts: Parts
         self.run, self.parts = build(config, backends, self.store,
-                                     self.root.run.admission if shared is not None else None)
+                                     self.root.parts.admission if shared is not None else None,
+                                     self.root.parts.answers if shared is not None else None)
         if shared is not None:
             self.root.children.append(self)
 
@@ -83,6 +84,7 @@ class QueryService:
             await self.revalidator.aclose()
         self.parts.fetcher.flight.cancel_all()
         await self.parts.writer.aclose()
+        await self.parts.leases.aclose()
         if self._store is not None:  # the root's only
             await self._store.aclose()
 
@@ -163,7 +165,7 @@ class QueryService:
         described: dict[int, dict[str, Any]] = {}
         for sub in subs:
             sub_q = replace(q, req=sub.req, plan=sub.plan, whole=None)
-            sub_router = router_for(self.backends, sub.req, sub.plan)
+            sub_router = router_for(self.backends, sub.req, sub.plan, sub.extra)
             d = explain_plan(sub.plan)
             info = {"query": sub.req.query, "route": _route_data(sub.route),
                     **{k: d[k] for k in ("type", "time_ms", "sharded", "time_split", "merge", "piece_count", "pieces")}}
@@ -175,7 +177,7 @@ class QueryService:
                               "subquery in cross_store runs where its data is, promaccel evaluates the operators "
                               "above them"]
             route.update(kind="cross_store", reason=None, parts=[],
-                         backends=list(dict.fromkeys(b for s in subs for b in s.route.backends)))
+                         backends=tree_backends(tree))
         data.update(pieces=[], piece_count=piece_count(tree), time_pieces=[], shards=[], sharded=False,
                     time_split=False, cross_store=_tree_data(tree, described),
                     fetches=sum(d["fetches"] for d in described.values()))
@@ -269,6 +271,15 @@ def _tree_data(step: Step, described: dict[int, dict[str, Any]]) -> dict[str, An
     if isinstance(step, Sub):
         return {"subquery": described[id(step)]}
     if isinstance(step, Op):
-        return {"evaluate": operator_text(step), "kind": step.kind, "by": "promaccel",
-                "args": [_tree_data(a, described) for a in step.args]}
+        span = step.req.span
+        out: dict[str, Any] = {"evaluate": operator_text(step), "kind": step.kind, "by": "promaccel",
+                               "steps": [span.start_ms, span.end_ms] if span.is_range else [span.start_ms],
+                               "args": [_tree_data(a, described) for a in step.args]}
+        if step.kind == "window":
+            # Where the window's raw samples come from; time nobody holds is not read.
+            out["reads"] = [{"backend": b, "from_ms": a, "to_ms": z} for b, a, z in step.reads]
+            out["uncovered"] = [{"from_ms": a, "to_ms": z} for a, z in uncovered(step)]
+        return out
+    if isinstance(step, str):
+        return {"string": step}
     return {"number": step}

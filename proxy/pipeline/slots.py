@@ -9,6 +9,7 @@ from shardplanner.plan import Piece, Plan, Span
 
 from ..cache import CacheKey, ttl_for
 from ..config import Config
+from ..errors import PromError
 from ..hybrid import Router
 from .units import Slot, Unit, bare_unit, cell_of
 from .values import CacheCtx
@@ -62,7 +63,13 @@ class SlotMaker:
             if cell is None or cell == span:
                 slots.append(Slot(p, exact, (exact.key,) if exact.storable and exact.key else ()))
                 continue
-            whole = self.unit(p, cell, ctx, router)
+            try:
+                whole = self.unit(p, cell, ctx, router)
+            except PromError:
+                # The piece's own steps have a home, its whole cell's do not (a cross-store
+                # stretch of steps that ends inside the cell): cached as itself.
+                slots.append(Slot(p, exact, (exact.key,) if exact.storable and exact.key else ()))
+                continue
             keys = tuple(u.key for u in (whole, exact) if u.storable and u.key)
             old = whole.footprint is not None and whole.footprint.end_ms <= ctx.now_ms - cc.max_freshness
             # Never extend past what one backend call may ask for (Prometheus: 11,000 steps).

@@ -137,7 +137,18 @@ def _serve(backend: faulty.FaultyBackend, tmp_path: Path, extra: str = "", limit
     cfg = tmp_path / "promaccel.yaml"
     cfg.write_text(f"cache:\n  enabled: false\nbackends:\n  - name: default\n    url: {backend.url}\n{extra}"
                    + (f"limits:\n{limits}" if limits else ""))
-    return Promaccel.start(None, ("--config", str(cfg), "--split-interval", "none"), tmp_path)
+    server = Promaccel.start(None, ("--config", str(cfg), "--split-interval", "none"), tmp_path)
+    # The planner discovers shard-label values on a first query (kept 5 min): done now, healthy,
+    # so that each query below makes exactly its own backend call.
+    was = (backend.fault, backend.first)
+    backend.set(None)
+    assert httpx.post(server.url + "/api/v1/query", data=_form_warm(), timeout=60).status_code == 200
+    backend.set(*was)
+    return server
+
+
+def _form_warm() -> dict[str, str]:
+    return {"query": "vector(1)", "time": "1793480000"}
 
 
 def _form(prom: Any, i: int) -> dict[str, str]:

@@ -28,7 +28,7 @@ import pytest
 from botocore.credentials import Credentials
 
 from loadtests.amp_endpoint import TEST_ACCESS_KEY, TEST_SECRET_KEY
-from loadtests.compare import diff_answers, values_close
+from loadtests.compare import DATA, diff_answers, values_close
 from proxy.backends.sigv4 import CredentialSource, SigV4Signer
 from proxy.config import build_config
 from shardplanner.routing import route_piece
@@ -66,19 +66,6 @@ NO_BACKEND = "a metric no backend names"
 # a case must answer that 422 (strict: once promaccel answers it, the test fails until the
 # entry is removed); everywhere else, and for every case not listed, Prometheus's answer.
 KNOWN_LIMITS: dict[tuple[str, str, str], str] = {
-    # by_time: [T, T+30m] held twice; a window reading across it from either side has no holder
-    ("by_time", "energy_increase", "range"): STRADDLE,  # increase(...[1h])
-    ("by_time", "energy_increase", "instant"): STRADDLE,
-    ("by_time", "subquery_step", "range"): STRADDLE,  # [30m:1m]
-    ("by_time", "subquery_nested", "range"): STRADDLE,  # [10m:1m] inside [30m:5m]
-    # by_metric: a metric neither backend's holdings name (absent() of it is 1 in Prometheus)
-    ("by_metric", "absent_missing", "range"): NO_BACKEND,
-    ("by_metric", "absent_missing", "instant"): NO_BACKEND,
-    ("by_metric", "absent_over_time", "range"): NO_BACKEND,
-    ("by_metric", "absent_over_time", "instant"): NO_BACKEND,
-    # a name regex: no plain metric name, so only a "*" holding could answer it
-    ("by_metric", "name_regex", "range"): NO_BACKEND,
-    ("by_metric", "name_regex", "instant"): NO_BACKEND,
 }
 
 # Range windows: the long one crosses both outages (overlap) and the whole fleet (by_metric);
@@ -89,6 +76,7 @@ RANGES: dict[str, list[dict[str, str]]] = {
     "by_time": [NEAR_T],  # crosses T and T+30m at an odd step
     "by_metric": [LONG],
     "overlap": [LONG],  # LONG crosses both outages
+    "both": [NEAR_T],
 }
 INSTANTS: dict[str, list[int]] = {
     # both (T+5m..T+30m); local only (amp only: the range's first part)
@@ -96,6 +84,7 @@ INSTANTS: dict[str, list[int]] = {
     "by_metric": [T + 11],  # routing by metric does not depend on time
     # inside local's outage; inside amp's outage
     "overlap": [(LOCAL_OUTAGE[0] + LOCAL_OUTAGE[1]) // 2 + 11, (AMP_OUTAGE[0] + AMP_OUTAGE[1]) // 2 + 11],
+    "both": [T + 10 * MIN + 11, BY_TIME_AMP_UNTIL + 15 * MIN + 3],
 }
 
 _reference: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, bytes]] = {}
@@ -184,16 +173,15 @@ def test_slice_holds_exactly_its_part(prom: Any, hybrid_slices: dict[tuple[str, 
     server = hybrid_slices[spec.key]
     ref_names = _names(prom.url)
     assert len(ref_names) >= 15 and "up" in ref_names and "DCGM_FI_DEV_GPU_UTIL" in ref_names
-    keep = spec.select.keep()
-    held_names = [n for n in ref_names if keep is None or keep(n)]
-    assert sorted(_names(server.url)) == sorted(held_names)
-    windows = spec.select.windows or ((START, END),)
+    held = {n: w for n in ref_names if (w := _held_windows(spec.select, n))}
+    assert sorted(_names(server.url)) == sorted(held)
     total_ref = total_slice = 0
     for name in ref_names:
         whole = _count(server.url, name, START - HOUR, END + HOUR)
-        if name not in held_names:
+        if name not in held:
             assert whole == 0, name
             continue
+        windows = held[name]
         parts = [(_count(prom.url, name, a, b), _count(server.url, name, a, b)) for a, b in windows]
         for (want, got), w in zip(parts, windows):
             assert got == want, (name, w)
@@ -202,6 +190,16 @@ def test_slice_holds_exactly_its_part(prom: Any, hybrid_slices: dict[tuple[str, 
         total_ref += sum(want for want, _ in parts)
         total_slice += whole
     assert total_slice == total_ref == server.manifest["samples"] > 0
+
+
+def _held_windows(select: Any, name: str) -> list[tuple[int, int]]:
+    """The [from, to) windows in which a slice holds metric `name` (none: not at all)."""
+    if select.union:
+        return [w for u in select.union for w in _held_windows(u, name)]
+    keep = select.keep()
+    if keep is not None and not keep(name):
+        return []
+    return list(select.windows or ((START, END),))
 
 
 def test_slices_partition_and_overlap_as_designed(prom: Any, hybrid_slices: dict[tuple[str, str], SliceServer]) -> None:
@@ -219,6 +217,10 @@ def test_slices_partition_and_overlap_as_designed(prom: Any, hybrid_slices: dict
     assert _count(amp, gpu, *AMP_OUTAGE) == 0 < _count(loc, gpu, *AMP_OUTAGE) == _count(prom.url, gpu, *AMP_OUTAGE)
     assert AMP_OUTAGE[0] - LOCAL_OUTAGE[1] >= 75 * MIN and LOCAL_OUTAGE[0] >= OVERLAP_SINCE + 10 * MIN
     assert m[("overlap", "amp")] < ref_total
+    # both: everything, with DCGM_* in [T, T+30m] held twice
+    dcgm = [n for n in _names(prom.url) if n.startswith("DCGM_")]
+    twice = sum(_count(prom.url, n, T, BY_TIME_AMP_UNTIL + 1) for n in dcgm)
+    assert twice > 0 and m[("both", "amp")] + m[("both", "local")] == ref_total + twice
 
 
 def _signed_post(url: str, params: dict[str, str]) -> httpx.Response:
@@ -325,6 +327,41 @@ def test_join_reference_answers_are_not_empty(prom: Any) -> None:
     for name, q in JOINS.items():
         status, body = reference(prom.url, "/api/v1/query_range", {"query": q, **LONG})
         assert status == 200 and body["data"]["result"], name
+
+
+# --- 3b. windows that straddle the stores at every step ---------------------------------------
+
+# [T+35m, T+2h]: a 3 h window ends after amp stops (T+30m) and starts before local starts (T),
+# so no step of these panels is held by one store: every step is evaluated by promaccel from
+# both stores' raw samples (or, for a subquery, from its inner expression on its own grid).
+EVERY_STEP = {"start": str(BY_TIME_AMP_UNTIL + 5 * MIN + 7), "end": str(T + 2 * HOUR), "step": "53"}
+STRADDLING = {
+    "increase_3h": "sum by (Hostname) (increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[3h]))",
+    "rate_3h_offset": "rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{gpu=\"0\"}[3h] offset 5m)",
+    "avg_over_time_3h": "avg_over_time(DCGM_FI_DEV_GPU_UTIL{gpu=\"1\"}[3h])",
+    "quantile_over_time_3h": "quantile_over_time(0.9, DCGM_FI_DEV_GPU_TEMP{gpu=\"2\"}[3h])",
+    "changes_resets_3h": "changes(DCGM_FI_DEV_GPU_UTIL{gpu=\"3\"}[3h]) + resets(DCGM_FI_DEV_XID_ERRORS[3h])",
+    "deriv_3h": "deriv(DCGM_FI_DEV_GPU_TEMP{gpu=\"0\"}[3h])",
+    "subquery_3h": "max_over_time(avg(DCGM_FI_DEV_GPU_UTIL)[3h:2m])",
+    "absent_over_time_3h": "absent_over_time(DCGM_FI_DEV_GPU_UTIL{gpu=\"9\"}[3h])",
+    "join_3h": "sum(increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[3h])) / sum(avg_over_time(node_load1[3h]))",
+}
+
+
+@pytest.mark.parametrize("scenario", ["by_time", "both"])
+@pytest.mark.parametrize("name", sorted(STRADDLING))
+def test_windows_straddling_at_every_step(prom: Any, hybrid: dict[str, Scenario], scenario: str, name: str) -> None:
+    sc = hybrid[scenario]
+    query = STRADDLING[name]
+    assert route_kind(sc, query, {**EVERY_STEP, "query": query}) == "unroutable"
+    for params in ({"query": query, **EVERY_STEP}, {"query": query, "time": str(T + 100 * MIN + 11)}):
+        path = "/api/v1/query_range" if "step" in params else "/api/v1/query"
+        status, direct = reference(prom.url, path, params)
+        for _ in ("cold", "warm"):
+            r = httpx.post(sc.proxy.url + path, data=params, timeout=TIMEOUT)
+            problems = compare_case("hybrid", name, query, path, status, direct, r.status_code,
+                                    orjson.loads(r.content), expect=DATA)
+            assert problems == [], (scenario, name, path, problems[:5], r.text[:300])
 
 
 # --- 4. faults ----------------------------------------------------------------------------

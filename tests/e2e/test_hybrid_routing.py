@@ -13,6 +13,7 @@ import httpx
 import orjson
 import pytest
 
+from loadtests.compare import DATA, EMPTY, Expect, diff_answers
 from tests.corpus import QUERIES
 from tests.equivalence import compare_case, metadata_problems
 from tests.servers import Promaccel
@@ -79,11 +80,27 @@ def by_metric(prom: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
     proxy.stop()
 
 
-def _check(prom_url: str, proxy_url: str, path: str, params: dict[str, str], name: str) -> None:
+@pytest.fixture(scope="module")
+def by_metric_narrow(prom: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Promaccel]:
+    proxy = _start(prom, tmp_path_factory, "by_metric_narrow", f"""
+  - name: amp
+    url: {prom.url}
+    holds: {{metrics: ["DCGM_.*"]}}
+  - name: local
+    url: {prom.url}
+    holds: {{metrics: ["node_.*", "up"]}}
+""")
+    yield proxy
+    proxy.stop()
+
+
+def _check(prom_url: str, proxy_url: str, path: str, params: dict[str, str], name: str,
+           expect: Expect | None = None) -> None:
     direct = httpx.post(prom_url + path, data=params, timeout=120)
     proxied = httpx.post(proxy_url + path, data=params, timeout=120)
     problems = compare_case("hybrid_routing", name, params["query"], path, direct.status_code,
-                            orjson.loads(direct.content), proxied.status_code, orjson.loads(proxied.content))
+                            orjson.loads(direct.content), proxied.status_code, orjson.loads(proxied.content),
+                            expect=expect)
     assert problems == [], (name, params, problems[:5], proxied.text[:300] if problems else "")
 
 
@@ -131,15 +148,26 @@ def test_split_in_time_goes_to_the_holder(prom: Any, by_time: tuple[Promaccel, i
     assert [p[2] for p in explain["route"]["parts"]] == [["old"], ["old", "new"], ["new"]]
 
 
-def test_window_no_backend_holds_is_a_clear_422(prom: Any, by_time: tuple[Promaccel, int]) -> None:
+def test_window_straddling_the_stores_equals_direct(prom: Any, by_time: tuple[Promaccel, int]) -> None:
+    """A 2h window ending at t + 100m starts before new's data and ends after old's: no store
+    holds it, each holds a part; promaccel gathers the raw samples and evaluates it."""
     proxy, t = by_time
-    # A 2h window ending at t + 100m starts before new's data and ends after old's.
-    r = httpx.post(proxy.url + "/api/v1/query", data={
-        "query": "sum(increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[2h]))", "time": str(t + 6000)}, timeout=60)
-    assert r.status_code == 422, r.text
-    body = r.json()
-    assert body["errorType"] == "execution" and "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" in body["error"]
-    assert "old" in body["error"] and "new" in body["error"]
+    query = "sum(increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[2h]))"
+    _check(prom.url, proxy.url, "/api/v1/query", {"query": query, "time": str(t + 6000)}, "straddle_2h")
+    _check(prom.url, proxy.url, "/api/v1/query_range",
+           {"query": query, "start": str(t - 1800 + 7), "end": str(t + 9000), "step": "47"}, "straddle_2h")
+    explain = httpx.post(proxy.url + "/api/v1/explain", data={"query": query, "time": str(t + 6000)},
+                         timeout=60).json()["data"]
+    assert explain["route"]["kind"] == "cross_store"
+    window = explain["cross_store"]["args"][0]
+    assert window["kind"] == "window", explain["cross_store"]
+    assert [r["backend"] for r in window["reads"]][:1] == ["old"] and window["reads"][-1]["backend"] == "new"
+    # The window's raw chunks are cached: the same panel again asks no backend.
+    form = {"query": query, "time": str(t + 6000)}
+    first = httpx.post(proxy.url + "/api/v1/query", data=form, timeout=60)
+    again = httpx.post(proxy.url + "/api/v1/query", data=form, timeout=60)
+    assert again.headers["X-Promaccel-Backend-Calls"] == "0", dict(again.headers)
+    assert diff_answers(first.json(), again.json()) == []
 
 
 @pytest.mark.parametrize("name", sorted(set(SAMPLE) & set(QUERIES)))
@@ -181,8 +209,19 @@ def test_cross_store_joins_equal_direct(prom: Any, by_metric: Promaccel, query: 
     _check(prom.url, by_metric.url, "/api/v1/query", {"query": query, "time": str(end - HOUR)}, query)
 
 
+def test_cross_store_functions_equal_direct(prom: Any, by_metric: Promaccel) -> None:
+    """Functions and aggregations above a join of the two stores are evaluated by promaccel."""
+    for q in ("quantile(0.9, DCGM_FI_DEV_GPU_UTIL * on(Hostname) group_left() "
+              "label_replace(up, \"Hostname\", \"$1\", \"instance\", \"(.*):\\\\d+\"))",
+              "round(sum(DCGM_FI_DEV_POWER_USAGE) / sum(node_load1), 0.01)",
+              "sort_desc(clamp_max(avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL) * 0 + on() group_left() "
+              "scalar(sum(node_load1)), 1e3))"):
+        _check(prom.url, by_metric.url, "/api/v1/query", {"query": q, "time": str(prom.end_s - 60)}, "functions")
+
+
 def test_cross_store_unsupported_is_a_clear_422(prom: Any, by_metric: Promaccel) -> None:
-    q = "quantile(0.9, DCGM_FI_DEV_GPU_UTIL * on(Hostname) group_left() label_replace(up, \"Hostname\", \"$1\", \"instance\", \"(.*)\"))"
+    """A range function whose parameter is computed from the other store: a 422."""
+    q = "quantile_over_time(scalar(avg(DCGM_FI_DEV_GPU_UTIL)) / 100, node_load1[5m])"
     r = httpx.post(by_metric.url + "/api/v1/query", data={"query": q, "time": str(prom.end_s - 60)}, timeout=60)
     assert r.status_code == 422, r.text
     body = r.json()
@@ -190,11 +229,44 @@ def test_cross_store_unsupported_is_a_clear_422(prom: Any, by_metric: Promaccel)
     assert "DCGM_FI_DEV_GPU_UTIL" in body["error"] and "amp" in body["error"] and "local" in body["error"]
 
 
-def test_unheld_metric_is_a_clear_422(prom: Any, by_metric: Promaccel) -> None:
-    r = httpx.post(by_metric.url + "/api/v1/query", data={"query": "nothing_holds_this", "time": str(prom.end_s)},
-                   timeout=60)
+def test_straddling_window_samples_are_bounded(prom: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """limits.max_window_samples bounds the raw samples one query gathers: over it, a 422."""
+    t = prom.end_s - 3 * HOUR
+    t -= t % HOUR
+    proxy = _start(prom, tmp_path_factory, "bounded", f"""
+  - name: old
+    url: {prom.url}
+    holds: {{until: "{_iso(t + 1800)}"}}
+  - name: new
+    url: {prom.url}
+    holds: {{since: "{_iso(t)}"}}
+""", "limits: {max_window_samples: 1000}")
+    try:
+        form = {"query": "sum(increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[2h]))", "time": str(t + 6000)}
+        r = httpx.post(proxy.url + "/api/v1/query", data=form, timeout=60)
+        assert r.status_code == 422, r.text
+        assert "limits.max_window_samples" in r.json()["error"]
+        small = {"query": 'increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{Hostname="gpu-node-0000", gpu="0"}[2h])',
+                 "time": str(t + 6000)}
+        _check(prom.url, proxy.url, "/api/v1/query", small, "bounded_small")
+    finally:
+        proxy.stop()
+
+
+def test_metric_no_store_has_is_empty_as_in_prometheus(prom: Any, by_metric: Promaccel) -> None:
+    """No holding names it and no store lists it: it exists nowhere, as in Prometheus."""
+    for query, expect in (("nothing_holds_this", EMPTY), ("absent(nothing_holds_this)", DATA),
+                          ("sum(DCGM_FI_DEV_GPU_UTIL) + count(nothing_holds_this)", EMPTY)):
+        _check(prom.url, by_metric.url, "/api/v1/query", {"query": query, "time": str(prom.end_s)}, "nowhere",
+               expect)
+
+
+def test_metric_a_store_has_but_no_holding_names_is_a_clear_422(prom: Any, by_metric_narrow: Promaccel) -> None:
+    """A store has it but the holdings do not say who holds it: a configuration gap."""
+    r = httpx.post(by_metric_narrow.url + "/api/v1/query", data={
+        "query": "sum(kube_node_status_allocatable)", "time": str(prom.end_s)}, timeout=60)
     assert r.status_code == 422, r.text
-    assert "nothing_holds_this" in r.json()["error"]
+    assert "kube_node_status_allocatable" in r.json()["error"]
 
 
 METADATA_CALLS = [

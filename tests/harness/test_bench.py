@@ -364,13 +364,17 @@ def test_workers_summary_and_rendering() -> None:
                                   "backend_requests": calls, "promaccel_cpu_s": wall / 2, "failures": 0}
     s = {"name": "workers", "users": 50, "window": "1h", "slide_s": 30.0, "workers": [1, 2],
          "runs": [{"workers": 1, "peak_rss": 2**28, "rounds": [rnd(0, 3.0, 28), rnd(1, 2.0, 0), rnd(2, 1.0, 0)]},
-                  {"workers": 2, "peak_rss": 2**29, "rounds": [rnd(0, 2.5, 56), rnd(1, 1.0, 0), rnd(2, 0.5, 1)]}]}
+                  {"workers": 2, "peak_rss": 2**29, "rounds": [rnd(0, 2.5, 56), rnd(1, 1.0, 0), rnd(2, 0.5, 1)]},
+                  {"workers": 1, "processes": 2, "peak_rss": 2**29,
+                   "rounds": [rnd(0, 2.0, 28), rnd(1, 1.0, 0), rnd(2, 1.0, 0)]}]}
     summ = report.workers_summary(s)
-    assert summ[1]["warm_wall_s"] == 1.5 and summ[2]["warm_wall_s"] == 0.75
-    assert summ[1]["cold_backend_requests"] == 28 and summ[2]["warm_backend_requests"] == 1
-    assert summ[1]["cold_wall_s"] == 3.0 and summ[2]["peak_rss"] == 2**29
+    assert list(summ) == ["1 process", "2 workers", "2 processes"]
+    assert summ["1 process"]["warm_wall_s"] == 1.5 and summ["2 workers"]["warm_wall_s"] == 0.75
+    assert summ["1 process"]["cold_backend_requests"] == 28 and summ["2 workers"]["warm_backend_requests"] == 1
+    assert summ["1 process"]["cold_wall_s"] == 3.0 and summ["2 workers"]["peak_rss"] == 2**29
     md = "\n".join(report._render_workers(s))
-    assert "**0.500x**" in md and "56 vs 28" in md
+    assert "2 workers vs 1 process: warm round **0.500x**" in md and "56 vs 28 (**2.000x**)" in md
+    assert "2 processes vs 1 process: warm round **0.667x**" in md and "28 vs 28 (**1.000x**)" in md
 
 
 def test_render_markdown_starts_with_the_command_and_machine() -> None:

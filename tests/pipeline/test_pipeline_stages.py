@@ -240,11 +240,13 @@ def test_coalesce_groups_contiguous_pieces_and_serves_landed_ones() -> None:
     slots = SlotMaker(cfg, planner.settings.split_interval_ms).slots(q.plan, None)
     landing = Landing()
 
-    def answer(calls: Calls) -> tuple[list[QueryResult], list[QueryResult]]:
+    def answer(calls: Calls) -> tuple[list[Any], list[QueryResult]]:
         out = []
-        for f in calls.fetches:
-            assert f.start_ms is not None and f.end_ms is not None
-            out.append(QueryResult.from_series("matrix", [series({f.start_ms: 1.0, f.end_ms: 2.0}, job="a")]))
+        for i, f in enumerate(calls.fetches):
+            assert f.start_ms is not None and f.end_ms is not None and calls.settle is not None
+            # As FanOut does: each answer settled (cut to its pieces) as it arrives.
+            out.append(calls.settle(i, QueryResult.from_series("matrix", [series({f.start_ms: 1.0, f.end_ms: 2.0},
+                                                                                 job="a")])))
         return out, []
 
     rec = Recorder(answer)
@@ -335,8 +337,8 @@ def test_route_sends_a_join_across_stores_to_cross_store_which_evaluates_above_t
     assert answer.result is not None and answer.result.to_pylist() == [({}, [T0], [5.0])]
     assert answer.headers["X-Promaccel-Pieces"] == "2"
     # What promaccel cannot evaluate above the stores is a 422 naming them, never a guess.
-    q2 = Query(req=QueryRequest.instant("histogram_quantile(0.9, DCGM_FI_DEV_GPU_UTIL / node_load1)", T0),
-               pairs=[], path="/api/v1/query", timeout_s=5)
+    q2 = Query(req=QueryRequest.instant("quantile_over_time(scalar(sum(DCGM_FI_DEV_GPU_UTIL)), node_load1[5m])",
+                                        T0), pairs=[], path="/api/v1/query", timeout_s=5)
     q2 = replace(q2, plan=run(planner.plan(q2.req)))
     with pytest.raises(PromError) as err:
         run(Route(backends, planned, cross)(q2))

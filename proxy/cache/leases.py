@@ -1,0 +1,114 @@
+"""Fetch leases in Redis: of all the promaccel processes sharing a Redis, one fetches a piece
+that is missing from the cache and the others wait for it to land.
+
+`promaccel:v1:lease:<key digest>` holds its owner's token, set with NX and a short PX, renewed
+while the owner fetches and stores the piece, and deleted by the owner (only while the token
+is still its own) once the piece is stored or will not be. Every call is guarded like the
+store's others (deadline in loop idle time, circuit breaker, `promaccel_cache_errors_total
+{op="lease"}`): a failure answers None, and the caller fetches by itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .keys import KEY_PREFIX, CacheKey
+
+if TYPE_CHECKING:
+    from .redis_store import RedisStore
+
+__all__ = ["LEASE_PREFIX", "RedisLeases"]
+
+LEASE_PREFIX = f"{KEY_PREFIX}:lease:"
+
+# Delete / extend a lease only while it still holds the caller's token: a lease that expired
+# and was taken by another process is theirs.
+_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+_RENEW = ("if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end "
+          "return 0")
+
+
+def lease_key(digest: str) -> str:
+    return LEASE_PREFIX + digest
+
+
+class RedisLeases:
+    """The lease commands of one RedisStore (its client, deadlines and breaker)."""
+
+    def __init__(self, store: RedisStore) -> None:
+        self.store = store
+
+    def _pipe(self, atomic: bool = False) -> Any:
+        # One server: a transaction, so that two processes asking for the same pieces at
+        # once get all of them each way, never half; a cluster spreads the keys over nodes.
+        return self.store._client.pipeline(transaction=atomic and not self.store.cluster)
+
+    async def acquire(self, keys: Sequence[CacheKey], tokens: Sequence[str],
+                      ttl_ms: int) -> tuple[list[bool], list[bytes | None]] | None:
+        """SET NX PX each piece's lease, then read the pieces, in one round trip: True where
+        the caller now holds the lease, and the pieces already stored (payloads of sound
+        frames; one that landed since the caller's lookup needs no fetch); None if Redis
+        failed."""
+
+        async def go() -> tuple[list[bool], list[bytes | None]]:
+            gen = await self.store._current_generation()
+            skeys = [k.redis_key(gen) for k in keys]
+            pipe = self._pipe(atomic=True)
+            for k, t in zip(keys, tokens):
+                pipe.set(lease_key(k.digest), t, nx=True, px=ttl_ms)
+            for skey in skeys:
+                pipe.get(skey)
+            replies = await pipe.execute()
+            payloads, _ = self.store._verify(keys, skeys, replies[len(keys):])
+            return [bool(r) for r in replies[:len(keys)]], payloads
+
+        return await self._guarded(go)
+
+    async def renew(self, digests: Sequence[str], tokens: Sequence[str], ttl_ms: int) -> list[bool] | None:
+        """Extend the leases still held with these tokens: False where one is no longer ours."""
+
+        async def go() -> list[bool]:
+            pipe = self._pipe()
+            for d, t in zip(digests, tokens):
+                pipe.eval(_RENEW, 1, lease_key(d), t, ttl_ms)
+            return [bool(r) for r in await pipe.execute()]
+
+        return await self._guarded(go)
+
+    async def release(self, digests: Sequence[str], tokens: Sequence[str]) -> bool:
+        async def go() -> bool:
+            pipe = self._pipe()
+            for d, t in zip(digests, tokens):
+                pipe.eval(_RELEASE, 1, lease_key(d), t)
+            await pipe.execute()
+            return True
+
+        return await self._guarded(go) is not None
+
+    async def poll(self, keys: Sequence[CacheKey]) -> tuple[list[bool], list[bytes | None]] | None:
+        """Which leases are still held, then the pieces (payloads of sound frames), in one
+        round trip: a lease found gone before a piece found missing means its owner stored
+        nothing (it deletes the lease only after the write landed)."""
+
+        async def go() -> tuple[list[bool], list[bytes | None]]:
+            gen = await self.store._current_generation()
+            skeys = [k.redis_key(gen) for k in keys]
+            pipe = self._pipe()
+            for k in keys:
+                pipe.exists(lease_key(k.digest))
+            for skey in skeys:
+                pipe.get(skey)
+            replies = await pipe.execute()
+            held = [bool(r) for r in replies[:len(keys)]]
+            payloads, _ = self.store._verify(keys, skeys, replies[len(keys):])
+            return held, payloads
+
+        return await self._guarded(go)
+
+    async def _guarded(self, fn: Any) -> Any:
+        from .redis_store import _FAILED
+
+        s = self.store
+        out = await s._guarded("lease", s._timeout_s + s._per_key_s, fn, idle_deadline=True)
+        return None if out is _FAILED else out

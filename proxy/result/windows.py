@@ -1,0 +1,180 @@
+"""PromQL range functions evaluated here, over raw samples, exactly as Prometheus 2.42 does.
+
+    RANGE_FUNCTIONS                       the functions eval_range_function knows
+    eval_range_function(func, params, raw, eval_ms, range_ms, offset_ms=0) -> QueryResult
+    subquery_times(eval_ms, range_ms, step_ms, offset_ms=0) -> int64 array
+
+Hybrid fleets hold one series in several stores (AMP until two hours ago, a local Prometheus
+for the last three); `increase(x[6h])` then reads a window that no single store holds. The
+caller fetches each store's raw samples (the matrix selector `x[W]` asked as an instant
+query), merges them per series, and evaluates the function here. For a subquery
+`f(expr[R:S] offset o)`, `raw` is `expr` evaluated at `subquery_times(...)` (a range query
+over that grid), and the same kernel applies: Prometheus turns a subquery's result into
+series and reads them with the same window walk as stored samples.
+
+Semantics (Prometheus v2.42.0, promql/engine.go and promql/functions.go):
+- the window of eval time t is [t - offset - range, t - offset], closed on both ends; a
+  function is called only when the window holds a sample; rate/increase/delta, irate/idelta,
+  deriv, predict_linear and holt_winters give no point for fewer than two samples;
+- every function but last_over_time drops `__name__`; two output series with one label set
+  are Prometheus's execution error "vector cannot contain metrics with the same labelset";
+- holt_winters refuses a smoothing or trend factor outside (0, 1) with Prometheus's text, at
+  the first call (series order, then time); a NaN factor passes, as in Go;
+- quantile_over_time: q < 0 gives -Inf, q > 1 +Inf, NaN gives NaN;
+- the answer is a matrix sorted by label set (labels.Compare), timestamps the eval times.
+The arithmetic is Go's, operation for operation (window_kernels.py): Kahan-compensated
+sum/avg/stddev/stdvar/linear regression, rate's extrapolation with the counter zero point.
+Stale markers are never in `raw` (a matrix selector's answer leaves them out) and the
+range functions skip them anyway. Native histograms are not handled (float samples only).
+
+`params` are the function's scalar arguments other than the range vector, in call order:
+quantile_over_time: [q]; predict_linear: [t]; holt_winters: [sf, tf]; others: []. Each is
+a number or an array with one value per eval time (a scalar expression evaluated per step).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from proxy.errors import PromError
+from proxy.result.query_result import QueryResult
+
+__all__ = ["RANGE_FUNCTIONS", "eval_range_function", "go_duration_seconds", "subquery_times"]
+
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+# Function -> number of scalar parameters besides the range vector.
+_PARAMS: dict[str, int] = {
+    "rate": 0, "increase": 0, "delta": 0, "irate": 0, "idelta": 0,
+    "avg_over_time": 0, "min_over_time": 0, "max_over_time": 0, "sum_over_time": 0,
+    "count_over_time": 0, "quantile_over_time": 1, "stddev_over_time": 0,
+    "stdvar_over_time": 0, "last_over_time": 0, "present_over_time": 0,
+    "changes": 0, "resets": 0, "deriv": 0, "predict_linear": 1, "holt_winters": 2,
+}
+RANGE_FUNCTIONS: frozenset[str] = frozenset(_PARAMS)
+
+SAME_LABELSET = "vector cannot contain metrics with the same labelset"
+
+
+def go_duration_seconds(ms: int) -> float:
+    """time.Duration.Seconds() of a whole number of milliseconds: whole seconds plus the
+    nanoseconds / 1e9 (not ms / 1000, which can differ in the last bit)."""
+    sec, rest = divmod(ms, 1000) if ms >= 0 else (-((-ms) // 1000), -((-ms) % 1000))
+    return float(sec) + float(rest * 1_000_000) / 1e9
+
+
+def subquery_times(eval_ms: I64 | Sequence[int] | int, range_ms: int, step_ms: int, offset_ms: int = 0) -> I64:
+    """The inner evaluation times of `expr[range:step] offset o` for a query evaluated at
+    `eval_ms` (one instant, or the ascending times of a range query): Prometheus 2.42 runs
+    the inner expression once, over the multiples of the step from the first one at or after
+    start - offset - range to end - offset. A subquery without a step uses the global
+    evaluation interval: pass that as `step_ms`."""
+    times = np.atleast_1d(np.asarray(eval_ms, dtype=np.int64))
+    if step_ms <= 0:
+        raise ValueError("a subquery step must be positive")
+    if len(times) == 0:
+        return np.zeros(0, dtype=np.int64)
+    lowest = int(times[0]) - offset_ms - range_ms
+    first = -(-lowest // step_ms) * step_ms  # Go: step * (x / step), plus a step if below x
+    last = int(times[-1]) - offset_ms
+    if first > last:
+        return np.zeros(0, dtype=np.int64)
+    return np.arange(first, last + 1, step_ms, dtype=np.int64)
+
+
+def eval_range_function(
+    func: str,
+    params: Sequence[float | F64],
+    raw: QueryResult,
+    eval_ms: I64 | Sequence[int],
+    range_ms: int,
+    *,
+    offset_ms: int = 0,
+) -> QueryResult:
+    """`func(sel[range_ms] offset offset_ms)` at each of `eval_ms`, from `raw`: the samples
+    of every series of `sel` (a "matrix" answer) covering [eval_ms[0] - offset - range,
+    eval_ms[-1] - offset]. Samples outside that span are ignored. Raises PromError
+    ("execution") where Prometheus answers an error, ValueError for a misuse."""
+    from proxy.result import window_kernels, window_lanes
+
+    if func not in _PARAMS:
+        raise ValueError(f"{func!r} is not a range function evaluated here")
+    if raw.result_type != "matrix":
+        raise ValueError(f"range functions read a matrix, not a {raw.result_type}")
+    times = np.ascontiguousarray(eval_ms, dtype=np.int64)
+    if times.ndim != 1 or (len(times) > 1 and not (np.diff(times) > 0).all()):
+        raise ValueError("eval_ms must be strictly ascending times")
+    if range_ms <= 0:
+        raise ValueError("the range must be positive")
+    if len(params) != _PARAMS[func]:
+        raise ValueError(f"{func} takes {_PARAMS[func]} scalar parameter(s), got {len(params)}")
+    n_steps = len(times)
+    p = [np.ascontiguousarray(np.broadcast_to(np.asarray(x, dtype=np.float64), (n_steps,))) for x in params]
+    while len(p) < 2:
+        p.append(np.zeros(n_steps, dtype=np.float64))
+    code = window_kernels.CODES[func]
+    columns = (np.ascontiguousarray(raw.offsets), np.ascontiguousarray(raw.t_ms), np.ascontiguousarray(raw.value),
+               times, int(range_ms), int(offset_ms))
+    if code in window_lanes.SERIAL:
+        state, out = window_lanes.run_serial(code, *columns, p[0], p[1])
+    else:
+        state, out = window_kernels.run(code, *columns, go_duration_seconds(range_ms), p[0], p[1])
+    state = state.reshape(raw.n_series, n_steps)
+    if func == "holt_winters":
+        _check_factors(state, p[0], p[1])
+    return _assemble(func, raw, times, state, out)
+
+
+def _go_f(x: float) -> str:
+    """fmt's %f."""
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "+Inf" if x > 0 else "-Inf"
+    return f"{x:f}"
+
+
+def _check_factors(state: npt.NDArray[np.int8], sf: F64, tf: F64) -> None:
+    """funcHoltWinters panics at its first call with a bad factor (the smoothing factor
+    checked first); it is called per series, step by step, where the window holds a sample."""
+    bad = ((sf <= 0) | (sf >= 1)) | ((tf <= 0) | (tf >= 1))
+    if not bad.any():
+        return
+    calls = (state > 0) & bad[None, :]
+    if not calls.any():
+        return
+    s, k = np.unravel_index(int(np.argmax(calls.ravel())), calls.shape)
+    f_s, f_t = float(sf[k]), float(tf[k])
+    if f_s <= 0 or f_s >= 1:
+        raise PromError("execution", f"invalid smoothing factor. Expected: 0 < sf < 1, got: {_go_f(f_s)}")
+    raise PromError("execution", f"invalid trend factor. Expected: 0 < tf < 1, got: {_go_f(f_t)}")
+
+
+def _assemble(func: str, raw: QueryResult, times: I64, state: npt.NDArray[np.int8], out: F64) -> QueryResult:
+    from proxy.result.merge import concat
+
+    has = state == 2
+    counts = has.sum(axis=1)
+    keep = np.flatnonzero(counts > 0)
+    if len(keep) == 0:
+        return QueryResult.empty("matrix", warnings=list(raw.warnings), infos=list(raw.infos))
+    keep_name = func == "last_over_time"
+    labels = []
+    for s in keep.tolist():
+        d = raw.labels[s]
+        labels.append(d if keep_name or "__name__" not in d else {k: v for k, v in d.items() if k != "__name__"})
+    offsets = np.zeros(len(keep) + 1, dtype=np.int64)
+    np.cumsum(counts[keep], out=offsets[1:])
+    mask = has[keep]
+    t = np.broadcast_to(times, mask.shape)[mask]
+    v = out.reshape(state.shape)[keep][mask]
+    result = QueryResult("matrix", labels, offsets, t, v, list(raw.warnings), list(raw.infos))
+    keys = result.canonical_keys()
+    if len(set(keys)) != len(keys):
+        raise PromError("execution", SAME_LABELSET)
+    return concat([result])
