@@ -79,8 +79,11 @@ def recorder() -> Iterator[Recorder]:
 
 @pytest.fixture(scope="module")
 def recorded(recorder: Recorder, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Promaccel]:
-    p = Promaccel.start(recorder.url, ("--split-interval", "none", "--shards", "1"),
-                        tmp_path_factory.mktemp("relay-recorded"))
+    # The breaker off: every attack below must reach the recorder, though redirects fail.
+    work = tmp_path_factory.mktemp("relay-recorded")
+    cfg = work / "promaccel.yaml"
+    cfg.write_text(f"backends:\n  - name: default\n    url: {recorder.url}\n    breaker: {{failures: 0}}\n")
+    p = Promaccel.start(None, ("--split-interval", "none", "--shards", "1"), work, config=cfg)
     try:
         yield p
     finally:

@@ -335,9 +335,12 @@ def assert_same(direct: httpx.Response, proxied: httpx.Response, what: Any) -> N
 
 def start(workdir: Path, backend: str, redis_url: str, lease: str = "2s", query_timeout: str = "2m") -> Promaccel:
     cfg = workdir / f"config-{free_port()}.yaml"
-    cfg.write_text(yaml.safe_dump({"backends": [{"url": backend, "retries": 0}],
+    # The answer-bytes budget off: it would let a storm of identical queries in one after the
+    # other (each then finds the cell in Redis), and these tests are about concurrent fetches.
+    # The breaker off: some tests make the backend fail on purpose.
+    cfg.write_text(yaml.safe_dump({"backends": [{"url": backend, "retries": 0, "breaker": {"failures": 0}}],
                                    "cache": {"redis_url": redis_url, "fetch_lease": lease},
-                                   "limits": {"query_timeout": query_timeout}}))
+                                   "limits": {"query_timeout": query_timeout, "max_inflight_answer_bytes": 0}}))
     return Promaccel.start(None, ("--config", str(cfg), "--split-interval", "1h"), workdir)
 
 
