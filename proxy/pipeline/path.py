@@ -33,6 +33,7 @@ from .budget import Admission, Admit
 from .cache_read import CacheReader
 from .cache_write import CacheWriter
 from .crossstore import CrossStore
+from .daycells import DayCells
 from .fetch import Fetcher
 from .forward import Forward
 from .hybrid_fetch import RouteAnswer
@@ -77,8 +78,8 @@ def build(config: Config, backends: Sequence[Backend], store: Callable[[], Piece
     fetcher = Fetcher(landing, writer, RouteAnswer(config, backends, ask), cache_on, leases)
 
     fan_out = FanOut(fetcher)
-    coalesce = Coalesce(config, primary.cfg.max_parallel, landing, fan_out)
-    lookup = Lookup(config, slots, reader, coalesce)
+    coalesce = Coalesce(config, primary.cfg.max_parallel, landing, fan_out, planner.settings.split_interval_ms)
+    lookup = Lookup(config, slots, reader, DayCells(slots, reader, writer), coalesce)
     merge = Merge(planner, lookup)
     fallback = Fallback(by_name, primary, merge)
     forward = Forward(by_name, primary, slots, reader, writer, landing, fetcher.flight, ask, fallback, leases)
