@@ -54,7 +54,10 @@ class DayCells:
                 if all(s.result is None for s in members):
                     out.append((day, members))
                 continue
-            if all(s.result is not None for s in members) and 2 * sum(s.piece.span.points for s in members) >= day.span.points:
+            # A partly asked-for day is only worth its reads when the cell will be stored (with
+            # revalidation on, cells are stored only when fetched, with their digests).
+            if self.writer.revalidator is None and all(s.result is not None for s in members) \
+                    and 2 * sum(s.piece.span.points for s in members) >= day.span.points:
                 out.append((day, members))
         return out
 
