@@ -67,7 +67,8 @@ class Lookup:
         slots = self.slots.slots(q.plan, q.cache, q.router)
         await self.reader.lookup(slots)
         if q.cache is not None and q.plan.day_cells_until_ms is not None:
-            await self.days.assemble(slots, q.cache, q.router)
+            partial = await self.days.assemble(slots, q.cache, q.router)
+            slots = self.days.split(slots, partial, self.days.target_calls)
         if q.cache is not None and self.config.cache.reuse_finer_steps:
             await self.reader.lookup_finer(slots, q.cache, q.router)
         segments = await self.next(Work(q, slots))

@@ -79,7 +79,7 @@ def build(config: Config, backends: Sequence[Backend], store: Callable[[], Piece
 
     fan_out = FanOut(fetcher)
     coalesce = Coalesce(config, primary.cfg.max_parallel, landing, fan_out, planner.settings.split_interval_ms)
-    lookup = Lookup(config, slots, reader, DayCells(slots, reader, writer), coalesce)
+    lookup = Lookup(config, slots, reader, DayCells(slots, reader, writer, primary.cfg.max_parallel), coalesce)
     merge = Merge(planner, lookup)
     fallback = Fallback(by_name, primary, merge)
     forward = Forward(by_name, primary, slots, reader, writer, landing, fetcher.flight, ask, fallback, leases)

@@ -192,3 +192,29 @@ def test_warm_seven_day_panel_reads_day_cells_and_todays_hours(prom: Any, redis_
             assert _calls(p.url) == calls
     finally:
         p.stop()
+
+
+def test_a_lone_missing_day_is_fetched_as_parallel_hours(prom: Any, redis_server: Any, tmp_path: Path) -> None:
+    """A cold query holding one whole old day: fetched as the day's hours over
+    backends[].max_parallel (4) calls, not as one call for the day; the next query makes the
+    day cell from those hours."""
+    p = _server(prom, redis_server, tmp_path, 7)
+    try:
+        end = prom.end_s
+        form = {"query": "avg by (Hostname) (DCGM_FI_DEV_GPU_TEMP)", "start": str(end - DAY - 600),
+                "end": str(end + 600), "step": "60"}
+        data = _explain(p.url, form)
+        assert sum(1 for d in data["pieces"] if "day_cell" in d and _span(d) == tuple(d["day_cell"])) == 1
+        assert len(data["pieces"]) == 3  # the last 10 min of Oct 30, Oct 31, the first 10 min of Nov 1
+        with httpx.Client(timeout=120) as client:
+            calls = _calls(p.url)
+            problems, r = _check(prom, p, form, client)
+            assert problems == [] and r.headers["X-Cache"] == "MISS"
+            assert _calls(p.url) - calls == 4
+            form.update(start=str(end - DAY - 540), end=str(end + 660))  # slid by a step
+            calls, made = _calls(p.url), _assembled(p.url)
+            problems, r = _check(prom, p, form, client)
+            assert problems == [] and r.headers["X-Cache"] == "HIT"
+            assert _calls(p.url) == calls and _assembled(p.url) == made + 1
+    finally:
+        p.stop()
