@@ -318,7 +318,9 @@ def _time_pieces(
         return whole, False
     if day_cells_until_ms is not None and day_cells_fit(step, interval, settings.max_points):
         days = split_range_days(start, end, step, interval, day_cells_until_ms, settings.max_pieces)
-        if days is not None:
+        # A query that is one whole day stays in hours: one piece would be forwarded whole,
+        # in one call (the executor fetches a lone missing day of a planned query as hours).
+        if days is not None and len(days) > 1:
             return days, True
     found = _coarsened(
         lambda i: count_pieces(start, end, step, i), interval, settings.max_pieces, notes

@@ -126,3 +126,14 @@ def test_planner_cuts_old_days_only_when_asked() -> None:
     # A step whose day holds more points than one call may ask for: hours as before.
     fine = plan(QueryRequest.range("up", T0, T0 + 2 * DAY, 5_000), s, {}, day_cells_until_ms=T0 + 2 * DAY)
     assert fine.day_cells_until_ms is None and len(fine.pieces) == 49
+
+
+def test_a_query_that_is_one_whole_day_stays_in_hours() -> None:
+    # One piece would be forwarded whole, in one backend call: hours keep the parallel calls.
+    s = PlannerSettings(split_interval_ms=HOUR)
+    req = QueryRequest.range("sum(DCGM_FI_DEV_POWER_USAGE)", T0, T0 + DAY - MIN, MIN)
+    p = plan(req, s, {}, day_cells_until_ms=T0 + 5 * DAY)
+    assert len(p.pieces) == 24 and p.day_cells_until_ms is None
+    longer = plan(QueryRequest.range("sum(DCGM_FI_DEV_POWER_USAGE)", T0, T0 + DAY, MIN), s, {},
+                  day_cells_until_ms=T0 + 5 * DAY)
+    assert len(longer.pieces) == 2 and longer.day_cells_until_ms == T0 + 5 * DAY
