@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 # keeps every port the suite binds in that range (tests/servers.py).
 TEST_WORKERS ?= 2
 
-.PHONY: setup system-deps test test-fast demo bench bench-quick clean lint
+.PHONY: setup system-deps test test-fast demo bench bench-quick soak clean lint
 
 setup: system-deps $(VENV)/.installed
 
@@ -35,6 +35,7 @@ system-deps:
 
 test: setup
 	$(BIN)/python -m proxy.codec.warmup
+	$(BIN)/python -m proxy.result.warmup
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: setup
@@ -53,6 +54,14 @@ bench: setup
 
 bench-quick: setup
 	$(BIN)/python -m loadtests.bench --small $(BENCH_ARGS)
+
+# The dashboard replayed by SOAK_USERS users for SOAK_MINUTES against promaccel (Redis, the small
+# fleet): RSS, latency and failures sampled every 5 s into loadtests/results/soak-<time>/
+# (soak.csv, soak.png, summary.md). Not part of `make test`.
+SOAK_MINUTES ?= 30
+SOAK_USERS   ?= 50
+soak: setup
+	$(BIN)/python -m loadtests.soak --minutes $(SOAK_MINUTES) --users $(SOAK_USERS) $(SOAK_ARGS)
 
 # ruff over the repository, mypy over shardplanner/ (strict) and proxy/; both configured in
 # pyproject.toml.

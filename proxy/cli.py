@@ -76,8 +76,13 @@ def _setup(args: argparse.Namespace, cfg: Config) -> None:
     logging.getLogger("numba").setLevel(logging.WARNING)
     from .codec.warmup import warm_up
 
-    # Compile the codec before the first query needs it (cached on disk after the first run).
+    # Compile the codec before the first query needs it (cached on disk after the first run),
+    # and for a hybrid fleet the kernels promaccel evaluates above the stores.
     took = warm_up()
+    if len(cfg.backends) > 1 or any(b.holds is not None for b in cfg.backends):
+        from .result.warmup import warm_up as warm_up_cross_store
+
+        took += warm_up_cross_store()
     if took > 2:
         print(f"compiled the query hot path in {took:.0f}s (first start only)", flush=True)
 
@@ -136,7 +141,8 @@ def _serve(args: argparse.Namespace, argv: list[str]) -> int:
         # process stays small (it only forwards signals and restarts workers).
         import subprocess
 
-        subprocess.run([sys.executable, "-c", "from proxy.codec.warmup import warm_up; warm_up()"], check=False)
+        subprocess.run([sys.executable, "-c", "from proxy.codec.warmup import warm_up; warm_up(); "
+                        "from proxy.result.warmup import warm_up as w; w()"], check=False)
         os.environ[WORKER_ARGV_ENV] = json.dumps(argv)
         if cfg.cache.enabled and not cfg.cache.redis_url:
             print(f"promaccel: {args.workers} workers without Redis: each worker has its own "

@@ -131,6 +131,23 @@ def url_fingerprint(url: str, extra: str = "") -> str:
     return hashlib.sha256(f"{url}\0{extra}".encode()).hexdigest()[:12]
 
 
+class BreakerConfig(_Strict):
+    """A backend's circuit breaker (proxy/backends/circuit.py): open after `failures` failed
+    calls in a row (0: never), fail fast for `cooldown`, then one probe call."""
+
+    failures: int = Field(default=5, ge=0)
+    cooldown: DurationMs = Field(default=10_000, ge=1)
+
+
+def _hedge_after(value: Any) -> Any:
+    """hedge_after: "p95" (the backend's recent p95 latency), a duration, or off (0, "off", null, false)."""
+    if value is None or value is False or value == "off" or value == 0:
+        return None
+    if value == "p95":
+        return "p95"
+    return _to_ms(value) or None
+
+
 class BackendConfig(_Strict):
     """One backend. `url` must not hold credentials (`http://user:pass@host` is refused with
     a ConfigError pointing at `basic_auth`): the URL goes into the start-up banner and, as a
@@ -144,12 +161,16 @@ class BackendConfig(_Strict):
     max_connections: int = Field(default=64, ge=1)
     max_keepalive: int = Field(default=32, ge=0)
     max_parallel: int = Field(default=4, ge=1, description="concurrent pieces per backend")
-    retries: int = Field(default=2, ge=0, le=10)
+    retries: int = Field(default=3, ge=0, le=10)  # 3: docs/BENCHMARKS.md, "Backend faults"
     # Retries this backend may take beyond each call's own: every call earns retry_ratio of a
     # retry, every retry spends one (at most 50 saved) and retry_floor per second are always
     # allowed -- a sick backend gets ~retry_ratio more calls, not (retries + 1) times as many.
     retry_ratio: float = Field(default=0.2, ge=0, le=100)
     retry_floor: float = Field(default=10.0, ge=0)
+    breaker: BreakerConfig = Field(default_factory=BreakerConfig)
+    # Hedged reads: a try unanswered after this long gets an identical second call (first good
+    # answer wins); "p95": the backend's p95 over its last 256 answered calls; None: off.
+    hedge_after: Annotated[int | Literal["p95"] | None, BeforeValidator(_hedge_after)] = None
     transport: Literal["aiohttp", "httpx"] = "aiohttp"
     # AMP only. Requests are SigV4-signed for `service` in `region` (taken from an
     # aps-workspaces.<region>.amazonaws.com URL when not given) with credentials from
@@ -362,6 +383,12 @@ class LimitsConfig(_Strict):
     max_queries_per_client: int = Field(default=0, ge=0)
     max_queued: int = Field(default=1024, ge=0)
     queue_timeout: DurationMs = Field(default=30_000, ge=0)
+    # Bytes of answers being materialised at once (decoded: 16 a sample + labels; a cold
+    # answer's transient copies cost ~3x that in RSS): each query reserves its estimated
+    # answer before fetching, waits (in order, at most queue_timeout and its deadline, then
+    # 429) while the budget is taken, and gives it back once the response is sent. A query
+    # larger than the budget runs alone. 0: no limit.
+    max_inflight_answer_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
 
 
 # Headers promaccel sets itself or that describe the connection, never forwarded.
@@ -439,6 +466,10 @@ class ListenConfig(_Strict):
     body_timeout: DurationMs = Field(default=60_000, gt=0)
     keep_alive_timeout: DurationMs = Field(default=120_000, gt=0)
     max_concurrency: int = Field(default=1024, ge=1)
+    # A client that takes none of its answer for this long while promaccel has more to send
+    # (the socket's send buffer full) is cut off: a client that never reads holds neither
+    # the answer nor its share of limits.max_inflight_answer_bytes longer than this.
+    send_timeout: DurationMs = Field(default=60_000, gt=0)
     # On SIGTERM/SIGINT: stop accepting, let queries in flight finish for at most this long
     # (Kubernetes gives 30 s by default before SIGKILL), then close the pools.
     shutdown_timeout: DurationMs = Field(default=25_000, gt=0)
@@ -451,6 +482,28 @@ class UiConfig(_Strict):
     recent_queries: int = Field(default=100, ge=1, le=10_000)
 
 
+class TracingConfig(_Strict):
+    """Optional OpenTelemetry tracing (proxy/tracing.py; needs the `tracing` extra). Off unless
+    otlp_endpoint is set or the environment names an OTLP endpoint (OTEL_EXPORTER_OTLP_ENDPOINT,
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)."""
+
+    otlp_endpoint: str | None = None  # OTLP/HTTP traces URL, e.g. http://127.0.0.1:4318/v1/traces
+    service_name: str | None = None  # null: $OTEL_SERVICE_NAME, else "promaccel"
+    sample_ratio: float | None = Field(default=None, ge=0.0, le=1.0)  # null: $OTEL_TRACES_SAMPLER_ARG, else 1
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"otlp_endpoint must be an http(s) URL, got {v!r}")
+        if parts.username or parts.password:
+            raise ValueError("otlp_endpoint must not hold user:pass@ (use OTEL_EXPORTER_OTLP_HEADERS)")
+        return v
+
+
 class Config(_Strict):
     listen: ListenConfig = Field(default_factory=ListenConfig)
     backends: list[BackendConfig] = Field(default_factory=list)
@@ -460,6 +513,7 @@ class Config(_Strict):
     tenancy: TenancyConfig = Field(default_factory=TenancyConfig)
     ui: UiConfig = Field(default_factory=UiConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # text: one line per request, human-readable; json: one JSON object per log record (the
     # access line carries query id, Grafana's headers, plan shape, pieces, cache, backend calls,

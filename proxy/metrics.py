@@ -80,6 +80,24 @@ class _Metrics:
             ["backend"],
             registry=r,
         )
+        # Circuit breaker per backend (backends[].breaker): 0 closed, 1 open, 2 half-open.
+        self.backend_breaker_state = Gauge(
+            "promaccel_backend_breaker_state", "Circuit breaker of a backend: 0 closed, 1 open, 2 half-open",
+            ["backend"], registry=r,
+        )
+        self.backend_breaker_transitions = Counter(
+            "promaccel_backend_breaker_transitions_total", "Circuit breaker state changes, by the state entered",
+            ["backend", "state"], registry=r,
+        )
+        self.backend_breaker_rejected = Counter(
+            "promaccel_backend_breaker_rejected_total", "Backend calls failed fast while the breaker was open",
+            ["backend"], registry=r,
+        )
+        # Hedged reads (backends[].hedge_after): outcome sent | won (the hedge answered first)
+        # | denied (the retry budget or limits.max_backend_calls said no).
+        self.backend_hedges = Counter(
+            "promaccel_backend_hedges_total", "Hedged backend calls, by outcome", ["backend", "outcome"], registry=r,
+        )
         self.backend_latency = Histogram(
             "promaccel_backend_request_duration_seconds",
             "Backend call latency",
@@ -177,6 +195,14 @@ class _Metrics:
             "Calls that joined an identical call already in flight instead of making their own",
             ["flight"],
             registry=r,
+        )
+        self.answer_bytes_waits = Counter(
+            "promaccel_answer_bytes_waits_total",
+            "Queries that waited for room in limits.max_inflight_answer_bytes", registry=r,
+        )
+        self.answer_bytes_reserved = Gauge(
+            "promaccel_answer_bytes_reserved",
+            "Bytes of answers being materialised, as reserved (limits.max_inflight_answer_bytes)", registry=r,
         )
 
 

@@ -65,9 +65,9 @@ _share_httpx_tls_context()
 # under a file lock and served from a per-worker copy (tests/servers.py: built_tsdb,
 # serving_copy).
 
-SPLIT_BY_TEST = {"tests/e2e/test_equivalence_matrix.py"}
+SPLIT_BY_TEST = {"tests/e2e/test_equivalence_matrix.py", "tests/e2e/test_hybrid_matrix.py"}
 UNIT_COST: dict[str, float] = {
-    "tests/e2e/test_hybrid.py": 240, "tests/cache/test_cache_integration.py": 160, "tests/harness/test_bench.py": 60,
+    "tests/e2e/test_hybrid.py": 240, "tests/e2e/test_hybrid_matrix.py": 45, "tests/cache/test_cache_integration.py": 160, "tests/harness/test_bench.py": 60,
     "tests/backends/test_amp.py": 45, "tests/shardplanner/test_instant_split.py": 45, "tests/e2e/test_hybrid_routing.py": 30,
     "tests/shardplanner/test_serialize.py": 28, "tests/e2e/test_equivalence_matrix.py": 25, "tests/result/test_codec.py": 20,
     "tests/result/test_binop_prometheus.py": 19, "tests/e2e/test_passthrough_equivalence.py": 18,
@@ -77,7 +77,8 @@ UNIT_COST: dict[str, float] = {
     "tests/cache/test_cache_redis.py": 7, "tests/shardplanner/test_timesplit.py": 6, "tests/shardplanner/test_planner.py": 6,
     "tests/backends/test_secrets_logging.py": 20, "tests/api/test_server_limits.py": 12, "tests/pipeline/test_security.py": 12,
     "tests/backends/test_tenancy.py": 8, "tests/backends/test_backend_auth.py": 6, "tests/api/test_relay_paths.py": 5,
-    "tests/api/test_http_edges.py": 45, "tests/api/test_ui.py": 9, "tests/api/test_ui_browser.py": 8,
+    "tests/api/test_http_edges.py": 45, "tests/api/test_fuzz_endpoints.py": 35, "tests/pipeline/test_tracing.py": 30, "tests/harness/test_soak.py": 25, "tests/api/test_ui.py": 9, "tests/api/test_ui_browser.py": 8,
+    "tests/backends/test_breaker.py": 50,
 }
 
 

@@ -10,6 +10,7 @@ import uuid
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .. import tracing
 from ..activity import ACTIVITY, CURRENT
 from ..backends.redaction import redact
 from ..metrics import METRICS
@@ -91,8 +92,16 @@ class AccessLog:
                     error_body.extend(body[:_ERROR_BODY_MAX - len(error_body)])
             await send(message)
 
+        span = tracing.span(f"{scope.get('method', '')} {endpoint_label(path)}",
+                            {"http.request.method": scope.get("method", ""), "http.route": endpoint_label(path),
+                             "promaccel.query_id": query_id})
         try:
-            await self.app(scope, receive, send_wrapper)
+            with span as s:
+                try:
+                    await self.app(scope, receive, send_wrapper)
+                finally:
+                    if s is not None:
+                        _span_attrs(s, scope, status, answer)
         finally:
             elapsed = time.perf_counter() - t0
             if token is not None:
@@ -127,6 +136,29 @@ class AccessLog:
                                 {**grafana, **(scope.get("state", {}).get("promaccel_query") or {}), **answer,
                                  "bytes": sent},
                                 None if status < 400 else error_text(bytes(error_body), encoded))
+
+
+def _span_attrs(s: object, scope: Scope, status: int, answer: dict[str, object]) -> None:
+    """The request span's attributes once it is answered: status, Grafana's ids, the query
+    (redacted, as logged), its plan, cache status and backend calls. No header value else."""
+    state = scope.get("state", {})
+    query = state.get("promaccel_query") or {}
+    hdrs = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+    attrs: dict[str, tracing.AttrValue | None] = {
+        "http.response.status_code": status,
+        "promaccel.tenant": state.get("promaccel_tenant"),
+        "grafana.dashboard_uid": hdrs.get("x-dashboard-uid"), "grafana.panel_id": hdrs.get("x-panel-id"),
+        "promaccel.query": redact(str(query["query"]))[:500] if "query" in query else None,
+        "promaccel.range": query.get("range") if isinstance(query.get("range"), bool) else None,
+    }
+    for name in ("pieces", "cache", "backend_calls", "samples_processed"):
+        value = answer.get(name)
+        attrs[f"promaccel.{name}"] = value if isinstance(value, (str, int)) else None
+    tracing.set_attrs(s, attrs)
+    if status >= 500:
+        from opentelemetry.trace import Status, StatusCode  # tracing is on: s is a real span
+
+        s.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))  # type: ignore[attr-defined]
 
 
 _QUERY_ENDPOINTS = frozenset({"/api/v1/query", "/api/v1/query_range"})

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import logging
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from fastapi import FastAPI
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from .. import __version__
+from .. import __version__, tracing
 from ..backends import Backend
 from ..backends.tenancy import Tenancy
 from ..config import Config
@@ -37,8 +37,13 @@ from .ui import add_ui_routes
 log = logging.getLogger("promaccel")
 
 
-def create_app(config: Config) -> FastAPI:
+def create_app(config: Config, *, trace_exporter: Any = None) -> FastAPI:
+    """`trace_exporter`: an OpenTelemetry span exporter to trace into (tests), tracing on
+    whatever the config says."""
     tune_malloc()
+    t = config.tracing
+    # Before the pipeline is built: its stages are wrapped in spans only when tracing is on.
+    tracing.configure(t.otlp_endpoint, t.service_name, t.sample_ratio, exporter=trace_exporter)
     backends = [Backend(b) for b in config.backends]
     executor = QueryService(config, backends)
     tenancy = Tenancy(config.tenancy.forward_headers, config.tenancy.hash_key())
@@ -57,6 +62,7 @@ def create_app(config: Config) -> FastAPI:
             await executor.aclose()
             for b in backends:
                 await b.aclose()
+            tracing.shutdown()  # the last spans exported
 
     app = FastAPI(
         title="promaccel", version=__version__, lifespan=lifespan,

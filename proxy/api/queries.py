@@ -19,9 +19,9 @@ from ..backends.redaction import redact
 from ..config import Config
 from ..errors import PromError
 from ..pipeline import Answer, QueryService
-from .forms import first_values, read_pairs
+from .forms import Pairs, first_values, read_pairs
 from .params import format_duration_ms, parse_instant, parse_range
-from .responses import JSON, response_of
+from .responses import JSON, relay, response_of
 from .routing import Routes
 from .tenants import view_of
 
@@ -51,6 +51,14 @@ def _answer(request: Request, req: QueryRequest, answer: Answer) -> Response:
     return response_of(answer)
 
 
+async def _expired(request: Request, path: str, pairs: Pairs) -> Response:
+    """A `timeout` of zero or less (under 1 ms): Prometheus runs such a query on a deadline
+    already past, so its answer is a 503 -- unless the query does not parse (400). The primary
+    backend gives that verdict on the request as it came."""
+    reply = await view_of(request).primary.request_sound("POST", path, form=pairs, endpoint=path)
+    return relay(reply)
+
+
 def add_query_routes(route: Routes, config: Config) -> None:
     """The query routes; each request runs on its view's service (tenants.py)."""
     max_body = config.limits.max_body_bytes
@@ -59,6 +67,8 @@ def add_query_routes(route: Routes, config: Config) -> None:
     async def query(request: Request) -> Response:
         pairs = await read_pairs(request, max_body)
         p = parse_instant(_note(first_values(pairs), False), now_ms=int(time.time() * 1000))
+        if p.timeout_ms is not None and p.timeout_ms <= 0:
+            return await _expired(request, "/api/v1/query", pairs)
         req = QueryRequest.instant(p.query, p.time_ms)
         return _answer(request, req, await _service(request).query(req, pairs, request.headers, p.timeout_ms,
                                                           _client(request)))
@@ -67,6 +77,8 @@ def add_query_routes(route: Routes, config: Config) -> None:
     async def query_range(request: Request) -> Response:
         pairs = await read_pairs(request, max_body)
         p = parse_range(_note(first_values(pairs), True), config.limits.max_points)
+        if p.timeout_ms is not None and p.timeout_ms <= 0:
+            return await _expired(request, "/api/v1/query_range", pairs)
         limit = config.limits.max_query_range
         if limit and p.end_ms - p.start_ms > limit:
             raise PromError(

@@ -3,11 +3,16 @@
 The query service answers with plain values (`pipeline.Answer`: a result or a backend's
 reply); this is the only place they become HTTP responses. Large results are encoded in
 chunks as they are sent: a 20 MB answer then costs ~4 MB of encoder memory instead of ~50 MB.
+An answer's share of limits.max_inflight_answer_bytes (`Answer.release`) is given back when
+its response has been sent, or the client went away.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from ..backends import BackendReply
 from ..codec.arrow import encode_arrow_stream
@@ -22,35 +27,65 @@ ARROW_STREAM = "application/vnd.apache.arrow.stream"
 STREAM_ABOVE_SAMPLES = 200_000
 
 
-def json_response(result: QueryResult, headers: dict[str, str]) -> Response:
+class _Releasing:
+    """Calls `release` once the response has been sent (or failed to be: the client went away)."""
+
+    release: Callable[[], None] | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)  # type: ignore[misc]
+        finally:
+            if self.release is not None:
+                self.release()
+
+
+class _Body(_Releasing, Response):
+    pass
+
+
+class _Stream(_Releasing, StreamingResponse):
+    pass
+
+
+def _held(response: _Body | _Stream, release: Callable[[], None] | None) -> Response:
+    response.release = release
+    return response
+
+
+def json_response(result: QueryResult, headers: dict[str, str], release: Callable[[], None] | None = None) -> Response:
     """A result as Prometheus JSON, streamed when large."""
     if result.n_samples > STREAM_ABOVE_SAMPLES:
-        return StreamingResponse(iter_prometheus_json(result), media_type=JSON, headers=headers)
-    return Response(encode_prometheus_json(result), media_type=JSON, headers=headers)
+        return _held(_Stream(iter_prometheus_json(result), media_type=JSON, headers=headers), release)
+    return _held(_Body(encode_prometheus_json(result), media_type=JSON, headers=headers), release)
 
 
-def arrow_response(result: QueryResult, headers: dict[str, str]) -> Response:
+def arrow_response(result: QueryResult, headers: dict[str, str], release: Callable[[], None] | None = None) -> Response:
     """A result as an Arrow IPC stream, for clients that ask for it."""
-    return Response(encode_arrow_stream(result), media_type=ARROW_STREAM, headers=headers)
+    return _held(_Body(encode_arrow_stream(result), media_type=ARROW_STREAM, headers=headers), release)
 
 
-def relay(reply: BackendReply, headers: dict[str, str] | None = None) -> Response:
+def relay(reply: BackendReply, headers: dict[str, str] | None = None,
+          release: Callable[[], None] | None = None) -> Response:
     """A backend's answer as it came (status, body, content type), plus `headers`."""
-    return Response(
-        content=reply.body,
-        status_code=reply.status,
-        headers={"Content-Type": reply.content_type, **(headers or {})},
-    )
+    return _held(_Body(content=reply.body, status_code=reply.status,
+                       headers={"Content-Type": reply.content_type, **(headers or {})}), release)
 
 
 def response_of(answer: Answer) -> Response:
-    """A query's answer: the backend's reply relayed, or the merged result encoded."""
-    if answer.reply is not None:
-        return relay(answer.reply, answer.headers)
-    assert answer.result is not None
-    if answer.arrow:
-        return arrow_response(answer.result, answer.headers)
-    return json_response(answer.result, answer.headers)
+    """A query's answer: the backend's reply relayed, or the merged result encoded; its share
+    of the answer-bytes budget given back once sent."""
+    try:
+        if answer.reply is not None:
+            return relay(answer.reply, answer.headers, answer.release)
+        assert answer.result is not None
+        if answer.arrow:
+            return arrow_response(answer.result, answer.headers, answer.release)
+        return json_response(answer.result, answer.headers, answer.release)
+    except BaseException:
+        if answer.release is not None:
+            answer.release()
+        raise
 
 
 def error(exc: PromError) -> Response:

@@ -16,6 +16,11 @@ connection (`listen:` in the config):
 - `body_timeout`: the body must be complete this long after the headers; else 408 when the
   app has not answered yet, and close. The app's `receive` then reports a disconnect, which
   it answers as a client that went away (proxy/api/forms.py: 499, no traceback).
+- `send_timeout`: a client that takes nothing of its answer for this long while there is more
+  to send (the transport's write buffer over its high-water mark, so uvicorn's `send` waits)
+  is cut off: the connection is aborted, dropping what was buffered, and the app's
+  streaming response stops (it sees a disconnect). Without it a client that never reads
+  kept its answer in memory for as long as it kept the connection.
 - `max_concurrency` is uvicorn's `limit_concurrency` (open connections or running requests,
   idle keep-alive connections included); over it a request gets Prometheus-style 503 JSON.
 
@@ -72,6 +77,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     max_header_bytes = 64 * 1024
     header_timeout_s = 30.0
     body_timeout_s = 60.0
+    send_timeout_s = 60.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -82,6 +88,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._head_t0 = 0.0
         self._deadline: asyncio.TimerHandle | None = None
+        self._send_deadline: asyncio.TimerHandle | None = None
         self._refused = False
 
     # --- connection ----------------------------------------------------------------------
@@ -94,7 +101,32 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._send_resumed()
         super().connection_lost(exc)
+
+    # --- writing: a client that stops reading ----------------------------------------------
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._send_deadline is None:
+            self._send_deadline = self.loop.call_later(self.send_timeout_s, self._send_expired)
+
+    def resume_writing(self) -> None:
+        self._send_resumed()
+        super().resume_writing()
+
+    def _send_resumed(self) -> None:
+        if self._send_deadline is not None:
+            self._send_deadline.cancel()
+            self._send_deadline = None
+
+    def _send_expired(self) -> None:
+        self._send_deadline = None
+        if self.transport.get_write_buffer_size():
+            who = f"{self.client[0]}:{self.client[1]}" if self.client else "-"
+            self.logger.warning("client %s took none of its answer for %gs (listen.send_timeout): connection closed",
+                                who, self.send_timeout_s)
+            self.transport.abort()  # drops the buffered answer; connection_lost follows
 
     def data_received(self, data: bytes) -> None:
         # uvicorn's data_received, with the phase bookkeeping around the parser.
@@ -220,6 +252,7 @@ def configure(listen: ListenConfig) -> dict[str, Any]:
     cls.max_header_bytes = listen.max_header_bytes
     cls.header_timeout_s = listen.header_timeout / 1000
     cls.body_timeout_s = listen.body_timeout / 1000
+    cls.send_timeout_s = listen.send_timeout / 1000
     return {"http": cls, "timeout_keep_alive": listen.keep_alive_timeout / 1000,
             "limit_concurrency": listen.max_concurrency,
             "timeout_graceful_shutdown": listen.shutdown_timeout / 1000}

@@ -3,7 +3,7 @@
 `Backend.request` checks the path, adds the forwarded tenant headers (`tenancy.py`; to
 `kind: prometheus` backends only, never to AMP), encodes a form body, holds the backend's
 semaphore for `limited` calls, sends through the backend's transport (`transports.py`), and
-retries (`retries.py`).
+retries and hedges (`retries.py`), behind the backend's circuit breaker (`circuit.py`).
 
 Errors are translated here, once: connection failures -> PromError "unavailable" (503),
 timeouts -> PromError "timeout" (503). A backend's own HTTP answer, error or not, is returned
@@ -16,14 +16,16 @@ from __future__ import annotations
 import asyncio
 import time
 import urllib.parse
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
+from .. import tracing
 from ..activity import ACTIVITY
 from ..config import BackendConfig
 from ..errors import PromError
 from ..metrics import METRICS
-from .protocol import BackendReply, check_path, parsed_json, sane_error
-from .retries import Check, RetryBudget, with_retries
+from .circuit import BackendBreaker, LatencyWindow
+from .protocol import RETRY_STATUSES, BackendReply, check_path, parsed_json, sane_error
+from .retries import Check, Hedge, RetryBudget, with_retries
 from .tenancy import current as forwarded_headers
 from .transports import CONNECTION_ERRORS, DirectAiohttp, is_timeout, make_client, send_httpx
 
@@ -36,6 +38,8 @@ class Backend:
         self._direct = DirectAiohttp(cfg) if cfg.transport == "aiohttp" and cfg.kind != "amp" else None
         self._sem = asyncio.Semaphore(cfg.max_parallel)
         self.retry_budget = RetryBudget(cfg.retry_ratio, cfg.retry_floor)
+        self.breaker = BackendBreaker(cfg.name, cfg.breaker.failures, cfg.breaker.cooldown)
+        self.latency = LatencyWindow()  # answered calls, for hedge_after: p95
         # tenancy.forward_headers go to Prometheus-compatible backends only, never to AMP.
         self._forwards = cfg.kind != "amp"
 
@@ -56,16 +60,47 @@ class Backend:
         limited: bool = False,
         endpoint: str = "other",
         check: Check | None = None,
+        extra_call: Callable[[], bool] | None = None,
     ) -> BackendReply:
         """One call with retries on connection errors and 502/503/504 (never on 4xx), and on a
         200 whose body `check` finds broken; for AMP, 429/503 are retried on their own budget
-        (`throttle_retries`) within the deadline."""
+        (`throttle_retries`) within the deadline. With `hedge_after` a slow try is hedged when
+        `extra_call()` (the query's call budget) and the retry budget allow. While the circuit
+        breaker is open, fails at once (PromError "unavailable", 503, naming the backend)."""
         check_path(path)
+        probe = self.breaker.admit()
 
-        async def attempt(call_timeout: float | None) -> BackendReply:
-            return await self._once(method, path, params, form, headers, call_timeout, limited, endpoint)
+        async def attempt(call_timeout: float | None, sent: asyncio.Event | None) -> BackendReply:
+            return await self._once(method, path, params, form, headers, call_timeout, limited, endpoint, sent)
 
-        return await with_retries(attempt, self.cfg, endpoint, timeout_s, self.retry_budget, check)
+        hedge = None
+        if self.cfg.hedge_after is not None:
+            def allow() -> bool:
+                return (extra_call is None or extra_call()) and self.retry_budget.spend()
+
+            hedge = Hedge(self._hedge_delay, allow)
+        try:
+            reply = await with_retries(attempt, self.cfg, endpoint, timeout_s, self.retry_budget, check, hedge)
+        except PromError as exc:
+            if exc.kind in ("unavailable", "timeout"):
+                self.breaker.failure(exc.message, probe)
+            else:
+                self.breaker.release(probe)
+            raise
+        except BaseException:  # cancelled: no outcome
+            self.breaker.release(probe)
+            raise
+        if reply.status in RETRY_STATUSES:
+            self.breaker.failure(f"HTTP {reply.status} ({endpoint})", probe)
+        else:
+            self.breaker.success(probe)
+        return reply
+
+    def _hedge_delay(self) -> float | None:
+        after = self.cfg.hedge_after
+        if after == "p95":
+            return self.latency.p95()
+        return None if after is None else after / 1000
 
     async def request_sound(
         self,
@@ -94,6 +129,7 @@ class Backend:
         timeout_s: float | None,
         limited: bool,
         endpoint: str,
+        sent: asyncio.Event | None = None,
     ) -> BackendReply:
         body: bytes | None = None
         forwarded = forwarded_headers() if self._forwards else ()
@@ -107,11 +143,16 @@ class Backend:
         t0 = time.perf_counter()
         reply: BackendReply | None = None
         try:
-            if limited:
-                async with self._sem:
-                    reply = await self._send(method, path, params, body, headers, timeout_s, endpoint)
-            else:
-                reply = await self._send(method, path, params, body, headers, timeout_s, endpoint)
+            # One span per call (each retry its own): the backend's name, kind and endpoint (a
+            # fixed vocabulary), never its URL or a header; the time waiting for a slot counts.
+            with tracing.span(f"backend {endpoint}", {"promaccel.backend": self.name, "promaccel.backend_kind":
+                                                      self.cfg.kind, "promaccel.endpoint": endpoint}) as s:
+                if limited:
+                    async with self._sem:
+                        reply = await self._timed(method, path, params, body, headers, timeout_s, endpoint, sent)
+                else:
+                    reply = await self._timed(method, path, params, body, headers, timeout_s, endpoint, sent)
+                tracing.set_attrs(s, {"http.response.status_code": reply.status, "promaccel.bytes": len(reply.body)})
             return reply
         except Exception as exc:  # translated once, here
             METRICS.backend_errors.labels(self.name, type(exc).__name__).inc()
@@ -132,6 +173,18 @@ class Backend:
             if reply is not None:
                 ACTIVITY.backend_call(self.name, endpoint, elapsed, reply.status)
 
+    async def _timed(self, method: str, path: str, params: Sequence[tuple[str, str]] | None, body: bytes | None,
+                     headers: Mapping[str, str] | None, timeout_s: float | None, endpoint: str,
+                     sent: asyncio.Event | None) -> BackendReply:
+        """`_send`, its time from the moment it is on its way kept when answered (hedging)."""
+        if sent is not None:
+            sent.set()
+        t0 = time.perf_counter()
+        reply = await self._send(method, path, params, body, headers, timeout_s, endpoint)
+        if reply.ok:
+            self.latency.add(time.perf_counter() - t0)
+        return reply
+
     async def _send(self, method: str, path: str, params: Sequence[tuple[str, str]] | None, body: bytes | None,
                     headers: Mapping[str, str] | None, timeout_s: float | None, endpoint: str) -> BackendReply:
         if self._direct is not None:
@@ -144,5 +197,8 @@ class Backend:
 
 
 def _complete_json_check(reply: BackendReply) -> str | None:
+    if reply.status == 204 and not reply.body:
+        # No Content: Prometheus's /api/v1/query_exemplars for a query without selectors.
+        return None
     reply.parsed = parsed_json(reply.body)
     return None if reply.parsed is not None else "not complete JSON"

@@ -4,7 +4,9 @@ Connection errors and 502/503/504 are retried up to `backends[].retries` times w
 exponential backoff and full jitter (never a 4xx/422, never a timeout). AMP's throttling
 answers (429, and 503) are retried on their own budget (`throttle_retries`) after
 Retry-After plus jittered backoff, never past the call's deadline; when the budget or the
-deadline runs out, the 429/503 is returned for the caller to relay. A redirect is an error
+deadline runs out, the 429/503 is returned for the caller to relay. A try may be hedged
+(`backends[].hedge_after`): a second identical call when the first is slow, first good answer
+wins. A redirect is an error
 naming the backend, never its URL: a backend's 301 for a path with `..` once led a relay to
 /debug/pprof.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from ..config import BackendConfig
@@ -54,18 +57,40 @@ class RetryBudget:
             return True
         return False
 
-# One try of the call, given the timeout of that try (None: the backend's own).
-Attempt = Callable[[float | None], Awaitable[BackendReply]]
+# One try of the call, given the timeout of that try (None: the backend's own) and an event it
+# sets once the request is on its way (after waiting for a max_parallel slot): the hedge timer
+# starts there.
+Attempt = Callable[[float | None, asyncio.Event | None], Awaitable[BackendReply]]
 # What is wrong with a 200's body (None: it is sound). A broken body is retried like a 502.
 Check = Callable[[BackendReply], str | None]
 
 
+@dataclass
+class Hedge:
+    """Hedged reads (`backends[].hedge_after`): `delay_s()` is how long a try may go unanswered
+    before an identical second call is sent (None: not for this try); `allow()` takes what a
+    hedge costs (a retry-budget token, one of the query's backend calls), False when it may not."""
+
+    delay_s: Callable[[], float | None]
+    allow: Callable[[], bool]
+
+
+@dataclass
+class _Try:
+    """How one try ended: a reply (with what `check` found wrong with it) or an error."""
+
+    reply: BackendReply | None = None
+    error: PromError | None = None
+    broken: str | None = None
+
+
 async def with_retries(attempt_once: Attempt, cfg: BackendConfig, endpoint: str,
                        timeout_s: float | None, budget: RetryBudget | None = None,
-                       check: Check | None = None) -> BackendReply:
+                       check: Check | None = None, hedge: Hedge | None = None) -> BackendReply:
     """Run `attempt_once` until it gives an answer worth returning (module docstring);
     `budget`: the backend's retry budget (a retry it denies is not taken); `check`: a 200
-    whose body it finds broken (cut short, garbled) is retried, then a 502 naming the backend."""
+    whose body it finds broken (cut short, garbled) is retried, then a 502 naming the backend;
+    `hedge`: each try may be hedged (`_hedged`)."""
     name = cfg.name
     if budget is not None:
         budget.earn()
@@ -75,13 +100,32 @@ async def with_retries(attempt_once: Attempt, cfg: BackendConfig, endpoint: str,
     attempt = 0
     throttled = 0
     call_timeout = timeout_s
-    while True:
+
+    async def one(t: float | None, sent: asyncio.Event | None) -> _Try:
         try:
-            reply = await attempt_once(call_timeout)
+            reply = await attempt_once(t, sent)
         except PromError as exc:
-            if exc.kind == "timeout" or attempt >= cfg.retries or not _may_retry(budget, name):
-                raise
+            return _Try(error=exc)
+        return _Try(reply, broken=check(reply) if check is not None and reply.ok else None)
+
+    def good(o: _Try) -> bool:
+        """An answer to keep (a hedge race is won by it): not a failure a retry is for."""
+        return (o.reply is not None and o.broken is None and o.reply.status not in RETRY_STATUSES
+                and not (throttle and o.reply.status in THROTTLE_STATUSES))
+
+    while True:
+        delay = hedge.delay_s() if hedge is not None else None
+        if delay is None or hedge is None:
+            outcome = await one(call_timeout, None)
         else:
+            outcome = await _hedged(one, good, call_timeout, deadline, delay, hedge, name)
+        if outcome.error is not None:
+            exc = outcome.error
+            if exc.kind == "timeout" or attempt >= cfg.retries or not _may_retry(budget, name):
+                raise exc
+        else:
+            reply = outcome.reply
+            assert reply is not None
             if 300 <= reply.status < 400:
                 raise PromError(
                     "unavailable", f"backend {name!r} answered {endpoint} with a redirect (HTTP "
@@ -100,17 +144,62 @@ async def with_retries(attempt_once: Attempt, cfg: BackendConfig, endpoint: str,
                 # The next try gets what is left of the deadline, not a fresh timeout.
                 call_timeout = max(0.001, deadline - time.monotonic())
                 continue
-            broken = check(reply) if check is not None and reply.ok else None
-            if broken is not None:
+            if outcome.broken is not None:
                 METRICS.backend_errors.labels(name, "BrokenAnswer").inc()
                 if attempt >= cfg.retries or time.monotonic() >= deadline or not _may_retry(budget, name):
-                    raise broken_answer(name, endpoint, broken)
+                    raise broken_answer(name, endpoint, outcome.broken)
             elif reply.status not in RETRY_STATUSES or attempt >= cfg.retries or not _may_retry(budget, name):
                 return reply
-            METRICS.backend_retries.labels(name).inc()
+        METRICS.backend_retries.labels(name).inc()  # connection errors too (were not counted)
         attempt += 1
         # Exponential backoff with full jitter: 50 ms, 100 ms, 200 ms ...
         await asyncio.sleep(random.uniform(0, 0.05 * (2 ** (attempt - 1))))
+
+
+async def _hedged(one: Callable[[float | None, asyncio.Event | None], Awaitable[_Try]],
+                  good: Callable[[_Try], bool], call_timeout: float | None, deadline: float, delay: float,
+                  hedge: Hedge, name: str) -> _Try:
+    """One try, hedged: when the call has been on its way `delay` seconds without an answer
+    (and `hedge.allow()`), an identical second call is sent; the first good answer wins and
+    the other call is cancelled. Both bad: the first to end is the try's outcome."""
+    sent = asyncio.Event()
+    first = asyncio.ensure_future(one(call_timeout, sent))
+    tasks = [first]
+    try:
+        on_its_way = asyncio.ensure_future(sent.wait())
+        try:
+            await asyncio.wait({first, on_its_way}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            on_its_way.cancel()
+        if not first.done():
+            await asyncio.wait({first}, timeout=delay)
+        if first.done():
+            return first.result()
+        if not hedge.allow():
+            METRICS.backend_hedges.labels(name, "denied").inc()
+            return await first
+        METRICS.backend_hedges.labels(name, "sent").inc()
+        second = asyncio.ensure_future(one(max(0.001, deadline - time.monotonic()), None))
+        tasks.append(second)
+        pending: set[asyncio.Future[_Try]] = {first, second}
+        bad: _Try | None = None
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for t in tasks:
+                if t in done:
+                    o = t.result()
+                    if good(o):
+                        if t is second:
+                            METRICS.backend_hedges.labels(name, "won").inc()
+                        return o
+                    bad = bad or o
+        assert bad is not None
+        return bad
+    finally:
+        for t in tasks:
+            if not t.done():
+                t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _may_retry(budget: RetryBudget | None, name: str) -> bool:

@@ -60,7 +60,7 @@ class Asker:
         if budget is not None:
             budget.charge()
         return await backend.request("POST", path, form=form, timeout_s=timeout_s, limited=True, endpoint=path,
-                                     check=check)
+                                     check=check, extra_call=budget.try_charge if budget is not None else None)
 
     async def __call__(self, backend: Backend, path: str, form: Pairs, timeout_s: float) -> QueryResult:
         amp = backend.cfg.kind == "amp" and not any(k == "stats" for k, _ in form)

@@ -37,6 +37,13 @@ class Budget:
         self.check(1)
         self.calls += 1
 
+    def try_charge(self) -> bool:
+        """One more call if the limit allows (a hedge: never a 422, just no hedge)."""
+        if self.max_calls and self.calls + 1 > self.max_calls:
+            return False
+        self.calls += 1
+        return True
+
     def new_key(self) -> bool:
         """Whether one more new cache entry may be written."""
         if self.max_keys and self.keys >= self.max_keys:

@@ -81,6 +81,7 @@ class Op:
     args: tuple[Step, ...]
     req: QueryRequest
     reads: tuple[tuple[str, int, int], ...] = ()
+    window: tuple[int, int] | None = None  # `window`: the samples' time, first to last (ms)
 
 
 Step = Sub | Op | float | str  # float: a number literal; str: a string literal
@@ -267,7 +268,7 @@ class CrossStore:
             sel = arg.selector
             lo = int(grid[0]) - sel.offset_ms - arg.range_ms
             hi = int(grid[-1]) - sel.offset_ms
-            return Op("window", node, (), req, tuple(window_parts(router.holdings, sel, lo, hi)))
+            return Op("window", node, (), req, tuple(window_parts(router.holdings, sel, lo, hi)), (lo, hi))
         if isinstance(arg, Subquery) and arg.at is None:
             step = arg.step_ms or DEFAULT_SUBQUERY_STEP_MS
             first = int(grid[0]) - arg.offset_ms - arg.range_ms
@@ -367,6 +368,23 @@ def subqueries(step: Step) -> list[Sub]:
     if isinstance(step, Op):
         return [s for a in step.args for s in subqueries(a)]
     return []
+
+
+def uncovered(op: Op) -> list[tuple[int, int]]:
+    """The stretches of a window's time that no store holds (read by nobody: no data there,
+    as in a Prometheus with that retention)."""
+    if op.window is None:
+        return []
+    lo, hi = op.window
+    out: list[tuple[int, int]] = []
+    at = lo
+    for _, a, b in sorted(op.reads, key=lambda r: r[1]):
+        if a > at:
+            out.append((at, a - 1))
+        at = max(at, b + 1)
+    if at <= hi:
+        out.append((at, hi))
+    return out
 
 
 def tree_backends(step: Step) -> list[str]:

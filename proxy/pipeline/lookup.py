@@ -10,7 +10,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..codec.errors import Undecodable
 from ..config import Config
@@ -49,6 +51,10 @@ class Calls:
     q: Query
     fetches: list[Fetch]
     waits: list[asyncio.Future[QueryResult]]
+    # Applied to each fetch's answer as soon as it arrives (its index, the answer): what to
+    # keep of it. Coalesce keeps the cells it was cut into and lets the whole answer go then,
+    # not once the slowest sibling call is back (a 6 h quarter of a 24 h answer is ~12 MB).
+    settle: Callable[[int, QueryResult], Any] | None = None
 
 
 class Lookup:
@@ -79,7 +85,7 @@ class Coalesce:
     """Stage: wait for pieces in flight elsewhere; group the missing ones into calls."""
 
     def __init__(self, config: Config, target_calls: int, landing: Landing,
-                 next: Stage[Calls, tuple[list[QueryResult], list[QueryResult]]],
+                 next: Stage[Calls, tuple[list[Any], list[QueryResult]]],
                  cell_ms: int | None = None) -> None:
         self.config = config
         self.target_calls = target_calls
@@ -109,7 +115,32 @@ class Coalesce:
         budget = BUDGET.get()
         if budget is not None:
             budget.check(len(fetches))  # before any call is made: a 422 naming the limit
-        results, shared = await self.next(Calls(w.q, fetches, [fut for _, fut in waits]))
+
+        def settle(i: int, result: QueryResult) -> list[Segment]:
+            """A fetched answer as the segments to merge: cut into its pieces."""
+            f = fetches[i]
+            covered = [slot_of[u] for u in f.units]
+            if f.instants:
+                # A range call over instant units: each unit's answer is the call's at its time.
+                parts = Fetcher.cut(f, f.units, result)
+                assert parts is not None  # the call checked that the answer is a matrix
+                return [(s.order, f.shard_index, f.role, part) for s, part in zip(covered, parts)]
+            # The call's answer was cut into its units to be stored: merge those (they live
+            # until their put lands anyway) and let the whole answer go now (a 24 h answer
+            # of 3 M samples is ~50 MB a copy).
+            cells = [self.landing.landed(u.key.digest if u.key is not None else None) for u in f.units]
+            if f.span.is_range and len(f.units) > 1 and all(c is not None for c in cells):
+                return [(s.order, f.shard_index, f.role, fit(s, cell))
+                        for s, cell in zip(covered, cells) if cell is not None]
+            first = min(covered, key=lambda s: s.order)
+            if f.span.is_range:
+                lo = min(s.piece.span.start_ms for s in covered)
+                hi = max(s.piece.span.end_ms for s in covered)
+                if (f.span.start_ms, f.span.end_ms) != (lo, hi):
+                    result = slice_time(result, lo, hi)
+            return [(first.order, f.shard_index, f.role, result)]
+
+        settled, shared = await self.next(Calls(w.q, fetches, [fut for _, fut in waits], settle))
         # Segments to merge: each cached or shared piece, and each fetched answer cut to
         # its pieces.
         segments: list[Segment] = [
@@ -117,34 +148,9 @@ class Coalesce:
         ]
         for (s, _), got in zip(waits, shared):
             segments.append((s.order, s.unit.shard_index, s.piece.role, fit(s, got)))
-        for i, f in enumerate(fetches):
-            covered = [slot_of[u] for u in f.units]
-            if f.instants:
-                # A range call over instant units: each unit's answer is the call's at its time.
-                parts = Fetcher.cut(f, f.units, results[i])
-                assert parts is not None  # the call checked that the answer is a matrix
-                for s, part in zip(covered, parts):
-                    segments.append((s.order, f.shard_index, f.role, part))
-                continue
-            # The call's answer was cut into its units to be stored: merge those (they live
-            # until their put lands anyway) and let the whole answer go now (a 24 h answer
-            # of 3 M samples is ~50 MB a copy).
-            cells = [self.landing.landed(u.key.digest if u.key is not None else None) for u in f.units]
-            if f.span.is_range and len(f.units) > 1 and all(c is not None for c in cells):
-                results[i] = None  # type: ignore[call-overload]
-                for s, cell in zip(covered, cells):
-                    assert cell is not None
-                    segments.append((s.order, f.shard_index, f.role, fit(s, cell)))
-                continue
-            result = results[i]
-            first = min(covered, key=lambda s: s.order)
-            if f.span.is_range:
-                lo = min(s.piece.span.start_ms for s in covered)
-                hi = max(s.piece.span.end_ms for s in covered)
-                if (f.span.start_ms, f.span.end_ms) != (lo, hi):
-                    result = slice_time(result, lo, hi)
-            segments.append((first.order, f.shard_index, f.role, result))
-        del results
+        for part in settled:
+            segments.extend(part)
+        del settled
         segments.sort(key=lambda seg: seg[0])
         return segments
 
@@ -155,13 +161,12 @@ class FanOut:
     def __init__(self, fetcher: Fetcher) -> None:
         self.fetcher = fetcher
 
-    async def __call__(self, c: Calls) -> tuple[list[QueryResult], list[QueryResult]]:
+    async def __call__(self, c: Calls) -> tuple[list[Any], list[QueryResult]]:
         q = c.q
         try:
             async with asyncio.timeout(q.timeout_s):
                 async with asyncio.TaskGroup() as tg:
-                    tasks = [tg.create_task(self.fetcher.fetch(f, q.extra, q.timeout_s, q.cache, q.router))
-                             for f in c.fetches]
+                    tasks = [tg.create_task(self._fetch(c, i)) for i in range(len(c.fetches))]
                     shared = [tg.create_task(_wait(fut)) for fut in c.waits]
         except* PieceFailed as group:
             raise _first(group.exceptions) from None
@@ -174,6 +179,11 @@ class FanOut:
                 "timeout", f"query timed out after {q.timeout_s:g}s ({len(c.fetches)} backend calls)"
             ) from None
         return [t.result() for t in tasks], [t.result() for t in shared]
+
+    async def _fetch(self, c: Calls, i: int) -> Any:
+        q = c.q
+        result = await self.fetcher.fetch(c.fetches[i], q.extra, q.timeout_s, q.cache, q.router)
+        return result if c.settle is None else c.settle(i, result)
 
 
 async def _wait(fut: asyncio.Future[QueryResult]) -> QueryResult:

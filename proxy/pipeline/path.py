@@ -5,6 +5,8 @@ Each stage has one job and one `async __call__`; it derives the value it hands d
 
     Admit      admission (in flight, a bounded wait), allowances (calls, cache keys), AMP samples
     Plan       parse once (cached by text), shard-label values, the plan, the cache context
+    Reserve    the answer's estimated bytes from the process's budget (a bounded wait), given
+               back once the response is sent
     Route      hybrid fleets: who holds what; a join across stores branches to CrossStore
     Forward    a query left whole: its cached answer, or the backend's bytes untouched
     Fallback   a piece's backend error is the answer; shapes the merge cannot model go whole
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from ..backends import Backend
 from ..cache import PieceStore
 from ..config import Config
+from .answer_bytes import AnswerBytes, Reserve
 from .ask import Asker
 from .budget import Admission, Admit
 from .cache_read import CacheReader
@@ -45,6 +48,9 @@ from .planning import Plan, Planner
 from .raw_fetch import RawCache
 from .routing import Route
 from .slots import SlotMaker
+from .stage import Stage
+from .traced import traced
+from .values import Answer, Query
 
 
 @dataclass
@@ -59,12 +65,14 @@ class Parts:
     leases: Leases
     fetcher: Fetcher
     cross_store: CrossStore
+    answers: AnswerBytes
+    admission: Admission  # shared by the pipelines of every tenant
 
 
 def build(config: Config, backends: Sequence[Backend], store: Callable[[], PieceStore],
-          admission: Admission | None = None) -> tuple[Admit, Parts]:
-    """The stages over `backends` (backends[0] the primary); `admission` shared with other
-    pipelines (one per tenant) when given."""
+          admission: Admission | None = None, answers: AnswerBytes | None = None) -> tuple[Stage[Query, Answer], Parts]:
+    """The stages over `backends` (backends[0] the primary); `admission` and the answer-bytes
+    budget `answers` shared with other pipelines (one per tenant) when given."""
     primary = backends[0]
     by_name = {b.name: b for b in backends}
     cache_on = config.cache.enabled
@@ -77,16 +85,21 @@ def build(config: Config, backends: Sequence[Backend], store: Callable[[], Piece
     ask = Asker()
     fetcher = Fetcher(landing, writer, RouteAnswer(config, backends, ask), cache_on, leases)
 
+    # Each stage's next one inside its tracing span when tracing is on (traced.py).
     fan_out = FanOut(fetcher)
-    coalesce = Coalesce(config, primary.cfg.max_parallel, landing, fan_out, planner.settings.split_interval_ms)
-    lookup = Lookup(config, slots, reader, DayCells(slots, reader, writer, primary.cfg.max_parallel), coalesce)
-    merge = Merge(planner, lookup)
-    fallback = Fallback(by_name, primary, merge)
-    forward = Forward(by_name, primary, slots, reader, writer, landing, fetcher.flight, ask, fallback, leases)
+    coalesce = Coalesce(config, primary.cfg.max_parallel, landing, traced(fan_out), planner.settings.split_interval_ms)
+    lookup = Lookup(config, slots, reader, DayCells(slots, reader, writer, primary.cfg.max_parallel), traced(coalesce))
+    merge = Merge(planner, traced(lookup))
+    fallback = Fallback(by_name, primary, traced(merge))
+    forward = Forward(by_name, primary, slots, reader, writer, landing, fetcher.flight, ask, traced(fallback), leases)
     window_bound = min((n for n in (config.limits.max_window_samples, config.limits.max_samples) if n), default=0)
     raw_cache = RawCache(config, store, writer) if cache_on else None
-    cross_store = CrossStore(planner, backends, merge, window_bound, raw_cache)
-    route = Route(backends, forward, cross_store)
-    plan = Plan(planner, primary, cache_on, route)
-    admit = Admit(config.limits, plan, admission)
-    return admit, Parts(planner, slots, landing, reader, writer, leases, fetcher, cross_store)
+    cross_store = CrossStore(planner, backends, traced(merge), window_bound, raw_cache)
+    route = Route(backends, traced(forward), traced(cross_store))
+    limits = config.limits
+    answers = answers or AnswerBytes(limits.max_inflight_answer_bytes, limits.queue_timeout / 1000)
+    reserve = Reserve(answers, planner, traced(route))
+    plan = Plan(planner, primary, cache_on, traced(reserve))
+    admit = Admit(limits, traced(plan), admission)
+    return traced(admit), Parts(planner, slots, landing, reader, writer, leases, fetcher, cross_store, answers,
+                                admit.admission)

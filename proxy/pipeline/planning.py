@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 import orjson
 
+from shardplanner.answer_size import answer_bytes
 from shardplanner.explain import reason_code
 from shardplanner.plan import Plan as QueryPlan
 from shardplanner.plan import PlannerSettings, QueryRequest
@@ -64,15 +66,20 @@ class ShardValues:
     queries; at most MAX_ENTRIES (scope, label) pairs are kept, oldest dropped first."""
 
     MAX_ENTRIES = 4096
+    # A discovery that failed is not tried again for this long: every query of a sick backend
+    # would otherwise add a discovery (and its retries) to its own call.
+    RETRY_AFTER_FAILURE_S = 30.0
 
     def __init__(self, backend: Backend, ttl_ms: int) -> None:
         self.backend = backend
         self.ttl_s = ttl_ms / 1000
         self._values: dict[tuple[str, str], tuple[float, tuple[str, ...]]] = {}
         self._refreshing: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._failed: dict[tuple[str, str], float] = {}  # (scope, label) -> when discovery failed
 
     async def _fetch(self, label: str) -> None:
         key = (tenant_scope(), label)
+        self._failed.pop(key, None)
         try:
             reply = await self.backend.request(
                 "GET", f"/api/v1/label/{label}/values", timeout_s=10, endpoint="/api/v1/label/:name/values"
@@ -85,23 +92,38 @@ class ShardValues:
                     del self._values[next(iter(self._values))]
         except (PromError, ValueError) as exc:
             log.warning("could not discover values of shard label %s: %s", label, exc)
+        if key not in self._values or self._values[key][0] < time.monotonic() - self.ttl_s:
+            self._failed[key] = time.monotonic()
+            while len(self._failed) > self.MAX_ENTRIES:
+                del self._failed[next(iter(self._failed))]
 
     def _refreshed(self, key: tuple[str, str], _task: asyncio.Task[None]) -> None:
         self._refreshing.pop(key, None)
 
+    def _discover(self, scope: str, label: str) -> asyncio.Task[None]:
+        key = (scope, label)
+        task = self._refreshing.get(key)
+        if task is None:
+            task = asyncio.create_task(self._fetch(label))  # inherits the tenant (contextvar)
+            self._refreshing[key] = task
+            task.add_done_callback(functools.partial(self._refreshed, key))
+        return task
+
     async def get(self, labels: Sequence[str]) -> dict[str, tuple[str, ...]]:
         scope = tenant_scope()
-        missing = [lb for lb in labels if (scope, lb) not in self._values]
+        now = time.monotonic()
+        missing = [lb for lb in labels if (scope, lb) not in self._values
+                   and now - self._failed.get((scope, lb), -math.inf) > self.RETRY_AFTER_FAILURE_S]
         if missing:
-            await asyncio.gather(*(self._fetch(lb) for lb in missing))
+            # Concurrent first queries share one discovery per label.
+            await asyncio.gather(*(asyncio.shield(self._discover(scope, lb)) for lb in missing))
         now = time.monotonic()
         for lb in labels:
             key = (scope, lb)
             entry = self._values.get(key)
-            if entry and now - entry[0] > self.ttl_s and key not in self._refreshing:
-                task = asyncio.create_task(self._fetch(lb))  # inherits the tenant (contextvar)
-                self._refreshing[key] = task
-                task.add_done_callback(functools.partial(self._refreshed, key))
+            if entry and now - entry[0] > self.ttl_s and key not in self._refreshing \
+                    and now - self._failed.get(key, -math.inf) > self.RETRY_AFTER_FAILURE_S:
+                self._discover(scope, lb)
         return {lb: self._values[(scope, lb)][1] for lb in labels if (scope, lb) in self._values}
 
 
@@ -118,8 +140,7 @@ class Planner:
         values: Mapping[str, Sequence[str]] = {}
         max_samples = self.config.limits.max_samples
         if self.settings.shards > 1 or max_samples:
-            labels = sorted({label for _, label in self.settings.shard_labels})
-            values = await self.shard_values.get(labels)
+            values = await self._shard_values()
         plan = make_plan(req, self.settings, values, self.day_cells_until())
         refusal = samples_limit_message(plan, max_samples)  # limits.max_samples (0: off)
         if refusal is not None:
@@ -133,6 +154,13 @@ class Planner:
         if not cc.enabled or not cc.day_cells_after:
             return None
         return ((wall_ms() - cc.day_cells_after) // DAY_MS) * DAY_MS
+
+    async def _shard_values(self) -> Mapping[str, Sequence[str]]:
+        return await self.shard_values.get(sorted({label for _, label in self.settings.shard_labels}))
+
+    async def answer_bytes(self, plan: QueryPlan) -> int | None:
+        """The answer's decoded bytes, estimated (shardplanner/answer_size.py); None: unknown."""
+        return answer_bytes(plan.expr, plan.request, self.settings, await self._shard_values())
 
     def unsharded(self, plan: QueryPlan) -> QueryPlan:
         """The same request planned without shards (a topk tie at the k-th place)."""

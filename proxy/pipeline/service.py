@@ -20,10 +20,10 @@ from ..cache.revalidate import Revalidator
 from ..config import Config
 from ..errors import PromError
 from ..hybrid import Router
-from .budget import Admit
-from .crossstore import Op, Step, Sub, operator_text, piece_count, subqueries, tree_backends
+from .crossstore import Op, Step, Sub, operator_text, piece_count, subqueries, tree_backends, uncovered
 from .path import Parts, build
 from .routing import check_mergeable, goes_cross_store, router_for, whole_route
+from .stage import Stage
 from .units import coalesce_units
 from .values import ARROW_STREAM, Answer, Pairs, Query
 
@@ -45,10 +45,11 @@ class QueryService:
         self._ready_cache: dict[str, tuple[float, bool]] = {}
         self.root: QueryService = shared.root if shared is not None else self
         self.children: list[QueryService] = []
-        self.run: Admit
+        self.run: Stage[Query, Answer]
         self.parts: Parts
         self.run, self.parts = build(config, backends, self.store,
-                                     self.root.run.admission if shared is not None else None)
+                                     self.root.parts.admission if shared is not None else None,
+                                     self.root.parts.answers if shared is not None else None)
         if shared is not None:
             self.root.children.append(self)
 
@@ -237,7 +238,8 @@ class QueryService:
         cache: dict[str, Any] = await self.store().health() if self.cache_enabled else {"kind": "disabled"}
         ready = await asyncio.gather(*(self.backend_ready(b) for b in self.backends))
         return {"cache": cache, "backends": [
-            {"name": b.name, "kind": b.cfg.kind, "ready": ok, "primary": b is self.primary}
+            {"name": b.name, "kind": b.cfg.kind, "ready": ok, "primary": b is self.primary,
+             "breaker": b.breaker.state}
             for b, ok in zip(self.backends, ready)]}
 
     async def backend_ready(self, backend: Backend) -> bool:
@@ -279,6 +281,7 @@ def _tree_data(step: Step, described: dict[int, dict[str, Any]]) -> dict[str, An
         if step.kind == "window":
             # Where the window's raw samples come from; time nobody holds is not read.
             out["reads"] = [{"backend": b, "from_ms": a, "to_ms": z} for b, a, z in step.reads]
+            out["uncovered"] = [{"from_ms": a, "to_ms": z} for a, z in uncovered(step)]
         return out
     if isinstance(step, str):
         return {"string": step}

@@ -5,7 +5,7 @@ Stages never mutate a `Query`; they derive the next one with `dataclasses.replac
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -77,6 +77,9 @@ class Answer:
     arrow: bool = False  # encode `result` as an Arrow IPC stream
     # For the access log: the plan's shape (pieces, sharded, split, why not).
     info: dict[str, object] = field(default_factory=dict)
+    # Gives back the answer's share of limits.max_inflight_answer_bytes: called by the
+    # response once its body is sent (proxy/api/responses.py).
+    release: Callable[[], None] | None = None
 
 
 class AmbiguousTies(Exception):

@@ -12,6 +12,8 @@
     gomath.py        Go's Sin/Cos/Tan/Log, bit for bit
     pieces.py        cut an answer into time pieces, subsample to a coarser step
     ties.py          is a sharded topk exact? (ties at the k-th place)
+    windows.py       range functions (rate, *_over_time, ...) over raw samples, as Prometheus
+                     2.42 (window_kernels.py, window_lanes.py: the compiled loops); subquery grids
 """
 
 from .query_result import QueryResult, ResultType

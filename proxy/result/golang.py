@@ -3,11 +3,13 @@
     go_pow(x, y)     math.Pow, elementwise (PromQL `^`)
     go_atan2(y, x)   math.Atan2, elementwise, bit for bit (PromQL `atan2`)
     go_quote(s)      strconv.Quote (label values in Prometheus's error texts)
+    go_parse_float(s) strconv.ParseFloat(s, 64) (le labels, API times and durations)
 """
 
 from __future__ import annotations
 
 import math
+import re
 from decimal import Decimal
 
 import numpy as np
@@ -16,10 +18,60 @@ import numpy.typing as npt
 __all__ = [
     "go_abs_seconds", "go_acos", "go_asin", "go_atan", "go_atan2", "go_date_fields", "go_days_in_month",
     "go_float_to_int64", "go_format_f", "go_format_v", "go_is_leap", "go_label_name_ok", "go_max",
-    "go_min", "go_pow", "go_quote",
+    "go_min", "go_parse_float", "go_pow", "go_quote",
 ]
 
 F64 = npt.NDArray[np.float64]
+
+# [0-9], not \d: Python's \d (and float()) take any Unicode digit, Go only ASCII ones.
+_DEC = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\Z")
+_HEX = re.compile(r"[+-]?0[xX]([0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)[pP][+-]?[0-9]+\Z")
+_SPECIAL = {"inf": math.inf, "+inf": math.inf, "-inf": -math.inf, "infinity": math.inf,
+            "+infinity": math.inf, "-infinity": -math.inf, "nan": math.nan}  # Go: no signed NaN
+
+
+def _underscore_ok(s: str) -> bool:
+    """strconv's underscoreOK: an underscore only between digits, or a base prefix and a digit."""
+    saw, i = "^", 0
+    if s[:1] in ("+", "-"):
+        s = s[1:]
+    hexa = False
+    if len(s) >= 2 and s[0] == "0" and s[1].lower() in "box":
+        i, saw, hexa = 2, "0", s[1].lower() == "x"
+    for c in s[i:]:
+        if "0" <= c <= "9" or hexa and "a" <= c.lower() <= "f":
+            saw = "0"
+        elif c == "_":
+            if saw != "0":
+                return False
+            saw = "_"
+        elif saw == "_":
+            return False
+        else:
+            saw = "!"
+    return saw != "_"
+
+
+def go_parse_float(s: str) -> float | None:
+    """strconv.ParseFloat(s, 64), or None where Go returns an error (syntax, or a finite
+    number too large: ErrRange). Underscores between digits are Go's digit separators."""
+    if "_" in s:
+        if not _underscore_ok(s):
+            return None
+        s = s.replace("_", "")
+    special = _SPECIAL.get(s.lower())
+    if special is not None:
+        return special
+    if _DEC.match(s):
+        v = float(s)
+    elif _HEX.match(s):
+        try:
+            v = float.fromhex(s)
+        except OverflowError:
+            return None
+    else:
+        return None
+    return None if math.isinf(v) else v
 
 
 def _is_odd_int(y: F64) -> npt.NDArray[np.bool_]:

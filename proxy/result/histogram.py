@@ -13,12 +13,12 @@ rank is found with sort.Search's bisection -- all in Go's float order of operati
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 import numpy.typing as npt
 from numba import njit
 
+from proxy.result.golang import go_parse_float
 from proxy.result.gosort import go_sort
 from proxy.result.stepwise import Interner, Samples
 
@@ -26,27 +26,6 @@ __all__ = ["go_parse_float", "histogram_quantile"]
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
-
-_DEC = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\Z")
-_HEX = re.compile(r"[+-]?0[xX]([0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)[pP][+-]?\d+\Z")
-_SPECIAL = {"inf": math.inf, "+inf": math.inf, "-inf": -math.inf, "infinity": math.inf,
-            "+infinity": math.inf, "-infinity": -math.inf, "nan": math.nan}  # Go: no signed NaN
-
-
-def go_parse_float(s: str) -> float | None:
-    """strconv.ParseFloat(s, 64), or None where Go returns an error (syntax, or a finite
-    number too large: ErrRange). Underscores (only legal with a base prefix) are refused."""
-    special = _SPECIAL.get(s.lower())
-    if special is not None:
-        return special
-    if _DEC.match(s):
-        v = float(s)
-    elif _HEX.match(s):
-        v = float.fromhex(s)
-    else:
-        return None
-    return None if math.isinf(v) else v
-
 
 @njit(cache=True, error_model="numpy")
 def _bucket_quantile(q, ub, cnt):  # type: ignore[no-untyped-def]

@@ -32,8 +32,6 @@ import math
 import numpy as np
 from numba import njit
 
-from proxy.result.window_lanes import is_serial, run_serial
-
 __all__ = ["CODES", "run"]
 
 CODES: dict[str, int] = {
@@ -193,12 +191,11 @@ def _quantile(buf, m, n, q):  # type: ignore[no-untyped-def]
 
 @_jit
 def run(code, offsets, t, v, eval_ms, range_ms, offset_ms, range_s, p0, p1):  # type: ignore[no-untyped-def]
+    """Every code but window_lanes.SERIAL (window_lanes.run_serial)."""
     n_series = len(offsets) - 1
     n_steps = len(eval_ms)
     state = np.zeros(n_series * n_steps, dtype=np.int8)
     out = np.zeros(n_series * n_steps, dtype=np.float64)
-    if is_serial(code):
-        return run_serial(code, offsets, t, v, eval_ms, range_ms, offset_ms, p0, p1, state, out)
     nxt, pre = _series_aux(code, offsets, v)
     longest = 0
     for s in range(n_series):

@@ -22,17 +22,16 @@ import math
 import numpy as np
 from numba import njit
 
-__all__ = ["is_serial", "run_serial"]
+__all__ = ["SERIAL", "run_serial"]
+
+# The codes of window_kernels.CODES handled here: avg, sum, stddev, stdvar, deriv,
+# predict_linear, holt_winters. windows.py picks the kernel: a compiled call into another
+# file would keep a stale numba cache when that file changes (numba checks only the
+# caller's own file).
+SERIAL = frozenset({5, 8, 11, 12, 17, 18, 19})
 
 _jit = njit(cache=True, nogil=True, error_model="numpy")
 _jit_inline = njit(cache=True, nogil=True, error_model="numpy", inline="always")
-
-
-@_jit_inline
-def is_serial(code):  # type: ignore[no-untyped-def]
-    """The codes of window_kernels.CODES handled here: avg, sum, stddev, stdvar, deriv,
-    predict_linear, holt_winters."""
-    return code == 5 or code == 8 or code == 11 or code == 12 or code >= 17
 
 
 @_jit_inline
@@ -144,8 +143,11 @@ def _four(code, t, v, lo, n, at, sf, tf):  # type: ignore[no-untyped-def]
 
 
 @_jit
-def run_serial(code, offsets, t, v, eval_ms, range_ms, offset_ms, p0, p1, state, out):  # type: ignore[no-untyped-def]
-    """Fill `state` and `out` (see window_kernels.run) for one of the SERIAL codes."""
+def run_serial(code, offsets, t, v, eval_ms, range_ms, offset_ms, p0, p1):  # type: ignore[no-untyped-def]
+    """window_kernels.run for the SERIAL codes."""
+    n_cells = (len(offsets) - 1) * len(eval_ms)
+    state = np.zeros(n_cells, dtype=np.int8)
+    out = np.zeros(n_cells, dtype=np.float64)
     n_steps = len(eval_ms)
     need = 2 if code >= 17 else 1  # samples for an output point
     lo4 = np.zeros(4, dtype=np.int64)

@@ -100,7 +100,7 @@ def eval_range_function(
     of every series of `sel` (a "matrix" answer) covering [eval_ms[0] - offset - range,
     eval_ms[-1] - offset]. Samples outside that span are ignored. Raises PromError
     ("execution") where Prometheus answers an error, ValueError for a misuse."""
-    from proxy.result import window_kernels
+    from proxy.result import window_kernels, window_lanes
 
     if func not in _PARAMS:
         raise ValueError(f"{func!r} is not a range function evaluated here")
@@ -117,11 +117,13 @@ def eval_range_function(
     p = [np.ascontiguousarray(np.broadcast_to(np.asarray(x, dtype=np.float64), (n_steps,))) for x in params]
     while len(p) < 2:
         p.append(np.zeros(n_steps, dtype=np.float64))
-    state, out = window_kernels.run(
-        window_kernels.CODES[func], np.ascontiguousarray(raw.offsets), np.ascontiguousarray(raw.t_ms),
-        np.ascontiguousarray(raw.value), times, int(range_ms), int(offset_ms), go_duration_seconds(range_ms),
-        p[0], p[1],
-    )
+    code = window_kernels.CODES[func]
+    columns = (np.ascontiguousarray(raw.offsets), np.ascontiguousarray(raw.t_ms), np.ascontiguousarray(raw.value),
+               times, int(range_ms), int(offset_ms))
+    if code in window_lanes.SERIAL:
+        state, out = window_lanes.run_serial(code, *columns, p[0], p[1])
+    else:
+        state, out = window_kernels.run(code, *columns, go_duration_seconds(range_ms), p[0], p[1])
     state = state.reshape(raw.n_series, n_steps)
     if func == "holt_winters":
         _check_factors(state, p[0], p[1])

@@ -33,7 +33,25 @@ def test_parse_time(text: str, ms: int) -> None:
     assert parse_time_ms(text) == ms
 
 
-@pytest.mark.parametrize("text", ["", "abc", "2023-11-14", "2023-13-01T00:00:00Z", "NaN", "Inf", " 1"])
+@pytest.mark.parametrize(
+    "text, ms",
+    [
+        # Go's int64(NaN), int64(±Inf) (amd64: math.MinInt64) through time.Unix and
+        # timestamp.FromTime's wrapping arithmetic: 1677-09-21, where Prometheus evaluates.
+        ("NaN", -9223372036855), ("Inf", -9223372036855), ("-Inf", -9223372036855), ("+infinity", -9223372036855),
+        ("1e300", 0),  # int64(1e300) = MinInt64 seconds, x1000 wraps to 0
+        ("0x1p4", 16_000),  # Go's ParseFloat reads hex floats ...
+        ("1_000", 1_000_000), ("0x_1p4", 16_000),  # ... and underscores between digits
+        ("-292273086-05-16T16:47:06Z", -9223309901257974000),  # Prometheus's minTime, maxTime
+        ("292277025-08-18T07:12:54.999999999Z", 9223309901257974999),
+    ],
+)
+def test_parse_time_as_go(text: str, ms: int) -> None:
+    assert parse_time_ms(text) == ms
+
+
+@pytest.mark.parametrize("text", ["", "abc", "2023-11-14", "2023-13-01T00:00:00Z", " 1", "1e309", "1__000", "_1",
+                                  "\u0661\u0662", "0x10", "+nan"])
 def test_parse_time_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="to a valid timestamp"):
         parse_time_ms(text)

@@ -39,10 +39,12 @@ def backend(prom: Any) -> Iterator[faulty.FaultyBackend]:
 def servers(backend: faulty.FaultyBackend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Promaccel]]:
     work = tmp_path_factory.mktemp("faults")
     # A retry budget that never runs out: these tests are about what is retried, not how often
-    # (test_a_sick_backend_is_not_hammered_with_retries is).
+    # (test_a_sick_backend_is_not_hammered_with_retries is), and no circuit breaker: a lasting
+    # fault would open it, and these tests ask again right after the fault ends
+    # (tests/backends/test_breaker.py is about the breaker).
     cfg = work / "promaccel.yaml"
     cfg.write_text(f"backends:\n  - name: default\n    url: {backend.url}\n    retry_ratio: 100\n"
-                   "    retry_floor: 100000\n")
+                   "    retry_floor: 100000\n    breaker: {failures: 0}\n")
     out = {
         "planned": Promaccel.start(None, ("--split-interval", "1h", "--shards", "2"), work / "planned", config=cfg),
         "whole": Promaccel.start(None, ("--split-interval", "none", "--shards", "1"), work / "whole", config=cfg),
@@ -145,41 +147,65 @@ def test_faulty_backend_itself(tmp_path: Path, prom: Any, backend: faulty.Faulty
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
 def test_shutdown_lets_queries_in_flight_finish(prom: Any, backend: faulty.FaultyBackend, tmp_path: Path,
                                                 sig: str) -> None:
-    """SIGTERM while a query waits on a slow backend: the query still gets its exact answer, a
-    new connection is refused, and the process exits within listen.shutdown_timeout."""
+    """SIGTERM while several queries (instant, range, series, labels) wait on a slow backend:
+    each still gets its full, exact answer; a new connection is refused as soon as the signal
+    is handled; the process exits within listen.shutdown_timeout, once they are answered."""
+    import concurrent.futures
     import signal
-    import threading
     import time
 
     cfg = tmp_path / "promaccel.yaml"
-    cfg.write_text("listen:\n  shutdown_timeout: 20s\ncache:\n  enabled: false\n")
-    server = Promaccel.start(backend.url, ("--config", str(cfg)), tmp_path)
-    form = {"query": "max(DCGM_FI_DEV_GPU_TEMP) + 0 * 7777", "time": str(prom.end_s - 600)}
-    direct = httpx.post(prom.url + "/api/v1/query", data=form, timeout=60)
-    backend.set("stall", first=None)  # 3 s before the backend answers
-    got: dict[str, httpx.Response] = {}
+    # One backend call per query, all at once (max_parallel): every query waits on the backend
+    # when the signal comes.
+    cfg.write_text(f"listen:\n  shutdown_timeout: 20s\ncache:\n  enabled: false\nbackends:\n  - name: default\n"
+                   f"    url: {backend.url}\n    max_parallel: 16\n")
+    server = Promaccel.start(None, ("--split-interval", "none"), tmp_path, config=cfg)
+    # labels over the generated window only: Prometheus's own scrapes add label names as it runs
+    window = {"start": str(prom.end_s - 3600), "end": str(prom.end_s)}
+    queries = [(p, f if p != "/api/v1/labels" else window) for p, f in _queries(prom, salt=7777)]
+    queries += _queries(prom, salt=7778)[:2]
+    direct = [httpx.post(prom.url + path, data=form, timeout=60).json() for path, form in queries]
+    # The planner's shard-label discovery (answer-size estimates) is done before the stall, so
+    # that every query's own backend call is what waits.
+    warm = httpx.post(server.url + "/api/v1/query", data={"query": "up", "time": str(prom.end_s)}, timeout=60)
+    assert warm.status_code == 200, warm.text
+    backend.set("stall", first=None)  # 3 s before the backend answers each call
 
-    def ask() -> None:
-        got["r"] = httpx.post(server.url + "/api/v1/query", data=form, timeout=60)
+    def ask(path: str, form: dict[str, str]) -> tuple[httpx.Response, float]:
+        r = httpx.post(server.url + path, data=form, timeout=60)
+        return r, time.monotonic()
 
-    t = threading.Thread(target=ask)
+    pool = concurrent.futures.ThreadPoolExecutor(len(queries))
     try:
-        t.start()
-        time.sleep(1.0)  # the query is waiting on the backend
+        futures = [pool.submit(ask, path, form) for path, form in queries]
+
+        def waiting(path: str, form: dict[str, str]) -> bool:  # a backend call of this query has arrived
+            salt = next((w for w in form.get("query", "").split() if w.isdigit()), "")
+            return any(k.startswith(f"POST {path}".encode() + b"\0") and salt.encode() in k for k in list(backend.seen))
+
+        deadline = time.monotonic() + 10
+        while not all(waiting(p, f) for p, f in queries) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(waiting(p, f) for p, f in queries), list(backend.seen)  # every query is in flight
         t0 = time.monotonic()
         server.proc.send_signal(getattr(signal, sig))
-        time.sleep(0.3)
-        with pytest.raises(httpx.TransportError):
-            httpx.get(server.url + "/-/healthy", timeout=2)  # no longer accepting
-        t.join(30)
+        time.sleep(0.5)
+        for _ in range(3):  # no longer accepting: each new connection refused
+            with pytest.raises(httpx.ConnectError):
+                httpx.get(server.url + "/-/healthy", timeout=2)
+        answers = [f.result(timeout=30) for f in futures]
         # uvicorn re-raises the signal once it has shut down: the exit is the signal's (or 0).
         assert server.proc.wait(30) in (0, -getattr(signal, sig))
-        assert time.monotonic() - t0 < 20
+        exited = time.monotonic()
+        assert exited - t0 < 20, exited - t0  # listen.shutdown_timeout
     finally:
         backend.set(None)
+        pool.shutdown(wait=False)
         if server.proc.poll() is None:
             server.stop()
-    assert got["r"].status_code == 200 and diff_answers(direct.json(), got["r"].json()) == []
+    for (path, _), want, (got, answered) in zip(queries, direct, answers):
+        assert answered > t0 + 1.0, path  # still in flight when the signal came
+        assert got.status_code == 200 and _same(want, got.json()), (path, got.text[:300])
 
 
 def test_shutdown_is_bounded_by_its_timeout(prom: Any, backend: faulty.FaultyBackend, tmp_path: Path) -> None:
@@ -228,8 +254,10 @@ def test_a_sick_backend_is_not_hammered_with_retries(prom: Any, backend: faulty.
     import time
 
     cfg = tmp_path / "promaccel.yaml"
-    cfg.write_text("cache:\n  enabled: false\n")
-    server = Promaccel.start(backend.url, ("--config", str(cfg), "--split-interval", "none"), tmp_path)
+    # No circuit breaker (it would stop the calls after 5 failures; this is about the budget).
+    cfg.write_text(f"cache:\n  enabled: false\nbackends:\n  - name: default\n    url: {backend.url}\n"
+                   "    breaker: {failures: 0}\n")
+    server = Promaccel.start(None, ("--config", str(cfg), "--split-interval", "none"), tmp_path)
     try:
         backend.set("html502", first=None)
         before, t0 = backend.calls, time.monotonic()

@@ -128,7 +128,7 @@ def _post(url: str, path: str, data: dict[str, str]) -> tuple[int, bytes]:
     return r.status_code, r.content
 
 
-def _compare(url: str, func: str, params: list[float], raw_body: bytes, times: np.ndarray, rng_ms: int,
+def _compare(func: str, params: list[float], raw_body: bytes, times: np.ndarray, rng_ms: int,
              off_ms: int, direct: tuple[int, bytes], what: str) -> str:
     """Asserts equality; returns the kind of Prometheus's answer (data, empty, error)."""
     status, body = direct
@@ -159,7 +159,7 @@ def _range_case(prom: Any, func: str, params: list[float], sel: str, rng: int, o
     status, raw_body = _post(prom.url, "/api/v1/query", {"query": f"{sel}[{window_ms}ms]", "time": str(end)})
     assert status == 200, raw_body[:300]
     times = np.arange(start * 1000, end * 1000 + 1, step * 1000, dtype=np.int64)
-    return _compare(prom.url, func, params, raw_body, times, rng * 1000, off * 1000, direct, expr)
+    return _compare(func, params, raw_body, times, rng * 1000, off * 1000, direct, expr)
 
 
 @pytest.fixture(scope="module")
@@ -224,5 +224,5 @@ def test_subquery_matches_prometheus(prom: Any, case: int, grid: Grid) -> None:
         "query": inner, "start": f"{inner_times[0] / 1000:.3f}", "end": f"{inner_times[-1] / 1000:.3f}",
         "step": str(step)})
     assert status == 200, inner_body[:300]
-    kind = _compare(prom.url, func, params, inner_body, times, rng * 1000, off * 1000, direct, expr)
+    kind = _compare(func, params, inner_body, times, rng * 1000, off * 1000, direct, expr)
     assert kind == "data", expr

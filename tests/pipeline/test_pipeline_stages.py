@@ -243,11 +243,13 @@ def test_coalesce_groups_contiguous_pieces_and_serves_landed_ones() -> None:
     slots = SlotMaker(cfg, planner.settings.split_interval_ms).slots(q.plan, None)
     landing = Landing()
 
-    def answer(calls: Calls) -> tuple[list[QueryResult], list[QueryResult]]:
+    def answer(calls: Calls) -> tuple[list[Any], list[QueryResult]]:
         out = []
-        for f in calls.fetches:
-            assert f.start_ms is not None and f.end_ms is not None
-            out.append(QueryResult.from_series("matrix", [series({f.start_ms: 1.0, f.end_ms: 2.0}, job="a")]))
+        for i, f in enumerate(calls.fetches):
+            assert f.start_ms is not None and f.end_ms is not None and calls.settle is not None
+            # As FanOut does: each answer settled (cut to its pieces) as it arrives.
+            out.append(calls.settle(i, QueryResult.from_series("matrix", [series({f.start_ms: 1.0, f.end_ms: 2.0},
+                                                                                 job="a")])))
         return out, []
 
     rec = Recorder(answer)

@@ -211,7 +211,9 @@ def test_histogram_quantile_rules() -> None:
 def test_go_parse_float() -> None:
     assert go_parse_float("+Inf") == INF and go_parse_float("-infinity") == -INF
     assert go_parse_float("0x1p-2") == 0.25 and go_parse_float(".5") == 0.5
-    for bad in ("1_0", " 1", "1e400", "+nan", "", "abc", "0x1"):
+    # Go's digit separators (real Prometheus 2.42 reads time=1_000 as 1000: tests/api/test_fuzz_endpoints.py)
+    assert go_parse_float("1_0") == 10.0 and go_parse_float("0x_1p4") == 16.0
+    for bad in ("_1", "1_", "1__0", " 1", "1e400", "+nan", "", "abc", "0x1", "\u0661"):
         assert go_parse_float(bad) is None, bad
     assert math.isnan(go_parse_float("NaN") or 0.0)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -211,7 +210,9 @@ def test_output_order_matches_concat() -> None:
     assert encode_prometheus_json(out) == encode_prometheus_json(ref)
 
 
-def test_fast_on_a_big_answer() -> None:
+def test_a_big_answer_is_merged_whole() -> None:
+    """4,000 series x 240 steps, each backend with a gap the other fills (its speed is the
+    bench's to show, not a test's)."""
     n_series, n_steps = 4000, 240
     ts = np.asarray(grid(0, n_steps - 1), dtype=np.int64)
     labels = [{"__name__": "x", "i": str(i)} for i in range(n_series)]
@@ -225,11 +226,9 @@ def test_fast_on_a_big_answer() -> None:
         return QueryResult("matrix", labels, offsets, t, v)
 
     p, o = build(slice(40, 80)), build(slice(150, 190))
-    t0 = time.perf_counter()
     out = merge_overlap([p, o], edge_ms=10 * S)
-    elapsed = time.perf_counter() - t0
     assert out.n_series == n_series and out.n_samples == n_series * n_steps
-    assert elapsed < 3.0, elapsed  # ~1.8 M input samples; well under a second when idle
+    assert np.array_equal(out.t_ms, np.tile(ts, n_series))
 
 
 # --- property: the numpy merge equals a per-sample Python oracle ---------------------------

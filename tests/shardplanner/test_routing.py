@@ -404,7 +404,7 @@ def test_parse_duration() -> None:
 
 # --- config examples -----------------------------------------------------------------------
 
-STAGES = sorted(EXAMPLES.glob("*.yaml"))
+STAGES = sorted(EXAMPLES.glob("stage*.yaml"))
 
 
 def _holdings(path: Path) -> tuple[BackendHolding, ...]:

@@ -100,3 +100,19 @@ def test_per_series_selector_and_with_names() -> None:
     for text in ('sum({__name__=~"a|b"})', '{__name__=~"a|b"} * on() c', 'sort({__name__=~"a|b"})',
                  'absent({__name__=~"a|b"})'):
         assert per_series_selector(parse(text)) is None, text
+
+
+def test_explain_names_the_time_no_store_holds() -> None:
+    from proxy.pipeline.crossstore import Op, uncovered
+    from proxy.pipeline.raw_fetch import window_parts
+    from shardplanner.plan import QueryRequest
+
+    gap = [BackendHolding("old", ("*",), until_ms=T), BackendHolding("new", ("*",), since_ms=T + H, primary=True)]
+    sel = parse("x")
+    lo, hi = T - H, T + 2 * H
+    reads = tuple(window_parts(gap, sel, lo, hi))
+    assert [r[0] for r in reads] == ["old", "old", "new", "new"]  # cut on absolute hours (T itself: old)
+    op = Op("window", parse("increase(x[3h])"), (), QueryRequest.instant("increase(x[3h])", hi), reads, (lo, hi))
+    assert uncovered(op) == [(T + 1, T + H - 1)]
+    whole = Op("window", op.node, (), op.req, tuple(window_parts(BY_TIME, sel, lo, hi)), (lo, hi))
+    assert uncovered(whole) == []

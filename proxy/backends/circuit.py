@@ -1,0 +1,103 @@
+"""A circuit breaker per backend (`backends[].breaker`), and the latency window hedging reads.
+
+The breaker counts *calls*, each with its retries (`retries.py`) already spent: a call fails
+when it ends in a connection error, a timeout, a 502/503/504 or a body that never decoded. After
+`failures` such calls in a row (none answered in between) it opens: calls fail at once with a
+503 and Prometheus's error JSON naming the backend, for `cooldown`. Then it half-opens: one
+call goes through as a probe (the others still fail fast); its answer closes the breaker, its
+failure opens it for another cooldown. Any answer from the backend (a 200, a 4xx, a 422)
+counts as success and resets the count. A call cancelled before it ended (its query was
+cancelled, a hedge lost) counts neither way. Counting whole calls rather than tries keeps a
+backend that fails one try in five -- retried to a good answer -- from ever tripping it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+
+from ..errors import PromError
+from ..metrics import METRICS
+
+__all__ = ["BackendBreaker", "LatencyWindow", "CLOSED", "OPEN", "HALF_OPEN"]
+
+CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+_GAUGE = {CLOSED: 0, OPEN: 1, HALF_OPEN: 2}
+
+
+class BackendBreaker:
+    def __init__(self, backend: str, failures: int, cooldown_ms: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.backend = backend
+        self.threshold = failures  # 0: never opens
+        self.cooldown_s = cooldown_ms / 1000
+        self._clock = clock
+        self.failures = 0
+        self.state = CLOSED
+        self._open_until = 0.0
+        self._probing = False
+        self.last_failure = ""
+        METRICS.backend_breaker_state.labels(backend).set(0)
+
+    def _set(self, state: str) -> None:
+        if state != self.state:
+            self.state = state
+            METRICS.backend_breaker_state.labels(self.backend).set(_GAUGE[state])
+            METRICS.backend_breaker_transitions.labels(self.backend, state).inc()
+
+    def admit(self) -> bool:
+        """Let a call through, or raise the fail-fast 503. True: this call is the half-open
+        probe (its outcome decides)."""
+        if self.state == CLOSED:
+            return False
+        if self.state == OPEN and self._clock() >= self._open_until:
+            self._set(HALF_OPEN)
+        if self.state == HALF_OPEN and not self._probing:
+            self._probing = True
+            return True
+        METRICS.backend_breaker_rejected.labels(self.backend).inc()
+        wait = max(0.0, self._open_until - self._clock())
+        raise PromError(
+            "unavailable",
+            f"backend {self.backend!r} is failing: its circuit breaker is open after {self.threshold} failed "
+            f"calls in a row (last: {self.last_failure or 'unknown'}); calls fail fast for "
+            f"{wait:.1f}s more, then one probe call is let through",
+            status=503)
+
+    def success(self, probe: bool) -> None:
+        self.failures = 0
+        if probe or self.state != CLOSED:
+            self._probing = False
+            self._set(CLOSED)
+
+    def failure(self, why: str, probe: bool) -> None:
+        self.last_failure = why[:200]
+        self.failures += 1
+        if probe or (self.state == CLOSED and self.threshold and self.failures >= self.threshold):
+            self._probing = False
+            self._open_until = self._clock() + self.cooldown_s
+            self._set(OPEN)
+
+    def release(self, probe: bool) -> None:
+        """The call ended without an outcome (cancelled): another call may probe."""
+        if probe:
+            self._probing = False
+
+
+class LatencyWindow:
+    """The durations of a backend's last `size` answered calls, for `hedge_after: p95`.
+    No quantile until `min_samples` calls answered (a hedge needs a basis)."""
+
+    def __init__(self, size: int = 256, min_samples: int = 20) -> None:
+        self._d: deque[float] = deque(maxlen=size)
+        self.min_samples = min_samples
+
+    def add(self, seconds: float) -> None:
+        self._d.append(seconds)
+
+    def p95(self) -> float | None:
+        if len(self._d) < self.min_samples:
+            return None
+        values = sorted(self._d)  # 256 floats: ~20 us, once per hedgeable try
+        return values[min(len(values) - 1, int(0.95 * len(values)))]
