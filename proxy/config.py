@@ -272,6 +272,11 @@ class CacheConfig(_Strict):
     # the whole interval (when the query spans several intervals), so that the next refresh
     # of a sliding window finds it.
     extend_partial: bool = True
+    # Day cells: the time pieces of days that ended at least this long ago are a day each
+    # (cut on the step grid like the split_interval pieces, which must divide a day): a warm
+    # 7-day panel reads ~7 cells, not 168. A missing day cell is assembled from its cached
+    # split_interval cells when they are all there, else fetched whole. 0: off.
+    day_cells_after: DurationMs = Field(default=86_400_000, ge=0)
     out_of_order_window: DurationMs = 0
     out_of_order_ttl: DurationMs = 600_000
     # Deadline of a lookup (plus 1 ms per key), counting only the time the event loop waits

@@ -37,6 +37,11 @@ class _Metrics:
             "Range pieces answered by subsampling a cached piece at a finer step",
             registry=r,
         )
+        self.cache_day_cells = Counter(
+            "promaccel_cache_day_cells_assembled_total",
+            "Day cells made from their cached hour cells (no backend call)",
+            registry=r,
+        )
         # AMP bills by samples processed (`stats=all` on every planned AMP call).
         self.samples_processed = Counter(
             "promaccel_backend_samples_processed_total",

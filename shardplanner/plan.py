@@ -149,6 +149,9 @@ class PlannerSettings:
     # sum/count are made disjoint by starting 1 ms after their neighbour), False for
     # Prometheus 3 / left-open `(t-r, t]` (adjacent sub-windows are disjoint as they are).
     closed_range_windows: bool = True
+    # The most grid points one backend call may ask for (Prometheus: 11,000); a day cell
+    # (`plan(day_cells_until_ms=...)`) is only made when a day's grid points fit one call.
+    max_points: int = 11_000
 
 
 @dataclass(frozen=True)
@@ -218,3 +221,6 @@ class Plan:
     # The query's tree with `@ start()`/`@ end()` pinned to absolute times; None when the
     # planner could not parse it. One parse per request: routing and analysis read this.
     expr: Expr | None = field(default=None, compare=False)
+    # Day cells (`timesplit.split_range_days`): the time pieces of days that end by this
+    # instant were cut by day (a whole day in the query is one piece); None: not applied.
+    day_cells_until_ms: int | None = None

@@ -81,7 +81,14 @@ from shardplanner.plan import (
 from shardplanner.promql import CannotParse, TooComplex, parse
 from shardplanner.serialize import to_promql
 from shardplanner.shards import make_shards
-from shardplanner.timesplit import count_pieces, count_windows, split_range, split_window
+from shardplanner.timesplit import (
+    count_pieces,
+    count_windows,
+    day_cells_fit,
+    split_range,
+    split_range_days,
+    split_window,
+)
 
 __all__ = ["estimate_samples", "plan", "samples_limit_message", "shard_label_for"]
 
@@ -101,9 +108,14 @@ _DEFAULT_SUBQUERY_STEP_MS = 60_000
 
 
 def plan(
-    req: QueryRequest, settings: PlannerSettings, shard_values: Mapping[str, Sequence[str]]
+    req: QueryRequest,
+    settings: PlannerSettings,
+    shard_values: Mapping[str, Sequence[str]],
+    day_cells_until_ms: int | None = None,
 ) -> Plan:
-    """Plan ``req``. Deterministic: the same inputs give the same plan, piece for piece."""
+    """Plan ``req``. Deterministic: the same inputs give the same plan, piece for piece.
+    ``day_cells_until_ms``: whole days of the query that end by then are one time piece each
+    (day cells, `timesplit.split_range_days`); the caller derives it from its clock."""
     try:
         expr = parse(req.query)
     except TooComplex as exc:
@@ -121,7 +133,7 @@ def plan(
 
     shard = _shard_decision(pinned, settings, notes)
     window = _instant_window(req, pinned, settings, notes) if not req.is_range else None
-    times = _time_pieces(req, pinned, settings, notes)
+    times, days = _time_pieces(req, pinned, settings, notes, day_cells_until_ms)
 
     roles: tuple[str | None, ...] = (None,)
     if shard is not None and shard.mode == "aggregate" and shard.agg is not None and shard.agg.op == "avg":
@@ -182,6 +194,7 @@ def plan(
         estimated_samples=None if estimate is None else estimate[0],
         estimated_series=None if estimate is None else estimate[1],
         expr=pinned,
+        day_cells_until_ms=day_cells_until_ms if days else None,
     )
 
 
@@ -285,25 +298,36 @@ _NOTHING = _MatchesNothing()
 
 
 def _time_pieces(
-    req: QueryRequest, expr: Expr, settings: PlannerSettings, notes: list[str]
-) -> list[tuple[int, int]]:
-    """Time pieces of a range query within the budget; `[(start, end)]` when not split."""
+    req: QueryRequest,
+    expr: Expr,
+    settings: PlannerSettings,
+    notes: list[str],
+    day_cells_until_ms: int | None = None,
+) -> tuple[list[tuple[int, int]], bool]:
+    """Time pieces of a range query within the budget (`[(start, end)]` when not split), and
+    whether old days were cut as day cells."""
     if not req.is_range:
-        return [(0, 0)]  # placeholder: one instant evaluation
+        return [(0, 0)], False  # placeholder: one instant evaluation
     start, end, step = req.span.start_ms, req.span.end_ms, req.span.step
     whole = [(start, end)]
     interval = settings.split_interval_ms
     if interval is None or end - start < settings.min_range_to_split_ms:
-        return whole
+        return whole, False
     if not rules.time_splittable(expr):
         notes.append("not split in time: the query depends on its own start/end/step")
-        return whole
+        return whole, False
+    if day_cells_until_ms is not None and day_cells_fit(step, interval, settings.max_points):
+        days = split_range_days(start, end, step, interval, day_cells_until_ms, settings.max_pieces)
+        # A query that is one whole day stays in hours: one piece would be forwarded whole,
+        # in one call (the executor fetches a lone missing day of a planned query as hours).
+        if days is not None and len(days) > 1:
+            return days, True
     found = _coarsened(
         lambda i: count_pieces(start, end, step, i), interval, settings.max_pieces, notes
     )
     if found is None:
-        return whole
-    return split_range(start, end, step, found)
+        return whole, False
+    return split_range(start, end, step, found), False
 
 
 def _coarsened(

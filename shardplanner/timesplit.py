@@ -30,12 +30,20 @@ from __future__ import annotations
 import itertools
 
 __all__ = [
+    "DAY_MS",
     "count_pieces",
+    "day_cell",
+    "day_cells_fit",
     "count_windows",
     "first_grid_point_at_or_after",
     "split_range",
+    "split_range_days",
     "split_window",
 ]
+
+# Day cells: old stretches of a range query are cut by UTC day (epoch-aligned) instead of
+# by the split interval, so a 7-day panel is ~7 pieces (and cache cells), not 168.
+DAY_MS = 86_400_000
 
 
 def _check(start_ms: int, end_ms: int, step_ms: int, interval_ms: int) -> None:
@@ -78,6 +86,60 @@ def split_range(
         piece_end = min(
             last, first_grid_point_at_or_after(start_ms, step_ms, next_boundary) - step_ms
         )
+        pieces.append((t, piece_end))
+        t = piece_end + step_ms
+    return pieces
+
+
+def day_cells_fit(step_ms: int, interval_ms: int, max_points: int, day_ms: int = DAY_MS) -> bool:
+    """Whether a range query at ``step_ms`` split at ``interval_ms`` may have day cells: the
+    interval divides the day (a day cell is then exactly its interval pieces) and a day's
+    grid points fit one backend call (``max_points``, Prometheus's 11,000)."""
+    return 0 < interval_ms < day_ms and day_ms % interval_ms == 0 and -(-day_ms // step_ms) <= max_points
+
+
+def day_cell(t_ms: int, grid_start_ms: int, step_ms: int, day_ms: int = DAY_MS) -> tuple[int, int]:
+    """First and last point of the grid ``grid_start_ms + k*step_ms`` (k any integer) inside
+    the day that holds ``t_ms``; the first is after the last when the day holds no point."""
+    d = (t_ms // day_ms) * day_ms
+    first = d + (grid_start_ms - d) % step_ms
+    last = first + ((d + day_ms - 1 - first) // step_ms) * step_ms
+    return first, last
+
+
+def split_range_days(
+    start_ms: int, end_ms: int, step_ms: int, interval_ms: int, until_ms: int, max_pieces: int,
+    day_ms: int = DAY_MS,
+) -> list[tuple[int, int]] | None:
+    """:func:`split_range` at ``interval_ms`` (which divides ``day_ms``), except that every
+    day ``[d, d + day_ms)`` that ends by ``until_ms`` and whose grid points all lie in
+    ``[start_ms, end_ms]`` is one piece: its grid points. Partly covered days and days after
+    ``until_ms`` are cut at ``interval_ms`` as usual, so those pieces are the very ones
+    :func:`split_range` gives, and a day piece is exactly the union of its day's interval
+    pieces. None when that makes more than ``max_pieces`` pieces.
+
+        split_range_days(0, 3 * DAY - 60_000, 60_000, HOUR, until_ms=2 * DAY, max_pieces=100)
+        -> [(0, DAY - 60_000), (DAY, 2 * DAY - 60_000), (2 * DAY, 2 * DAY + HOUR - 60_000), ...]
+           (two day pieces, then 24 hour pieces)
+    """
+    _check(start_ms, end_ms, step_ms, interval_ms)
+    if day_ms % interval_ms:
+        raise ValueError(f"interval_ms {interval_ms} does not divide day_ms {day_ms}")
+    last = _last_grid_point(start_ms, end_ms, step_ms)
+    pieces: list[tuple[int, int]] = []
+    t = start_ms
+    while t <= last:
+        if len(pieces) >= max_pieces:
+            return None
+        d = (t // day_ms) * day_ms
+        if d + day_ms <= until_ms and t - step_ms < d:  # t is its day's first grid point
+            day_last = first_grid_point_at_or_after(start_ms, step_ms, d + day_ms) - step_ms
+            if day_last <= last:
+                pieces.append((t, day_last))
+                t = day_last + step_ms
+                continue
+        next_boundary = (t // interval_ms + 1) * interval_ms
+        piece_end = min(last, first_grid_point_at_or_after(start_ms, step_ms, next_boundary) - step_ms)
         pieces.append((t, piece_end))
         t = piece_end + step_ms
     return pieces

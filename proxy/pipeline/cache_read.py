@@ -10,6 +10,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from shardplanner.plan import Span
+from shardplanner.timesplit import day_cell, day_cells_fit
 
 from ..activity import ACTIVITY
 from ..cache import CacheKey, PieceStore
@@ -107,7 +108,7 @@ class CacheReader:
                         continue
                     if k.span != span:
                         r = slice_time(r, span.start_ms, span.end_ms)
-                s.result, s.status = r, "hit"
+                s.result, s.status, s.answered_by = r, "hit", k.digest
                 break
 
     async def decode(self, keys: Sequence[CacheKey], payloads: Sequence[bytes | None]) -> dict[str, QueryResult]:
@@ -159,16 +160,19 @@ class CacheReader:
             for fine in self.config.cache.reuse_finer_steps:
                 if fine >= span.step or span.step % fine:
                     continue
-                c0, c1 = cell_of(span.start_ms, fine, interval)
-                if span.start_ms < c0 or span.end_ms > c1:
-                    continue
-                try:
-                    u = self.slots.unit(p, Span.range(c0, c1, fine), ctx, router)
-                except PromError:
-                    continue
-                if u.key is not None and u.storable:
-                    keys.append(u.key)
-                    wanted.setdefault(u.key.digest, u.key)
+                cells = [cell_of(span.start_ms, fine, interval)]
+                if s.day is not None and day_cells_fit(fine, interval, self.config.limits.max_points):
+                    cells.insert(0, day_cell(span.start_ms, span.start_ms, fine))  # the finer day cell first
+                for c0, c1 in cells:
+                    if span.start_ms < c0 or span.end_ms > c1:
+                        continue
+                    try:
+                        u = self.slots.unit(p, Span.range(c0, c1, fine), ctx, router)
+                    except PromError:
+                        continue
+                    if u.key is not None and u.storable:
+                        keys.append(u.key)
+                        wanted.setdefault(u.key.digest, u.key)
             if keys:
                 candidates.append((s, keys))
         if not wanted:

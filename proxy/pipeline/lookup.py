@@ -22,6 +22,7 @@ from ..result import QueryResult
 from ..result.pieces import slice_time
 from .budget import BUDGET
 from .cache_read import CacheReader
+from .daycells import DayCells
 from .fetch import Fetcher
 from .landing import Landing
 from .slots import SlotMaker
@@ -59,16 +60,21 @@ class Calls:
 class Lookup:
     """Stage: each piece's cache unit and its cached answer."""
 
-    def __init__(self, config: Config, slots: SlotMaker, reader: CacheReader, next: Stage[Work, list[Segment]]) -> None:
+    def __init__(self, config: Config, slots: SlotMaker, reader: CacheReader, days: DayCells,
+                 next: Stage[Work, list[Segment]]) -> None:
         self.config = config
         self.slots = slots
         self.reader = reader
+        self.days = days
         self.next = next
 
     async def __call__(self, q: Query) -> Pieces:
         assert q.plan is not None
         slots = self.slots.slots(q.plan, q.cache, q.router)
         await self.reader.lookup(slots)
+        if q.cache is not None and q.plan.day_cells_until_ms is not None:
+            partial = await self.days.assemble(slots, q.cache, q.router)
+            slots = self.days.split(slots, partial, self.days.target_calls)
         if q.cache is not None and self.config.cache.reuse_finer_steps:
             await self.reader.lookup_finer(slots, q.cache, q.router)
         segments = await self.next(Work(q, slots))
@@ -79,9 +85,11 @@ class Coalesce:
     """Stage: wait for pieces in flight elsewhere; group the missing ones into calls."""
 
     def __init__(self, config: Config, target_calls: int, landing: Landing,
-                 next: Stage[Calls, tuple[list[Any], list[QueryResult]]]) -> None:
+                 next: Stage[Calls, tuple[list[Any], list[QueryResult]]],
+                 cell_ms: int | None = None) -> None:
         self.config = config
         self.target_calls = target_calls
+        self.cell_ms = cell_ms  # the split interval: day units weigh their hours in a call
         self.landing = landing
         self.next = next
 
@@ -102,7 +110,8 @@ class Coalesce:
         if waits:
             METRICS.coalesced.labels("piece").inc(len(waits))
         slot_of = {s.unit: s for s in missing}
-        fetches = coalesce_units([s.unit for s in missing], self.target_calls, self.config.limits.max_points)
+        fetches = coalesce_units([s.unit for s in missing], self.target_calls, self.config.limits.max_points,
+                                 self.cell_ms)
         budget = BUDGET.get()
         if budget is not None:
             budget.check(len(fetches))  # before any call is made: a 422 naming the limit

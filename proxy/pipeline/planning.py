@@ -18,6 +18,7 @@ from shardplanner.plan import Plan as QueryPlan
 from shardplanner.plan import PlannerSettings, QueryRequest
 from shardplanner.planner import plan as make_plan
 from shardplanner.planner import samples_limit_message
+from shardplanner.timesplit import DAY_MS
 
 from ..backends import Backend
 from ..backends.tenancy import scope as tenant_scope
@@ -50,6 +51,7 @@ def planner_settings(config: Config) -> PlannerSettings:
         max_pieces=pc.max_pieces,
         split_instant_windows=pc.split_instant_windows,
         closed_range_windows=pc.range_windows == "closed",
+        max_points=config.limits.max_points,
     )
 
 
@@ -139,11 +141,19 @@ class Planner:
         max_samples = self.config.limits.max_samples
         if self.settings.shards > 1 or max_samples:
             values = await self._shard_values()
-        plan = make_plan(req, self.settings, values)
+        plan = make_plan(req, self.settings, values, self.day_cells_until())
         refusal = samples_limit_message(plan, max_samples)  # limits.max_samples (0: off)
         if refusal is not None:
             raise PromError("execution", refusal)
         return plan
+
+    def day_cells_until(self) -> int | None:
+        """Days that end by this instant are cut as day cells (`cache.day_cells_after` before
+        now, floored to a UTC day); None when off or when nothing is cached."""
+        cc = self.config.cache
+        if not cc.enabled or not cc.day_cells_after:
+            return None
+        return ((wall_ms() - cc.day_cells_after) // DAY_MS) * DAY_MS
 
     async def _shard_values(self) -> Mapping[str, Sequence[str]]:
         return await self.shard_values.get(sorted({label for _, label in self.settings.shard_labels}))
@@ -154,7 +164,7 @@ class Planner:
 
     def unsharded(self, plan: QueryPlan) -> QueryPlan:
         """The same request planned without shards (a topk tie at the k-th place)."""
-        return make_plan(plan.request, replace(self.settings, shards=1), {})
+        return make_plan(plan.request, replace(self.settings, shards=1), {}, plan.day_cells_until_ms)
 
     def cache_ctx(self, q: Query, primary: Backend) -> CacheCtx:
         extras = sorted((k, v) for k, v in q.pairs if k not in PLANNED_PARAMS and k not in UNKEYED_PARAMS)

@@ -148,8 +148,11 @@ class QueryService:
             if s.unit.key is not None and s.unit.is_range and (s.unit.start_ms, s.unit.end_ms) != (
                     s.piece.start_ms, s.piece.end_ms):
                 d["cache_unit"] = [s.unit.start_ms, s.unit.end_ms]
+            if s.day is not None:
+                d["day_cell"] = [s.day.start_ms, s.day.end_ms]
         return {
-            "fetches": len(coalesce_units(missing, self.primary.cfg.max_parallel, self.config.limits.max_points)),
+            "fetches": len(coalesce_units(missing, self.primary.cfg.max_parallel, self.config.limits.max_points,
+                                          parts.planner.settings.split_interval_ms)),
             "cache": {
                 "enabled": self.cache_enabled,
                 "hits": sum(1 for s in slots if s.status == "hit"),

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from shardplanner.footprint import footprint
 from shardplanner.plan import Piece, Plan, Span
+from shardplanner.timesplit import DAY_MS, day_cell
 
 from ..cache import CacheKey, ttl_for
 from ..config import Config
@@ -42,9 +43,20 @@ class SlotMaker:
         key = CacheKey.for_piece(replace(p, span=span), lookback_ms=ctx.lookback_ms, route=route, tenant=ctx.tenant)
         return replace(bare, key=key, ttl_ms=ttl_for(fp.end_ms, ctx.now_ms, self.config.cache), footprint=fp)
 
+    @staticmethod
+    def day_of(plan: Plan, span: Span) -> Span | None:
+        """The day cell that holds range piece `span` when the plan cut old days as day cells
+        and its day is one of them (a day the query holds whole is one piece, that cell)."""
+        until = plan.day_cells_until_ms
+        if until is None or not span.is_range or (span.start_ms // DAY_MS + 1) * DAY_MS > until:
+            return None
+        first, last = day_cell(span.start_ms, span.start_ms, span.step)
+        return span.with_bounds(first, last) if span.end_ms <= last else None
+
     def slots(self, plan: Plan, ctx: CacheCtx | None, router: Router | None = None) -> list[Slot]:
         """One slot per planned piece, with its cache unit and lookup keys (none when the
-        cache is off or the piece is not cacheable)."""
+        cache is off or the piece is not cacheable). A piece in an old day (day cells) is
+        answered by its day's cell first."""
         if ctx is None:
             if router is None:
                 return [Slot(p, bare_unit(p)) for p in plan.pieces]
@@ -52,16 +64,34 @@ class SlotMaker:
         cc = self.config.cache
         interval = self.split_interval_ms
         slots: list[Slot] = []
+        days: dict[Span, Unit | None] = {}
         for p in plan.pieces:
             span = p.span
             exact = self.unit(p, span, ctx, router)
+            day_span = self.day_of(plan, span)
+            if day_span == span:  # a whole day: its own cell
+                slots.append(Slot(p, exact, (exact.key,) if exact.storable and exact.key else (),
+                                  day=exact if exact.storable else None))
+                continue
+            day = None
+            if day_span is not None:
+                if day_span not in days:
+                    try:
+                        days[day_span] = self.unit(p, day_span, ctx, router)
+                    except PromError:
+                        days[day_span] = None
+                day = days[day_span]
+                if day is not None and not day.storable:
+                    day = None
             cell = None
             if span.is_range and interval:
                 cell = span.with_bounds(*cell_of(span.start_ms, span.step, interval))
                 if span.end_ms > cell.end_ms:
                     cell = None  # a coarsened piece: cached as itself
+            first = (day.key,) if day is not None and day.key is not None else ()
             if cell is None or cell == span:
-                slots.append(Slot(p, exact, (exact.key,) if exact.storable and exact.key else ()))
+                slots.append(Slot(p, exact, (*first, *((exact.key,) if exact.storable and exact.key else ())),
+                                  day=day))
                 continue
             try:
                 whole = self.unit(p, cell, ctx, router)
@@ -70,10 +100,10 @@ class SlotMaker:
                 # stretch of steps that ends inside the cell): cached as itself.
                 slots.append(Slot(p, exact, (exact.key,) if exact.storable and exact.key else ()))
                 continue
-            keys = tuple(u.key for u in (whole, exact) if u.storable and u.key)
+            keys = (*first, *(u.key for u in (whole, exact) if u.storable and u.key))
             old = whole.footprint is not None and whole.footprint.end_ms <= ctx.now_ms - cc.max_freshness
             # Never extend past what one backend call may ask for (Prometheus: 11,000 steps).
             small = cell.points <= self.config.limits.max_points
             extend = whole.storable and old and small and cc.extend_partial and plan.time_split
-            slots.append(Slot(p, whole if extend else exact, keys))
+            slots.append(Slot(p, whole if extend else exact, keys, day=day))
         return slots

@@ -58,6 +58,11 @@ class Slot:
     keys: tuple[CacheKey, ...] = ()
     result: QueryResult | None = None
     status: str = "uncacheable"  # hit | miss | uncacheable
+    # The day cell that can answer the piece (a whole old day, or part of one), when the plan
+    # cut old days as day cells: a missing one may be assembled from its cached hour cells.
+    day: Unit | None = None
+    # The digest of the key the answer was read from (None: not read from the cache).
+    answered_by: str | None = None
 
     @property
     def order(self) -> tuple[int, str, int]:
@@ -84,9 +89,12 @@ def bare_unit(p: Piece) -> Unit:
     return Unit(p.query, p.role, p.shard.index if p.shard else -1, p.span)
 
 
-def coalesce_units(units: Sequence[Unit], target_calls: int, max_points: int = 11_000) -> list[Fetch]:
+def coalesce_units(units: Sequence[Unit], target_calls: int, max_points: int = 11_000,
+                   cell_ms: int | None = None) -> list[Fetch]:
     """Group contiguous range units (same query, shard, role and grid) into about
-    `target_calls` fetches in all, none longer than `max_points` steps. Instant units of the
+    `target_calls` fetches in all, none longer than `max_points` steps. With `cell_ms` (the
+    split interval) a unit weighs the cells it spans (a day cell 24 hour cells), so the calls
+    get about equal time ranges; without, each unit weighs one. Instant units of the
     same query at evenly spaced times (the sub-windows of `max_over_time(x[30d])`) become
     range calls over those times (`Fetch.instants`): one call instead of one per time; a lone
     instant unit is fetched by itself."""
@@ -116,6 +124,10 @@ def coalesce_units(units: Sequence[Unit], target_calls: int, max_points: int = 1
     if not groups:
         return fetches
     per_group = max(1, target_calls // len(groups))
+
+    def weight(u: Unit) -> int:
+        return max(1, (u.span.end_ms - u.span.start_ms + u.span.step) // cell_ms) if cell_ms else 1
+
     for (query, role, shard_index, step, _), members in groups.items():
         members.sort(key=lambda u: u.span.start_ms)
         # Contiguous runs on the same grid only.
@@ -126,14 +138,14 @@ def coalesce_units(units: Sequence[Unit], target_calls: int, max_points: int = 1
                     runs[-1].append(u)
                     continue
             runs.append([u])
-        # Spread the group's call budget over its runs, splitting runs evenly.
+        # Spread the group's call budget over its runs, splitting runs evenly (by weight).
         budget = max(per_group, len(runs))
-        total = sum(len(r) for r in runs)
-        for run in runs:
-            n_calls = max(1, min(len(run), round(budget * len(run) / total)))
-            size = -(-len(run) // n_calls)
-            for i in range(0, len(run), size):
-                for chunk in _within_points(run[i:i + size], step, max_points):
+        weights = [[weight(u) for u in r] for r in runs]
+        total = sum(sum(w) for w in weights)
+        for run, ws in zip(runs, weights):
+            n_calls = max(1, min(len(run), round(budget * sum(ws) / total)))
+            for part in _even_parts(run, ws, -(-sum(ws) // n_calls)):
+                for chunk in _within_points(part, step, max_points):
                     span = Span.range(chunk[0].span.start_ms, chunk[-1].span.end_ms, step)
                     fetches.append(Fetch(query, role, shard_index, span, tuple(chunk), chunk[0].route))
     return fetches
@@ -164,6 +176,20 @@ def _even_runs(units: list[Unit]) -> list[tuple[list[Unit], int | None]]:
     if run:
         runs.append((run, step if len(run) > 1 else None))
     return runs
+
+
+def _even_parts(run: list[Unit], weights: list[int], capacity: int) -> list[list[Unit]]:
+    """`run` in consecutive parts of about `capacity` weight: a unit joins the current part
+    when its middle is within the capacity. With unit weights: parts of `capacity` units."""
+    parts: list[list[Unit]] = []
+    size = capacity
+    for u, w in zip(run, weights):
+        if not parts or 2 * size + w > 2 * capacity:
+            parts.append([])
+            size = 0
+        parts[-1].append(u)
+        size += w
+    return parts
 
 
 def _within_points(chunk: list[Unit], step: int, max_points: int) -> list[list[Unit]]:

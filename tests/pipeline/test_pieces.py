@@ -144,6 +144,20 @@ def test_coalesce_units_contiguous_runs_and_budget() -> None:
     assert sorted((f.shard_index, f.start_ms) for f in coalesce_units(gap, 4)) == [(-1, 0), (-1, 2 * H), (1, 0)]
 
 
+def test_coalesce_weighs_day_units_by_their_hours() -> None:
+    D = 24 * H
+    days = [_unit(i * D, (i + 1) * D - 600_000, step=600_000) for i in range(7)]
+    edge = _unit(7 * D, 7 * D + H - 600_000, step=600_000)
+    # Weighed: calls of about two days each; unweighed, one call would hold 2 days + the hour.
+    fetches = coalesce_units([*days, edge], 4, cell_ms=H)
+    assert [len(f.units) for f in fetches] == [2, 2, 2, 2]
+    assert fetches[-1].units[-1] == edge
+    # A run of hours alone is cut exactly as without weights.
+    hours = [_unit(i * H, (i + 1) * H - 60_000) for i in range(25)]
+    assert [len(f.units) for f in coalesce_units(hours, 4, cell_ms=H)] == [7, 7, 7, 4]
+    assert [f.span for f in coalesce_units(hours, 4, cell_ms=H)] == [f.span for f in coalesce_units(hours, 4)]
+
+
 def test_coalesce_respects_max_points() -> None:
     units = [_unit(i * H, (i + 1) * H - 1_000, step=1_000) for i in range(6)]  # 3600 points each
     fetches = coalesce_units(units, 1, max_points=11_000)

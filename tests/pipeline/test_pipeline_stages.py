@@ -223,10 +223,13 @@ def test_lookup_without_cache_sends_every_slot_down() -> None:
     q = replace(q, plan=run(planner.plan(q.req)))
     slots = SlotMaker(cfg, planner.settings.split_interval_ms)
     from proxy.pipeline.cache_read import CacheReader
+    from proxy.pipeline.cache_write import CacheWriter
+    from proxy.pipeline.daycells import DayCells
 
     reader = CacheReader(cfg, lambda: None, Landing(), slots)  # type: ignore[arg-type,return-value]
+    writer = CacheWriter(cfg, lambda: None, reader.landing)  # type: ignore[arg-type,return-value]
     rec = Recorder(lambda work: [])
-    pieces = run(Lookup(cfg, slots, reader, rec)(q))
+    pieces = run(Lookup(cfg, slots, reader, DayCells(slots, reader, writer), rec)(q))
     (work,) = rec.got
     assert len(work.slots) == 3 and all(s.result is None and not s.keys for s in work.slots)
     assert pieces.status == "MISS" and pieces.segments == []
