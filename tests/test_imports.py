@@ -60,18 +60,3 @@ def test_arrow_conversions_load_pyarrow_on_first_use() -> None:
     )
     assert _loaded_after(statement, ("pyarrow",)) == ["pyarrow"]
 
-
-@pytest.mark.parametrize("env, want", [({}, "system"), ({"ARROW_DEFAULT_MEMORY_POOL": "mimalloc"}, "mimalloc")])
-def test_arrow_buffers_come_from_the_system_allocator(env: dict[str, str], want: str) -> None:
-    # Arrow's bundled mimalloc kept freed payloads resident (issue 15); an operator's own
-    # ARROW_DEFAULT_MEMORY_POOL wins.
-    import os
-
-    code = ("import proxy.codec.arrow, pyarrow as pa\n"
-            "from proxy.result import QueryResult\n"
-            "QueryResult.from_ipc_bytes(QueryResult.from_series('matrix', [({'a': '1'}, [1], [1.0])]).to_ipc_bytes())\n"
-            "print(pa.default_memory_pool().backend_name)")
-    base = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
-                         env={**base, **env})
-    assert out.stdout.split() == [want]

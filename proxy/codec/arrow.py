@@ -19,26 +19,18 @@ The only module of promaccel that imports pyarrow.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Literal
 
-# Arrow's buffers (the cache's compressed payloads, decompressed cells) from the C library's
-# malloc rather than Arrow's bundled mimalloc, which kept 25-60 MiB resident after a burst of
-# heavy queries (freed buffers it does not give back). Read by Arrow when it first allocates,
-# so set before pyarrow is imported (this is its only importer); an operator's own setting
-# wins. Costs nothing measurable at glibc's defaults (docs/BENCHMARKS.md, issue 15).
-os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+import numpy as np
+import numpy.typing as npt
+import orjson
+import pyarrow as pa
+from numba import njit
 
-import numpy as np  # noqa: E402
-import numpy.typing as npt  # noqa: E402
-import orjson  # noqa: E402
-import pyarrow as pa  # noqa: E402
-from numba import njit  # noqa: E402
+from proxy.result import QueryResult
 
-from proxy.result import QueryResult  # noqa: E402
-
-from .errors import MalformedAnswer  # noqa: E402
-from .json_decode import _LABEL_CACHE, _SlowPath  # noqa: E402
+from .errors import MalformedAnswer
+from .json_decode import _LABEL_CACHE, _SlowPath
 from .json_scan import _array_element_spans
 
 __all__ = ["encode_arrow_stream", "from_ipc_bytes", "from_table", "to_ipc_bytes", "to_table"]
