@@ -59,3 +59,4 @@ def test_arrow_conversions_load_pyarrow_on_first_use() -> None:
         "assert QueryResult.from_ipc_bytes(r.to_ipc_bytes()).to_pylist() == r.to_pylist()"
     )
     assert _loaded_after(statement, ("pyarrow",)) == ["pyarrow"]
+

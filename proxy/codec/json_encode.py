@@ -337,6 +337,7 @@ def _encode_series_block(out, o, lab_buf, lab_s, lab_e, offsets, s0, s1, t_ms, v
 
 
 _STREAM_BATCH_SAMPLES = 16_384  # ~0.4 MB chunks: bounded memory, no CPU cost measured
+_WINDOW_SAMPLES = 262_144  # samples gathered at a time from a merged answer's pieces (~4 MB)
 
 
 def encode_prometheus_json(result: QueryResult) -> bytes:
@@ -401,35 +402,40 @@ def _scratch(size: int) -> npt.NDArray[np.uint8]:
 
 def _iter_blocks(result: QueryResult, batch_samples: int | None, head: bytes, tail: bytes) -> Iterator[bytes]:
     n = result.n_series
-    raw, lab_s, lab_e = result.label_block()
+    raw, lab_s_all, lab_e_all = result.label_block()
     lab_buf = np.frombuffer(raw, dtype=np.uint8)
-    offsets = result.offsets
-    t = np.ascontiguousarray(result.t_ms, dtype=np.int64)
-    v = np.ascontiguousarray(result.value, dtype=np.float64)
     is_matrix = result.result_type == "matrix"
-    # Batch boundaries on whole series.
-    if batch_samples is None:
-        bounds = [0, n]
-    else:
-        targets = np.arange(batch_samples, int(offsets[-1]), batch_samples)
-        cut = np.searchsorted(offsets, targets, side="left")
-        bounds = sorted({0, n, *[int(c) for c in cut if 0 < c < n]})
-    for bi in range(len(bounds) - 1):
-        s0, s1 = bounds[bi], bounds[bi + 1]
-        a, b = int(offsets[s0]), int(offsets[s1])
-        vb = v[a:b]
-        # The kernel writes integral values itself; orjson gives the shortest digits of
-        # the others (the same predicate as the kernel's, or the tokens go out of step).
-        other = _non_integral(vb)
-        tok = np.frombuffer(orjson.dumps(other, option=orjson.OPT_SERIALIZE_NUMPY), dtype=np.uint8)
-        prefix = head if bi == 0 else b","
-        suffix = tail if bi == len(bounds) - 2 else b""
-        nbytes = int((lab_e[s0:s1] - lab_s[s0:s1]).sum()) + (s1 - s0) * 24 + (b - a) * 60
-        out = _scratch(len(prefix) + nbytes + len(suffix))
-        out[: len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
-        end = _encode_series_block(
-            out, len(prefix), lab_buf, lab_s, lab_e, offsets, s0, s1, t, v, tok, is_matrix
-        )
-        out[end : end + len(suffix)] = np.frombuffer(suffix, dtype=np.uint8)
-        yield out[: end + len(suffix)].tobytes()
-
+    first = True
+    # A merged answer whose samples are still in its pieces gives them a window at a time.
+    for w0, w1, t_w, v_w in result.sample_windows(_WINDOW_SAMPLES):
+        offsets = result.offsets[w0 : w1 + 1] - result.offsets[w0] if w0 else result.offsets[: w1 + 1]
+        lab_s, lab_e = lab_s_all[w0:w1], lab_e_all[w0:w1]
+        t = np.ascontiguousarray(t_w, dtype=np.int64)
+        v = np.ascontiguousarray(v_w, dtype=np.float64)
+        m = w1 - w0
+        # Batch boundaries on whole series.
+        if batch_samples is None:
+            bounds = [0, m]
+        else:
+            targets = np.arange(batch_samples, int(offsets[-1]), batch_samples)
+            cut = np.searchsorted(offsets, targets, side="left")
+            bounds = sorted({0, m, *[int(c) for c in cut if 0 < c < m]})
+        for bi in range(len(bounds) - 1):
+            s0, s1 = bounds[bi], bounds[bi + 1]
+            a, b = int(offsets[s0]), int(offsets[s1])
+            vb = v[a:b]
+            # The kernel writes integral values itself; orjson gives the shortest digits of
+            # the others (the same predicate as the kernel's, or the tokens go out of step).
+            other = _non_integral(vb)
+            tok = np.frombuffer(orjson.dumps(other, option=orjson.OPT_SERIALIZE_NUMPY), dtype=np.uint8)
+            prefix = head if first else b","
+            suffix = tail if w1 == n and bi == len(bounds) - 2 else b""
+            first = False
+            nbytes = int((lab_e[s0:s1] - lab_s[s0:s1]).sum()) + (s1 - s0) * 24 + (b - a) * 60
+            out = _scratch(len(prefix) + nbytes + len(suffix))
+            out[: len(prefix)] = np.frombuffer(prefix, dtype=np.uint8)
+            end = _encode_series_block(
+                out, len(prefix), lab_buf, lab_s, lab_e, offsets, s0, s1, t, v, tok, is_matrix
+            )
+            out[end : end + len(suffix)] = np.frombuffer(suffix, dtype=np.uint8)
+            yield out[: end + len(suffix)].tobytes()

@@ -23,6 +23,9 @@ LANDING_GRACE_S = 2.0
 RECENT_CALL_S = 5.0
 RECENT_CALLS_MAX = 64
 RECENT_CALL_MAX_BYTES = 4 << 20
+# All recent calls together: 64 calls of up to 4 MB each, kept until something evicted them,
+# held ~40 MiB long after a burst of heavy queries (issue 15); expired ones now go at once.
+RECENT_CALLS_MAX_BYTES = 16 << 20
 
 
 class Landing:
@@ -31,8 +34,9 @@ class Landing:
         self.landing: dict[str, tuple[QueryResult, int]] = {}
         # digest -> the answer of the call fetching it right now.
         self.inflight: dict[str, asyncio.Future[QueryResult]] = {}
-        # flight key -> (answer, fetched_at_ms, expiry)
-        self._recent: dict[tuple[Any, ...], tuple[Any, int, float]] = {}
+        # flight key -> (answer, fetched_at_ms, expiry, bytes)
+        self._recent: dict[tuple[Any, ...], tuple[Any, int, float, int]] = {}
+        self._recent_bytes = 0
         # Anything fetched before this must not be served or stored any more.
         self.invalidated_at_ms = 0
 
@@ -60,9 +64,14 @@ class Landing:
         if entry is None:
             return None
         if entry[2] < time.monotonic() or entry[1] < self.invalidated_at_ms:
-            del self._recent[key]
+            self._forget(key)
             return None
         return entry[0]
+
+    def _forget(self, key: tuple[Any, ...]) -> None:
+        entry = self._recent.pop(key, None)
+        if entry is not None:
+            self._recent_bytes -= entry[3]
 
     def remember_call(self, key: tuple[Any, ...], answer: Any, fetched_at_ms: int) -> None:
         # Big answers are not kept: holding a 50 MB answer for seconds after its query is
@@ -74,15 +83,18 @@ class Landing:
         if size > RECENT_CALL_MAX_BYTES:
             return
         now = time.monotonic()
-        if len(self._recent) >= RECENT_CALLS_MAX:
-            for k in [k for k, e in self._recent.items() if e[2] < now]:
-                del self._recent[k]
-            if len(self._recent) >= RECENT_CALLS_MAX:
-                return
-        self._recent[key] = (answer, fetched_at_ms, now + RECENT_CALL_S)
+        # Expired calls go now, not when full: each may hold a few megabytes.
+        for k in [k for k, e in self._recent.items() if e[2] < now]:
+            self._forget(k)
+        if len(self._recent) >= RECENT_CALLS_MAX or self._recent_bytes + size > RECENT_CALLS_MAX_BYTES:
+            return
+        self._forget(key)
+        self._recent[key] = (answer, fetched_at_ms, now + RECENT_CALL_S, size)
+        self._recent_bytes += size
 
     def forget_all(self) -> None:
         """An invalidation: nothing fetched before now is served or stored any more."""
         self.invalidated_at_ms = wall_ms()
         self.landing.clear()
         self._recent.clear()
+        self._recent_bytes = 0

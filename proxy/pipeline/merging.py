@@ -67,7 +67,12 @@ class Merge:
         if plan.sharded and plan.merge.kind == "aggregate" and plan.merge.op in ("topk", "bottomk") and topk_ambiguous(
                 [(shard, r) for _, shard, _, r in segments], plan.merge):
             raise AmbiguousTies()
-        # Deterministic merge order: shard index, then role, then time.
-        merged = merge([(role, r) for _, _, role, r in segments], plan.merge, time_ms=plan.request.time_ms)
-        return Answer(result=merged, headers={"X-Promaccel-Pieces": str(len(plan.pieces)), "X-Cache": pieces.status},
+        # Deterministic merge order: shard index, then role, then time. A large answer of
+        # time pieces stays in its pieces (lazy): the response streams it from them, so it
+        # is never held twice (pieces + merged copy).
+        merged = merge([(role, r) for _, _, role, r in segments], plan.merge, time_ms=plan.request.time_ms,
+                       lazy=True)
+        status = pieces.status
+        del segments, pieces
+        return Answer(result=merged, headers={"X-Promaccel-Pieces": str(len(plan.pieces)), "X-Cache": status},
                       arrow=q.want_arrow)

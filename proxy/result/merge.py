@@ -1,6 +1,8 @@
 """Merge kernels: piece answers (QueryResult) -> one answer, following a MergeRecipe.
 
-    merge(pieces, recipe, time_ms=None)   dispatch on recipe.kind
+    merge(pieces, recipe, time_ms=None, lazy=False)
+                                           dispatch on recipe.kind (lazy: a large concat
+                                           comes back ungathered, concat.py)
     concat(results)                        union of series, samples concatenated in time
     aggregate(pieces, recipe, time_ms=None)
                                            per timestamp, group by the output labels and
@@ -19,11 +21,7 @@ sum of sums, sum of counts (the planner sends op "sum" for count_over_time). The
 sum/count sub-windows disjoint, so no sample is counted twice; the merge only adds, in piece
 order (time, then shard), so the answer is deterministic.
 
-concat maps each piece's series to the union by canonical label JSON (one dict operation
-per series; a piece with the same key list as the previous one, as time pieces have, is
-mapped once), orders the union once with a compiled bytewise sort key (`_order_by_labels`),
-and gathers the samples in one compiled pass. The merged result keeps the pieces' keys, so
-its labels are not formatted again for encoding.
+concat lives in concat.py (re-exported here).
 
 `pieces` are (role, QueryResult) pairs in shard order; role is the Piece.role from the
 plan ("sum" / "count" for the two halves of an avg, None otherwise). Partial sums are added
@@ -55,21 +53,14 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
-from proxy.errors import PromError
+from proxy.result.concat import MergeConflict, _notes, _order_by_labels, _result_type, concat
 from proxy.result.query_result import QueryResult
 from shardplanner.plan import MergeRecipe
 
-__all__ = ["MergeConflict", "aggregate", "concat", "merge"]
+__all__ = ["MergeConflict", "_order_by_labels", "aggregate", "concat", "merge"]
 
 Key = tuple[tuple[str, str], ...]
 I64 = npt.NDArray[np.int64]
-
-
-class MergeConflict(PromError):
-    """Two pieces disagree in a way a correct plan never produces (a planner bug)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__("internal", message)
 
 
 # Dense (group x timestamp) accumulators up to this many cells, else compact the cells.
@@ -83,13 +74,16 @@ def merge(
     recipe: MergeRecipe,
     *,
     time_ms: int | None = None,
+    lazy: bool = False,
 ) -> QueryResult:
+    """`lazy`: a large concatenated matrix may come back as a `Concatenation` (its samples
+    gathered when read; the JSON encoder streams it without a merged copy)."""
     if recipe.kind == "passthrough":
         if len(pieces) != 1:
             raise MergeConflict(f"passthrough with {len(pieces)} pieces")
         return pieces[0][1]
     if recipe.kind == "concat":
-        merged = concat([r for _, r in pieces])
+        merged = concat([r for _, r in pieces], lazy=lazy)
         if recipe.op in ("topk", "bottomk") and merged.result_type == "vector":
             return _in_topk_order(merged, recipe)
         return merged
@@ -128,199 +122,6 @@ def _in_topk_order(result: QueryResult, recipe: MergeRecipe) -> QueryResult:
     idx = np.asarray(order, dtype=np.int64)
     return QueryResult("vector", [result.labels[i] for i in order], result.offsets.copy(), result.t_ms[idx],
                        result.value[idx], result.warnings, result.infos)
-
-
-def _notes(results: Sequence[QueryResult]) -> tuple[list[str], list[str]]:
-    warnings = list(dict.fromkeys(w for r in results for w in r.warnings))
-    infos = list(dict.fromkeys(w for r in results for w in r.infos))
-    return warnings, infos
-
-
-def _result_type(results: Sequence[QueryResult]) -> str:
-    types = {r.result_type for r in results}
-    if len(types) != 1:
-        raise MergeConflict(f"pieces of different result types: {sorted(types)}")
-    (rtype,) = types
-    return rtype
-
-
-@njit(cache=True, nogil=True)
-def _copy_segments(src_start, seg_len, dest, t_src, v_src, t_out, v_out):  # type: ignore[no-untyped-def]
-    """Copy one piece's segments to their places in the merged arrays."""
-    for j in range(len(src_start)):
-        a = src_start[j]
-        o = dest[j]
-        for x in range(seg_len[j]):
-            t_out[o + x] = t_src[a + x]
-            v_out[o + x] = v_src[a + x]
-
-
-@njit(cache=True, nogil=True)
-def _increasing_within(t, offsets):  # type: ignore[no-untyped-def]
-    """True if every series' timestamps are strictly increasing."""
-    for s in range(len(offsets) - 1):
-        for i in range(offsets[s] + 1, offsets[s + 1]):
-            if t[i] <= t[i - 1]:
-                return False
-    return True
-
-
-@njit(cache=True, nogil=True)
-def _sort_key_block(raw, starts, ends, out, out_s, out_e):  # type: ignore[no-untyped-def]
-    """Label JSON without backslashes -> `n1 NUL v1 NUL n2 NUL v2 NUL` per key (the
-    strings' contents, each closing quote a NUL, the rest dropped). Returns the length."""
-    o = 0
-    for s in range(len(starts)):
-        out_s[s] = o
-        inside = False
-        for j in range(starts[s], ends[s]):
-            c = raw[j]
-            if c == 34:
-                if inside:
-                    out[o] = 0
-                    o += 1
-                inside = not inside
-            elif inside:
-                out[o] = c
-                o += 1
-        out_e[s] = o
-    return o
-
-
-def _order_by_labels(ckeys: list[bytes], labels: list[dict[str, str]]) -> list[int]:
-    """Series indexes in Prometheus's labels.Compare order. Without escapes in the label
-    JSON, `n1 NUL v1 NUL n2 NUL v2 NUL` compares bytewise exactly like labels.Compare
-    (a string that is a prefix of another sorts first; a raw byte in the JSON is never
-    NUL) and is much cheaper than tuples; it is made in one compiled pass. The sort is
-    Timsort: linear when the keys arrive in order, as they do from Prometheus."""
-    n = len(ckeys)
-    raw = b"".join(ckeys)
-    if b"\\" not in raw:
-        lens = np.fromiter(map(len, ckeys), dtype=np.int64, count=n)
-        ends = np.cumsum(lens)
-        out = np.empty(len(raw), dtype=np.uint8)
-        out_s = np.empty(n, dtype=np.int64)
-        out_e = np.empty(n, dtype=np.int64)
-        m = _sort_key_block(np.frombuffer(raw, dtype=np.uint8), ends - lens, ends, out, out_s, out_e)
-        block = out[:m].tobytes()
-        skeys = [block[a:b] for a, b in zip(out_s.tolist(), out_e.tolist())]
-        return sorted(range(n), key=skeys.__getitem__)
-    tkeys = [tuple(sorted(d.items())) for d in labels]
-    return sorted(range(n), key=tkeys.__getitem__)
-
-
-def concat(results: Sequence[QueryResult], *, keep_first: bool = False) -> QueryResult:
-    """Union of series by label set, samples in time order. The same (series, timestamp)
-    in two pieces raises MergeConflict, or keeps the earliest piece's sample when
-    `keep_first` (two backends holding the same series)."""
-    if not results:
-        raise MergeConflict("nothing to merge")
-    rtype = _result_type(results)
-    warnings, infos = _notes(results)
-    if rtype in ("scalar", "string"):
-        if len(results) != 1:
-            raise MergeConflict(f"cannot concatenate {len(results)} {rtype} results")
-        return results[0]
-
-    gid_of: dict[bytes, int] = {}
-    labels: list[dict[str, str]] = []
-    seg_gid, seg_start, seg_len, seg_first, seg_piece = [], [], [], [], []
-    prev_keys: list[bytes] | None = None
-    gids = np.zeros(0, dtype=np.int64)
-    for p, r in enumerate(results):
-        keys = r.canonical_keys()
-        if prev_keys is None or keys is not prev_keys and keys != prev_keys:
-            # One dict operation per series: a new key gets the next id.
-            n0 = len(gid_of)
-            setdefault = gid_of.setdefault
-            gl = [setdefault(ck, len(gid_of)) for ck in keys]
-            if len(gid_of) > n0:  # new ids are n0, n0+1, ... in order of first use
-                rl = r.labels
-                nxt = n0
-                for s, g in enumerate(gl):
-                    if g == nxt:
-                        labels.append(rl[s])
-                        nxt += 1
-            gids = np.array(gl, dtype=np.int64)
-            prev_keys = keys
-        # else: the same series in the same order as the previous piece (time pieces)
-        counts = r.counts
-        nz = counts > 0
-        starts = r.offsets[:-1][nz]
-        seg_gid.append(gids[nz])
-        seg_start.append(starts)
-        seg_len.append(counts[nz])
-        seg_first.append(r.t_ms[starts])
-        seg_piece.append(np.full(len(starts), p, dtype=np.int64))
-
-    ckeys = list(gid_of)
-    order = _order_by_labels(ckeys, labels)
-    rank = np.empty(len(order), dtype=np.int64)
-    rank[order] = np.arange(len(order))
-    g_all = np.concatenate(seg_gid)
-    s_rank = rank[g_all]
-    s_start = np.concatenate(seg_start)
-    s_len = np.concatenate(seg_len)
-    s_first = np.concatenate(seg_first)
-    s_piece = np.concatenate(seg_piece)
-    seg_order = np.lexsort((s_piece, s_first, s_rank))
-    s_rank, s_start, s_len, s_piece = (
-        s_rank[seg_order],
-        s_start[seg_order],
-        s_len[seg_order],
-        s_piece[seg_order],
-    )
-    # Each piece's segments straight to their place (no concatenated copy of the pieces:
-    # the largest answers are tens of megabytes per copy).
-    total = int(s_len.sum())
-    dest = np.zeros(len(s_len), dtype=np.int64)
-    np.cumsum(s_len[:-1], out=dest[1:])
-    t = np.empty(total, dtype=np.int64)
-    v = np.empty(total, dtype=np.float64)
-    for p, r in enumerate(results):
-        mine = np.flatnonzero(s_piece == p)
-        if len(mine):
-            _copy_segments(s_start[mine], s_len[mine], dest[mine], r.t_ms, r.value, t, v)
-
-    n_keys = len(order)
-    counts_by_rank = np.bincount(s_rank, weights=s_len, minlength=n_keys).astype(np.int64)
-    offsets = np.zeros(n_keys + 1, dtype=np.int64)
-    np.cumsum(counts_by_rank, out=offsets[1:])
-    increasing = _increasing_within(t, offsets)
-
-    # Within a series the concatenated segments must be strictly increasing in time.
-    if not increasing:
-        t, v, offsets = _resolve_overlaps(t, v, offsets, np.repeat(s_piece, s_len), keep_first)
-        counts_by_rank = np.diff(offsets)
-
-    keep = counts_by_rank > 0
-    kept = [g for g, k in zip(order, keep.tolist()) if k]
-    if not keep.all():
-        offsets = np.concatenate([[0], offsets[1:][keep]]).astype(np.int64)
-    out = QueryResult(rtype, [labels[g] for g in kept], offsets, t, v, warnings, infos)  # type: ignore[arg-type]
-    out.set_canonical_keys([ckeys[g] for g in kept])
-    return out
-
-
-def _resolve_overlaps(
-    t: I64, v: npt.NDArray[np.float64], offsets: I64, piece: I64, keep_first: bool
-) -> tuple[I64, npt.NDArray[np.float64], I64]:
-    series = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-    order = np.lexsort((piece, t, series))
-    t, v, series = t[order], v[order], series[order]
-    dup = np.zeros(len(t), dtype=bool)
-    dup[1:] = (np.diff(t) == 0) & (np.diff(series) == 0)
-    if dup.any():
-        if not keep_first:
-            i = int(np.flatnonzero(dup)[0])
-            raise MergeConflict(
-                f"two pieces hold the same sample (series #{int(series[i])}, t_ms={int(t[i])})"
-            )
-        t, v, series = t[~dup], v[~dup], series[~dup]
-    counts = np.bincount(series, minlength=len(offsets) - 1)
-    new_offsets = np.zeros(len(offsets), dtype=np.int64)
-    np.cumsum(counts, out=new_offsets[1:])
-    return t, v, new_offsets
 
 
 # --------------------------------------------------------------------------------------

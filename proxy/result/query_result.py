@@ -22,7 +22,7 @@ proxy/codec/arrow.py on first use.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -134,6 +134,13 @@ class QueryResult:
     def series(self) -> npt.NDArray[np.int32]:
         """Series index of every sample (int32)."""
         return np.repeat(np.arange(self.n_series, dtype=np.int32), self.counts)
+
+    def sample_windows(self, max_samples: int) -> Iterator[tuple[int, int, I64, F64]]:
+        """The samples by windows of whole series, for writers that stream: (s0, s1, t, v),
+        t and v holding the samples of series s0..s1-1 (from offsets[s0]). A result holding
+        its samples gives them all at once; a merged result whose samples are still in its
+        pieces (concat.py's `Concatenation`) gathers about `max_samples` at a time."""
+        yield 0, self.n_series, self.t_ms, self.value
 
     def label_block(self) -> tuple[bytes, I64, I64]:
         """All label sets as Prometheus writes them: (bytes, start, end) per series."""

@@ -10,6 +10,7 @@ import httpx
 import orjson
 import pytest
 
+from proxy.result.concat import LAZY_ABOVE_SAMPLES
 from tests.corpus import QUERIES
 from tests.equivalence import compare_case
 
@@ -86,3 +87,20 @@ def test_deterministic_bytes(prom: Any, planned: Any, proxies: Any) -> None:
     direct = httpx.post(prom.url + "/api/v1/query_range", data=params, timeout=60)
     assert compare_case("planned", "deterministic_bytes", params["query"], "/api/v1/query_range", direct.status_code,
                         orjson.loads(direct.content), answers[0].status_code, orjson.loads(answers[0].content)) == []
+
+
+def test_large_answer_streamed_from_its_pieces(prom: Any, planned: Any) -> None:
+    """A raw range answer of more samples than concat.LAZY_ABOVE_SAMPLES: merged from its hour
+    pieces without a merged copy (written from the pieces as it is streamed), cold
+    and then from the cache, it is Prometheus's answer byte for byte."""
+    params = {"query": '{__name__=~"DCGM_FI_DEV_(GPU_UTIL|FB_USED|GPU_TEMP|POWER_USAGE)"}',
+              "start": str(prom.end_s - 6 * 3600 + 45), "end": str(prom.end_s - 15), "step": "15"}
+    direct = httpx.post(prom.url + "/api/v1/query_range", data=params, timeout=120)
+    assert direct.status_code == 200
+    samples = sum(len(s["values"]) for s in orjson.loads(direct.content)["data"]["result"])
+    assert samples > LAZY_ABOVE_SAMPLES
+    for cache in ("MISS", "HIT"):
+        proxied = httpx.post(planned.url + "/api/v1/query_range", data=params, timeout=120)
+        assert proxied.headers["X-Cache"] == cache
+        assert int(proxied.headers["X-Promaccel-Pieces"]) >= 6  # one an hour
+        assert proxied.content == direct.content

@@ -1,0 +1,45 @@
+"""Landing's recent calls: bounded in count and in bytes, expired ones let go at once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from proxy.pipeline import landing as landing_mod
+from proxy.pipeline.landing import Landing
+
+
+@dataclass
+class Reply:
+    body: bytes
+
+
+def test_recent_calls_are_bounded_in_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(landing_mod, "RECENT_CALLS_MAX_BYTES", 10_000)
+    zone = Landing()
+    for i in range(4):
+        zone.remember_call(("k", i), (Reply(b"x" * 3_000), 0, {}), 0)
+    # 3 x 3,000 bytes fit in 10,000; the fourth does not.
+    assert [zone.recent_call(("k", i)) is not None for i in range(4)] == [True, True, True, False]
+    assert zone.recent_call(("k", 0))[0].body == b"x" * 3_000
+    # Too big alone, as before.
+    zone.remember_call(("big",), Reply(b"x" * (landing_mod.RECENT_CALL_MAX_BYTES + 1)), 0)
+    assert zone.recent_call(("big",)) is None
+
+
+def test_expired_calls_are_let_go_when_the_next_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(landing_mod.time, "monotonic", lambda: now[0])
+    zone = Landing()
+    zone.remember_call(("a",), Reply(b"a" * 100), 0)
+    zone.remember_call(("b",), Reply(b"b" * 100), 0)
+    now[0] += landing_mod.RECENT_CALL_S + 1
+    zone.remember_call(("c",), Reply(b"c" * 100), 0)
+    # a and b expired: gone (not only when the table is full), their bytes given back.
+    assert set(zone._recent) == {("c",)} and zone._recent_bytes == 100
+    assert zone.recent_call(("c",)) is not None
+    zone.remember_call(("c",), Reply(b"c" * 50), 0)  # the same call again: replaced, not counted twice
+    assert zone._recent_bytes == 50
+    zone.forget_all()
+    assert zone._recent_bytes == 0 and zone.recent_call(("c",)) is None
