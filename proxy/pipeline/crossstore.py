@@ -258,10 +258,7 @@ class CrossStore:
         """`func(x[r])` / `func(expr[r:s])` whose window no single backend holds: over raw
         samples from each store (`window`), or over the inner expression evaluated on the
         subquery's grid (`subquery`); the other arguments must be number literals."""
-        ranged = [a for a in node.args if not isinstance(a, Number)]
-        arg: Any = ranged[0] if len(ranged) == 1 else None
-        while isinstance(arg, Paren):
-            arg = arg.expr
+        arg = _range_arg(node)
         grid = grid_of(req)
         if (isinstance(arg, MatrixSel) and arg.selector.at is None
                 and any(h.holds_metric(arg.selector.metric_name) for h in router.holdings)):
@@ -299,15 +296,12 @@ class CrossStore:
 
     async def _window(self, step: Op, q: Query) -> QueryResult:
         node: Call = step.node
-        arg: Any = next(a for a in node.args if not isinstance(a, Number))
-        while isinstance(arg, Paren):
-            arg = arg.expr
+        arg = _range_arg(node)
         assert isinstance(arg, MatrixSel)
         by_name = {b.name: b for b in self.backends}
         cache = self.raw_cache if q.cache is not None else None  # the query may use the cache
         raw = await fetch_raw(arg.selector, step.reads, by_name, q.timeout_s, self.max_window_samples, cache)
-        params = [a.value for a in node.args if isinstance(a, Number)]
-        out = eval_range_function(node.func, params, raw, grid_of(step.req), arg.range_ms,
+        out = eval_range_function(node.func, _params(node), raw, grid_of(step.req), arg.range_ms,
                                   offset_ms=arg.selector.offset_ms)
         return as_answer(out, step.req)
 
@@ -329,11 +323,10 @@ class CrossStore:
         inner = args[0]
         assert isinstance(inner, QueryResult)  # tree() never puts a literal under these
         if step.kind == "subquery":
-            sub = next(a for a in node.args if not isinstance(a, Number))
-            while isinstance(sub, Paren):
-                sub = sub.expr
-            params = [a.value for a in node.args if isinstance(a, Number)]
-            out = eval_range_function(node.func, params, inner, grid_of(req), sub.range_ms, offset_ms=sub.offset_ms)
+            sub = _range_arg(node)
+            assert isinstance(sub, Subquery)
+            out = eval_range_function(node.func, _params(node), inner, grid_of(req), sub.range_ms,
+                                      offset_ms=sub.offset_ms)
             return as_answer(out, req)
         if step.kind == "pinned":
             return _restamp(inner, req)
@@ -341,6 +334,21 @@ class CrossStore:
             return _absent_or_scalar(node, inner, req)
         param = node.param.value if node.param is not None else None
         return evaluate_aggregation(node, inner, param, grid_of(req), req.is_range)
+
+
+def _range_arg(node: Call) -> Any:
+    """The one argument of a range function that is not a number literal (its range vector),
+    parentheses off; None when there is not exactly one."""
+    ranged = [a for a in node.args if not isinstance(a, Number)]
+    arg: Any = ranged[0] if len(ranged) == 1 else None
+    while isinstance(arg, Paren):
+        arg = arg.expr
+    return arg
+
+
+def _params(node: Call) -> list[float]:
+    """A range function's number arguments, in call order (quantile, predict_linear's t, ...)."""
+    return [a.value for a in node.args if isinstance(a, Number)]
 
 
 def _stamps_samples(node: Call) -> bool:

@@ -39,6 +39,7 @@ from ..result.merge import concat
 from ..result.pieces import slice_time
 from .ask import Asker, query_call
 from .budget import BUDGET
+from .cache_read import decode_payloads
 from .cache_write import CacheWriter
 
 HOUR_MS = 3_600_000
@@ -81,12 +82,12 @@ class RawCache:
             payloads = await self.store().get_many(keys)
         except Exception:  # noqa: BLE001 -- the store reports its own trouble; fetch instead
             return [None] * len(keys)
+        found = [p for p in payloads if p is not None]
+        decoded = iter(decode_payloads(found))  # an undecodable entry is a miss
         out: list[QueryResult | None] = []
         for p in payloads:
-            try:
-                out.append(QueryResult.from_ipc_bytes(p) if p is not None else None)
-            except Exception:  # noqa: BLE001 -- an undecodable entry is a miss
-                out.append(None)
+            r = next(decoded) if p is not None else None
+            out.append(r if isinstance(r, QueryResult) else None)
         return out
 
     def keep(self, entries: Sequence[tuple[CacheKey, QueryResult, str | None, int, int]], fetched_at_ms: int) -> None:
