@@ -277,6 +277,10 @@ class CacheConfig(_Strict):
     # 7-day panel reads ~7 cells, not 168. A missing day cell is assembled from its cached
     # split_interval cells when they are all there, else fetched whole. 0: off.
     day_cells_after: DurationMs = Field(default=86_400_000, ge=0)
+    # A day a query holds only part of (at least half, its hours all cached) is assembled
+    # only to be stored, beside the query's own answer: not when it has more samples than
+    # this (a 2,048-GPU panel's day is 3 M); a query that asks for the whole day makes it.
+    day_cells_edge_max_samples: int = Field(default=524_288, ge=0)
     out_of_order_window: DurationMs = 0
     out_of_order_ttl: DurationMs = 600_000
     # Deadline of a lookup (plus 1 ms per key), counting only the time the event loop waits

@@ -42,6 +42,11 @@ class _Metrics:
             "Day cells made from their cached hour cells (no backend call)",
             registry=r,
         )
+        self.cache_day_cells_skipped = Counter(
+            "promaccel_cache_day_cells_skipped_total",
+            "Partly asked-for days not assembled: too large to copy beside the query's answer",
+            registry=r,
+        )
         # AMP bills by samples processed (`stats=all` on every planned AMP call).
         self.samples_processed = Counter(
             "promaccel_backend_samples_processed_total",

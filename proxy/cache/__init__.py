@@ -21,7 +21,7 @@ from __future__ import annotations
 from .breaker import CircuitBreaker
 from .factory import make_store
 from .frame import CorruptValue, decode_value, encode_value
-from .keys import FORMAT_VERSION, CacheItem, CacheKey, PieceMeta
+from .keys import FORMAT_VERSION, CacheItem, CacheKey, Payload, PieceMeta
 from .memory import MemoryStore
 from .redis_store import RedisStore
 from .store import PieceStore, wall_ms
@@ -34,6 +34,7 @@ __all__ = [
     "CircuitBreaker",
     "CorruptValue",
     "MemoryStore",
+    "Payload",
     "PieceMeta",
     "PieceStore",
     "RedisStore",

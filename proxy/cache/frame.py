@@ -33,13 +33,13 @@ class CorruptValue(Exception):
         self.reason = reason
 
 
-def encode_value(key: CacheKey, payload: bytes) -> bytes:
+def encode_value(key: CacheKey, payload: bytes | memoryview) -> bytes:
     canonical = key.canonical_bytes
     crc = zlib.crc32(payload, zlib.crc32(canonical))
     return b"".join((_HEADER.pack(MAGIC, FRAME_VERSION, len(canonical), crc), canonical, payload))
 
 
-def decode_value(key: CacheKey, value: bytes, *, verify_checksum: bool = True) -> bytes:
+def decode_value(key: CacheKey, value: bytes, *, verify_checksum: bool = True) -> memoryview:
     """The payload of `value` if it is a sound frame for `key`, else CorruptValue.
 
     The checksum costs about 1 ms per MB; the in-process store skips it (its values never
@@ -59,4 +59,5 @@ def decode_value(key: CacheKey, value: bytes, *, verify_checksum: bool = True) -
         raise CorruptValue("checksum")
     if view[_HEADER.size : body] != key.canonical_bytes:
         raise CorruptValue("collision")
-    return value[body:]
+    # A view, not a copy: a heavy panel's cached cells are tens of megabytes (issue 15).
+    return view[body:]

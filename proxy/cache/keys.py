@@ -133,10 +133,14 @@ class PieceMeta:
         return (end_ms is None or self.start_ms <= end_ms) and (start_ms is None or self.end_ms >= start_ms)
 
 
+# A stored piece's Arrow IPC bytes: a view of the stored value (no copy) when read back.
+Payload = bytes | memoryview
+
+
 class CacheItem(NamedTuple):
     """One piece to store. `ttl_ms` None or <= 0: not stored (pass `ttl_for`'s answer)."""
 
     key: CacheKey
-    payload: bytes
+    payload: Payload  # Arrow IPC (a view of Arrow's buffer when just encoded)
     ttl_ms: int | None
     meta: PieceMeta

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .keys import KEY_PREFIX, CacheKey
+from .keys import KEY_PREFIX, CacheKey, Payload
 
 if TYPE_CHECKING:
     from .redis_store import RedisStore
@@ -45,13 +45,13 @@ class RedisLeases:
         return self.store._client.pipeline(transaction=atomic and not self.store.cluster)
 
     async def acquire(self, keys: Sequence[CacheKey], tokens: Sequence[str],
-                      ttl_ms: int) -> tuple[list[bool], list[bytes | None]] | None:
+                      ttl_ms: int) -> tuple[list[bool], list[Payload | None]] | None:
         """SET NX PX each piece's lease, then read the pieces, in one round trip: True where
         the caller now holds the lease, and the pieces already stored (payloads of sound
         frames; one that landed since the caller's lookup needs no fetch); None if Redis
         failed."""
 
-        async def go() -> tuple[list[bool], list[bytes | None]]:
+        async def go() -> tuple[list[bool], list[Payload | None]]:
             gen = await self.store._current_generation()
             skeys = [k.redis_key(gen) for k in keys]
             pipe = self._pipe(atomic=True)
@@ -86,12 +86,12 @@ class RedisLeases:
 
         return await self._guarded(go) is not None
 
-    async def poll(self, keys: Sequence[CacheKey]) -> tuple[list[bool], list[bytes | None]] | None:
+    async def poll(self, keys: Sequence[CacheKey]) -> tuple[list[bool], list[Payload | None]] | None:
         """Which leases are still held, then the pieces (payloads of sound frames), in one
         round trip: a lease found gone before a piece found missing means its owner stored
         nothing (it deletes the lease only after the write landed)."""
 
-        async def go() -> tuple[list[bool], list[bytes | None]]:
+        async def go() -> tuple[list[bool], list[Payload | None]]:
             gen = await self.store._current_generation()
             skeys = [k.redis_key(gen) for k in keys]
             pipe = self._pipe()

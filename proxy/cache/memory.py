@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from ..metrics import METRICS
 from .frame import encode_value
-from .keys import CacheItem, CacheKey, PieceMeta
+from .keys import CacheItem, CacheKey, Payload, PieceMeta
 from .store import ANY_METRIC, PieceStore, wall_ms
 
 __all__ = ["MemoryStore"]
@@ -62,7 +62,7 @@ class MemoryStore(PieceStore):
     def storage_key(self, key: CacheKey) -> str:
         return key.redis_key(self._generation)
 
-    async def get_many(self, keys: Sequence[CacheKey]) -> list[bytes | None]:
+    async def get_many(self, keys: Sequence[CacheKey]) -> list[Payload | None]:
         now = self._clock()
         skeys = [self.storage_key(k) for k in keys]
         values: list[bytes | None] = []

@@ -33,7 +33,7 @@ from ..metrics import METRICS
 from .breaker import CircuitBreaker
 from .deadline import idle_timeout
 from .frame import encode_value
-from .keys import KEY_PREFIX, CacheItem, CacheKey
+from .keys import KEY_PREFIX, CacheItem, CacheKey, Payload
 from .leases import RedisLeases
 from .redis_client import connect, redact_url
 from .store import ANY_METRIC, PieceStore, describe, wall_ms
@@ -107,7 +107,7 @@ class RedisStore(PieceStore):
         self._max_wait_s = max(max_wait_ms, timeout_ms) / 1000
         # Reads in flight, per key digest: a lookup for a key that another lookup is reading
         # right now waits for that read (50 users on one dashboard: one MGET, not 50).
-        self._reads: dict[str, asyncio.Future[bytes | None]] = {}
+        self._reads: dict[str, asyncio.Future[Payload | None]] = {}
         self._read_tasks: set[asyncio.Task[None]] = set()
         self._put_timeout_s = put_timeout_ms / 1000
         self._admin_timeout_s = admin_timeout_ms / 1000
@@ -190,15 +190,15 @@ class RedisStore(PieceStore):
     def storage_key(self, key: CacheKey) -> str:
         return key.redis_key(self._generation)
 
-    async def get_many(self, keys: Sequence[CacheKey]) -> list[bytes | None]:
+    async def get_many(self, keys: Sequence[CacheKey]) -> list[Payload | None]:
         """Keys another lookup is reading right now are awaited from that read; the rest
         are read with one MGET (per node for a cluster) in a task of their own, so a caller
         that gives up does not fail the lookups that joined its read."""
         if not keys:
             return []
         loop = asyncio.get_running_loop()
-        futs: list[asyncio.Future[bytes | None]] = []
-        mine: dict[str, tuple[CacheKey, asyncio.Future[bytes | None]]] = {}
+        futs: list[asyncio.Future[Payload | None]] = []
+        mine: dict[str, tuple[CacheKey, asyncio.Future[Payload | None]]] = {}
         joined = 0
         for k in keys:
             fut = self._reads.get(k.digest)
@@ -220,9 +220,9 @@ class RedisStore(PieceStore):
         self._count_payloads(out)
         return out
 
-    async def _read(self, keys: list[CacheKey], futs: list[asyncio.Future[bytes | None]]) -> None:
+    async def _read(self, keys: list[CacheKey], futs: list[asyncio.Future[Payload | None]]) -> None:
         """One batched read; resolves every future (None on any failure), never raises."""
-        out: list[bytes | None] = [None] * len(keys)
+        out: list[Payload | None] = [None] * len(keys)
         try:
             deadline_s = self._timeout_s + self._per_key_s * len(keys)
             fetched = await self._guarded("get", deadline_s, lambda: self._mget(keys), idle_deadline=True)

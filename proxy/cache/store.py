@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..metrics import METRICS
 from .frame import CorruptValue, decode_value
-from .keys import CacheItem, CacheKey
+from .keys import CacheItem, CacheKey, Payload
 
 if TYPE_CHECKING:
     from .leases import RedisLeases
@@ -80,7 +80,7 @@ class PieceStore(ABC):
         }
 
     @abstractmethod
-    async def get_many(self, keys: Sequence[CacheKey]) -> list[bytes | None]:
+    async def get_many(self, keys: Sequence[CacheKey]) -> list[Payload | None]:
         """Payloads in key order, None for misses. One round trip for all keys."""
 
     @abstractmethod
@@ -116,22 +116,22 @@ class PieceStore(ABC):
 
     def _decode_all(
         self, keys: Sequence[CacheKey], skeys: Sequence[str], values: Sequence[bytes | None]
-    ) -> tuple[list[bytes | None], list[str]]:
+    ) -> tuple[list[Payload | None], list[str]]:
         """Verify raw values: payloads (None for misses) and the storage keys to delete."""
         out, bad = self._verify(keys, skeys, values)
         self._count_payloads(out)
         return out, bad
 
-    def _count_payloads(self, payloads: Sequence[bytes | None]) -> None:
+    def _count_payloads(self, payloads: Sequence[Payload | None]) -> None:
         hits = sum(1 for p in payloads if p is not None)
         self._count_lookups(hits, len(payloads) - hits, sum(len(p) for p in payloads if p is not None))
 
     def _verify(
         self, keys: Sequence[CacheKey], skeys: Sequence[str], values: Sequence[bytes | None]
-    ) -> tuple[list[bytes | None], list[str]]:
+    ) -> tuple[list[Payload | None], list[str]]:
         """Payloads of sound frames (None for misses and corrupt values), and the storage
         keys of the corrupt ones (to delete). Counts corrupt values, not lookups."""
-        out: list[bytes | None] = []
+        out: list[Payload | None] = []
         bad: list[str] = []
         for key, skey, value in zip(keys, skeys, values):
             if value is None:

@@ -33,7 +33,7 @@ from .errors import MalformedAnswer
 from .json_decode import _LABEL_CACHE, _SlowPath
 from .json_scan import _array_element_spans
 
-__all__ = ["encode_arrow_stream", "from_ipc_bytes", "from_table", "to_ipc_bytes", "to_table"]
+__all__ = ["encode_arrow_stream", "from_ipc_bytes", "from_table", "to_ipc_bytes", "to_ipc_view", "to_table"]
 
 I64 = npt.NDArray[np.int64]
 
@@ -96,15 +96,21 @@ def from_table(table: pa.Table) -> QueryResult:
 
 
 def to_ipc_bytes(result: QueryResult, compression: Literal["zstd", "lz4"] | None = "zstd") -> bytes:
+    return to_ipc_view(result, compression).tobytes()
+
+
+def to_ipc_view(result: QueryResult, compression: Literal["zstd", "lz4"] | None = "zstd") -> memoryview:
+    """`to_ipc_bytes` without its copy: a view of Arrow's own buffer (the cache frames it,
+    copying it once; a heavy answer's payloads are megabytes each)."""
     table = to_table(result)
     opts = pa.ipc.IpcWriteOptions(compression=compression)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema, options=opts) as writer:
         writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    return memoryview(sink.getvalue())
 
 
-def from_ipc_bytes(data: bytes) -> QueryResult:
+def from_ipc_bytes(data: bytes | memoryview) -> QueryResult:
     try:
         table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
     except pa.ArrowException as exc:

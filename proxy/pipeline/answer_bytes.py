@@ -14,6 +14,11 @@ response's last byte has been handed to the connection (or the client went away)
   Retry-After and Prometheus's error JSON, like admission.
 - Waiters are served in order: a large query at the head is not overtaken by small ones
   (they would starve it).
+- The pieces a query fetched stay in memory after its answer is sent, until their put to the
+  cache lands (the landing zone serves them meanwhile): the reservation is held until then
+  too (`HOLDING`, `Reservation.hold`). Released at the answer alone, 20 heavy queries let in
+  one after another while the earlier ones' pieces still waited for Redis, and a budget of
+  16 MiB peaked as high as one of 64 (issue 15).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import asyncio
 import time
 import weakref
 from collections import deque
+from contextvars import ContextVar
 from dataclasses import replace
 
 from ..errors import PromError
@@ -36,13 +42,27 @@ FALLBACK_SERIES = 256
 
 
 class Reservation:
-    """Bytes one query holds of the budget; `release` is idempotent."""
+    """Bytes one query holds of the budget until its answer is sent (`release`, idempotent)
+    and the puts of the pieces it fetched have landed (`hold`)."""
 
-    __slots__ = ("budget", "size")
+    __slots__ = ("budget", "size", "_pending", "_sent", "__weakref__")
 
     def __init__(self, budget: AnswerBytes, size: int) -> None:
         self.budget: AnswerBytes | None = budget
         self.size = size
+        self._pending = 0
+        self._sent = False
+
+    def hold(self, task: asyncio.Future[object]) -> None:
+        """Keep the bytes until `task` (a put of pieces this query fetched) is done."""
+        if self.budget is None or task.done():
+            return
+        self._pending += 1
+        task.add_done_callback(self._landed)
+
+    def _landed(self, _task: object) -> None:
+        self._pending -= 1
+        self._free()
 
     def resize(self, size: int) -> None:
         """The answer's real size (growing never waits: the memory is already taken)."""
@@ -53,11 +73,23 @@ class Reservation:
         self.budget.wake()
 
     def release(self) -> None:
+        """The answer was sent (or will never be): given back once the puts have landed."""
+        self._sent = True
+        self._free()
+
+    def _free(self) -> None:
+        if not self._sent or self._pending > 0:
+            return
         budget, self.budget = self.budget, None
         if budget is not None:
             budget.used -= self.size
             budget.running -= 1
             budget.wake()
+
+
+# The reservation of the query being served in this context (set by `Reserve`): the cache
+# writer makes it wait for the puts of the pieces the query fetched.
+HOLDING: ContextVar[Reservation | None] = ContextVar("promaccel_answer_bytes", default=None)
 
 
 class AnswerBytes:
@@ -167,11 +199,14 @@ class Reserve:
         waited = time.monotonic() - t0
         if waited > 0.001:  # one deadline for the whole query: the wait counts
             q = replace(q, timeout_s=max(q.timeout_s - waited, 0.001))
+        token = HOLDING.set(held)
         try:
             answer = await self.next(q)
         except BaseException:
             held.release()
             raise
+        finally:
+            HOLDING.reset(token)
         held.resize(answer_size(answer))
         answer.release = held.release
         # An answer never sent (an in-process caller) gives its share back when its memory goes.

@@ -13,7 +13,7 @@ from shardplanner.plan import Span
 from shardplanner.timesplit import day_cell, day_cells_fit
 
 from ..activity import ACTIVITY
-from ..cache import CacheKey, PieceStore
+from ..cache import CacheKey, Payload, PieceStore
 from ..config import Config
 from ..errors import PromError
 from ..hybrid import Router
@@ -44,14 +44,14 @@ class DecodedCells:
         self._cells: OrderedDict[str, tuple[int, int, QueryResult]] = OrderedDict()
         self._samples = 0
 
-    def get(self, digest: str, payload: bytes) -> QueryResult | None:
+    def get(self, digest: str, payload: Payload) -> QueryResult | None:
         cell = self._cells.get(digest)
         if cell is None or cell[0] != len(payload) or cell[1] != hash(payload):
             return None
         self._cells.move_to_end(digest)
         return cell[2]
 
-    def put(self, digest: str, payload: bytes, result: QueryResult) -> None:
+    def put(self, digest: str, payload: Payload, result: QueryResult) -> None:
         n = result.n_samples
         if n > self.max_samples // 4:
             return  # a large cell would push out a whole dashboard's worth of small ones
@@ -111,11 +111,11 @@ class CacheReader:
                 s.result, s.status, s.answered_by = r, "hit", k.digest
                 break
 
-    async def decode(self, keys: Sequence[CacheKey], payloads: Sequence[bytes | None]) -> dict[str, QueryResult]:
+    async def decode(self, keys: Sequence[CacheKey], payloads: Sequence[Payload | None]) -> dict[str, QueryResult]:
         """Payloads read from the store for `keys`, decoded (None and undecodable ones left
         out), by key digest."""
         found: dict[str, QueryResult] = {}
-        todo: list[tuple[CacheKey, bytes]] = []
+        todo: list[tuple[CacheKey, Payload]] = []
         for k, payload in zip(keys, payloads):
             if payload is None:
                 continue
@@ -213,7 +213,7 @@ class CacheReader:
         return status
 
 
-def decode_payloads(payloads: Sequence[bytes]) -> list[QueryResult | Exception]:
+def decode_payloads(payloads: Sequence[Payload]) -> list[QueryResult | Exception]:
     """Cached pieces back to results; a payload that does not decode gives its exception."""
     out: list[QueryResult | Exception] = []
     for payload in payloads:

@@ -16,6 +16,7 @@ from ..cache.revalidate import Revalidator
 from ..config import Config
 from ..metrics import METRICS
 from ..result import QueryResult
+from .answer_bytes import HOLDING
 from .budget import BUDGET
 from .landing import Landing
 from .units import Unit
@@ -59,6 +60,9 @@ class CacheWriter:
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        held = HOLDING.get()
+        if held is not None:  # the pieces stay in memory (landing zone) until the put lands
+            held.hold(task)
         return True
 
     def keep(self, units: Sequence[Unit], results: Sequence[QueryResult], fetched_at_ms: int,
@@ -189,6 +193,6 @@ def encode_items(entries: Sequence[tuple[Unit, QueryResult, bytes | None]], fetc
         # Small pieces are stored uncompressed: nothing to gain, and compression's fixed cost
         # doubled the encoding and decoding time of a one-series answer.
         small = r.n_samples <= COMPRESS_ABOVE_SAMPLES
-        items.append(CacheItem(u.key, r.to_ipc_bytes(None if compression == "none" or small else compression),
+        items.append(CacheItem(u.key, r.to_ipc_view(None if compression == "none" or small else compression),
                                u.ttl_ms, meta))
     return items

@@ -38,9 +38,17 @@ log = logging.getLogger("promaccel.cache")
 Hours = dict[str, list[tuple[Unit, QueryResult | None]]]
 
 
+
 class DayCells:
-    def __init__(self, slots: SlotMaker, reader: CacheReader, writer: CacheWriter, target_calls: int = 4) -> None:
+    def __init__(self, slots: SlotMaker, reader: CacheReader, writer: CacheWriter, target_calls: int = 4,
+                 edge_max_samples: int = 524_288) -> None:
         self.target_calls = target_calls
+        # A partly asked-for day is assembled only to be stored (the query has its hours):
+        # its copy sits beside the query's own answer. A heavy panel's day (2,048 series,
+        # 3 M samples) held a second 50 MB copy and its encoded payload at the peak of 20
+        # heavy queries (issue 15); larger days wait for a query that asks for the whole day
+        # (where the copy is that query's answer). `cache.day_cells_edge_max_samples`.
+        self.edge_max_samples = edge_max_samples
         self.slots = slots
         self.reader = reader
         self.writer = writer
@@ -108,14 +116,18 @@ class DayCells:
         for day, members, hours in plans:
             parts = [found.get(h.key.digest) if h.key is not None else None for h in hours]
             parts = [r if r is not None and r.result_type == "matrix" else None for r in parts]
+            asked_whole = any(s.piece.span == day.span for s in members)
             whole = None
+            if not asked_whole and sum(r.n_samples for r in parts if r is not None) > self.edge_max_samples:
+                METRICS.cache_day_cells_skipped.inc()
+                continue
             if all(r is not None for r in parts):
                 try:
                     whole = concat([r for r in parts if r is not None])
                 except MergeConflict as exc:  # cannot happen with cells of one grid; a miss then
                     log.warning("day cell from its hour cells: %s", exc)
             if whole is None:
-                if day.key is not None and any(s.piece.span == day.span for s in members):
+                if day.key is not None and asked_whole:
                     partial[day.key.digest] = list(zip(hours, parts))
                 continue
             METRICS.cache_day_cells.inc()

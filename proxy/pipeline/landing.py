@@ -17,8 +17,12 @@ from typing import Any
 from ..cache import wall_ms
 from ..result import QueryResult
 
-# How long fetched units stay in the landing zone after their put finished.
+# How long fetched units stay in the landing zone after their put finished (a request that
+# missed them in the store just before the put landed still finds them here) ...
 LANDING_GRACE_S = 2.0
+# ... except large ones, which leave at once: a heavy query's pieces are tens of megabytes,
+# held past its answer and its put only to spare a rare duplicate call (issue 15).
+GRACE_MAX_SAMPLES = 1 << 16
 # How long a finished backend call over old data answers identical calls.
 RECENT_CALL_S = 5.0
 RECENT_CALLS_MAX = 64
@@ -51,7 +55,12 @@ class Landing:
         self.landing[digest] = (result, fetched_at_ms)
 
     def unland_later(self, landed: list[tuple[str, QueryResult]]) -> None:
-        asyncio.get_running_loop().call_later(LANDING_GRACE_S, self._unland, landed)
+        large = [e for e in landed if e[1].n_samples > GRACE_MAX_SAMPLES]
+        if large:
+            self._unland(large)
+            landed = [e for e in landed if e[1].n_samples <= GRACE_MAX_SAMPLES]
+        if landed:
+            asyncio.get_running_loop().call_later(LANDING_GRACE_S, self._unland, landed)
 
     def _unland(self, landed: list[tuple[str, QueryResult]]) -> None:
         for digest, r in landed:

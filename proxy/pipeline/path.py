@@ -88,7 +88,8 @@ def build(config: Config, backends: Sequence[Backend], store: Callable[[], Piece
     # Each stage's next one inside its tracing span when tracing is on (traced.py).
     fan_out = FanOut(fetcher)
     coalesce = Coalesce(config, primary.cfg.max_parallel, landing, traced(fan_out), planner.settings.split_interval_ms)
-    lookup = Lookup(config, slots, reader, DayCells(slots, reader, writer, primary.cfg.max_parallel), traced(coalesce))
+    lookup = Lookup(config, slots, reader, DayCells(slots, reader, writer, primary.cfg.max_parallel,
+                                                       config.cache.day_cells_edge_max_samples), traced(coalesce))
     merge = Merge(planner, traced(lookup))
     fallback = Fallback(by_name, primary, traced(merge))
     forward = Forward(by_name, primary, slots, reader, writer, landing, fetcher.flight, ask, traced(fallback), leases)

@@ -106,7 +106,7 @@ class RawCache:
 
     async def _put(self, kept: list[tuple[CacheKey, QueryResult, int, PieceMeta]]) -> None:
         def encode() -> list[CacheItem]:
-            return [CacheItem(k, r.to_ipc_bytes(), ttl, meta) for k, r, ttl, meta in kept]
+            return [CacheItem(k, r.to_ipc_view(), ttl, meta) for k, r, ttl, meta in kept]
 
         big = sum(r.n_samples for _, r, _, _ in kept) > 50_000
         items = await asyncio.to_thread(encode) if big else encode()

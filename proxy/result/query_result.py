@@ -205,8 +205,14 @@ class QueryResult:
 
         return arrow.to_ipc_bytes(self, compression)
 
+    def to_ipc_view(self, compression: Literal["zstd", "lz4"] | None = "zstd") -> memoryview:
+        """`to_ipc_bytes()` as a view of Arrow's buffer (no copy)."""
+        from proxy.codec import arrow
+
+        return arrow.to_ipc_view(self, compression)
+
     @classmethod
-    def from_ipc_bytes(cls, data: bytes) -> QueryResult:
+    def from_ipc_bytes(cls, data: bytes | memoryview) -> QueryResult:
         from proxy.codec import arrow
 
         return arrow.from_ipc_bytes(data)

@@ -34,11 +34,14 @@ SUBSET = ["util_by_namespace", "power_total", "temp_top10", "net_rx_by_instance"
           "offset_then_at_end", "raw_selector", "timestamp_fn", "or_vector0"]
 
 
-def _server(prom: Any, redis_server: Any, workdir: Path, db: int, *args: str, after_s: int | None = None) -> Promaccel:
+def _server(prom: Any, redis_server: Any, workdir: Path, db: int, *args: str, after_s: int | None = None,
+            edge_max: int | None = None) -> Promaccel:
     config = workdir / f"day-cells-{db}.yaml"
     lines = ["cache:", f"  redis_url: {redis_server.url.rsplit('/', 1)[0]}/{db}"]
     if after_s is not None:
         lines.append(f"  day_cells_after: {after_s}s")
+    if edge_max is not None:
+        lines.append(f"  day_cells_edge_max_samples: {edge_max}")
     config.write_text("\n".join(lines) + "\n")
     return Promaccel.start(prom.url, ("--split-interval", "1h", *args), workdir, config=config)
 
@@ -158,6 +161,42 @@ def test_a_day_cell_is_made_from_its_hour_cells(prom: Any, redis_server: Any, tm
             assert again["cache"]["misses"] == 0
             problems, r = _check(prom, p, form, client)
             assert problems == [] and _assembled(p.url) == made + 1 and _calls(p.url) == calls
+    finally:
+        p.stop()
+
+
+@pytest.mark.parametrize("edge_max", [None, 0], ids=["default", "edge-off"])
+def test_a_partly_asked_for_day_is_assembled_only_when_small(prom: Any, redis_server: Any, tmp_path: Path,
+                                                             edge_max: int | None) -> None:
+    """A query holding 13 h of Oct 31, all 24 cached: by default the day cell is
+    made from the hours on the side (to be stored); above cache.day_cells_edge_max_samples
+    (0 here) it is not (a heavy panel's day would be a second copy beside its answer), and
+    the query that asks for the whole day makes it. Answers equal Prometheus's either way."""
+    p = _server(prom, redis_server, tmp_path, 10 if edge_max is None else 11, edge_max=edge_max)
+    try:
+        end = prom.end_s
+        query = "sum by (namespace) (DCGM_FI_DEV_FB_USED)"
+        skipped = r"^promaccel_cache_day_cells_skipped_total ([0-9.e+]+)$"
+        with httpx.Client(timeout=120) as client:
+            # Cold: Oct 31's 24 hours fetched and stored by two queries that each hold part of it.
+            edge = {"query": query, "start": str(end - DAY - 2 * HOUR), "end": str(end - 11 * HOUR), "step": "60"}
+            rest = {"query": query, "start": str(end - 12 * HOUR - 600), "end": str(end + 600), "step": "60"}
+            assert _check(prom, p, edge, client)[0] == [] and _check(prom, p, rest, client)[0] == []
+            deadline = time.monotonic() + 10
+            while _explain(p.url, edge)["cache"]["misses"] and time.monotonic() < deadline:
+                time.sleep(0.1)
+            made, skips = _assembled(p.url), _metric(p.url, skipped)
+            problems, r = _check(prom, p, edge, client)  # warm: every hour of it cached
+            assert problems == [] and r.headers["X-Cache"] == "HIT"
+            if edge_max is None:
+                assert (_assembled(p.url), _metric(p.url, skipped)) == (made + 1, skips)
+            else:
+                assert (_assembled(p.url), _metric(p.url, skipped)) == (made, skips + 1)
+                # A query that holds the whole day makes its cell from the same cached hours.
+                whole = {"query": query, "start": str(end - DAY - HOUR), "end": str(end + 1200), "step": "60"}
+                problems, r = _check(prom, p, whole, client)
+                assert problems == [] and r.headers["X-Cache"] == "HIT"
+                assert _assembled(p.url) == made + 1
     finally:
         p.stop()
 

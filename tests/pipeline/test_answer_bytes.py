@@ -26,7 +26,7 @@ import pytest
 
 from loadtests.compare import diff_answers
 from proxy.errors import PromError
-from proxy.pipeline.answer_bytes import AnswerBytes
+from proxy.pipeline.answer_bytes import HOLDING, AnswerBytes
 from shardplanner.answer_size import LABEL_BYTES, answer_bytes, answer_series
 from shardplanner.plan import PlannerSettings, QueryRequest
 from shardplanner.promql import parse
@@ -92,6 +92,44 @@ def test_budget_wait_is_bounded_and_a_correction_lets_waiters_in() -> None:
         await asyncio.gather(gone, return_exceptions=True)
         first.release()
         assert cancelled.used == 0 and cancelled.running == 0 and not cancelled._waiting
+
+    asyncio.run(scenario())
+
+
+def test_a_reservation_is_held_until_the_puts_of_its_pieces_land() -> None:
+    """The pieces a query fetched stay in memory (the landing zone) until their puts land:
+    its bytes are given back then, not when the answer is sent."""
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        budget = AnswerBytes(limit=100, timeout_s=5)
+        held = await budget.reserve(80, 5)
+        token = HOLDING.set(held)  # what Reserve does around the rest of the pipeline
+        try:
+            first, second = loop.create_future(), loop.create_future()
+            HOLDING.get().hold(first)  # type: ignore[union-attr]
+            HOLDING.get().hold(second)  # type: ignore[union-attr]
+        finally:
+            HOLDING.reset(token)
+        assert HOLDING.get() is None
+        held.release()  # the answer was sent; two puts are pending
+        waiter = asyncio.create_task(budget.reserve(50, 5))
+        await asyncio.sleep(0.01)
+        assert budget.used == 80 and not waiter.done()
+        first.set_result(None)
+        await asyncio.sleep(0.01)
+        assert budget.used == 80 and not waiter.done()  # the second put is still in flight
+        second.set_exception(RuntimeError("put failed"))  # a failed put lets go too
+        second.exception()
+        taken = await asyncio.wait_for(waiter, 1)
+        assert budget.used == 50
+        taken.release()
+        done = loop.create_future()
+        done.set_result(None)
+        late = await budget.reserve(10, 5)
+        late.hold(done)  # a put already landed holds nothing
+        late.release()
+        assert budget.used == 0 and budget.running == 0
 
     asyncio.run(scenario())
 

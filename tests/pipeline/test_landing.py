@@ -43,3 +43,27 @@ def test_expired_calls_are_let_go_when_the_next_is_kept(monkeypatch: pytest.Monk
     assert zone._recent_bytes == 50
     zone.forget_all()
     assert zone._recent_bytes == 0 and zone.recent_call(("c",)) is None
+
+
+def test_large_pieces_leave_the_landing_zone_when_their_put_lands() -> None:
+    """A heavy query's pieces are tens of megabytes: gone once stored (the next request
+    reads the store); small ones stay for the grace, sparing a duplicate call."""
+    import asyncio
+
+    import numpy as np
+
+    from proxy.result import QueryResult
+
+    def piece(n: int) -> QueryResult:
+        return QueryResult("matrix", [{"a": "b"}], np.array([0, n]), np.arange(n, dtype=np.int64),
+                           np.zeros(n))
+
+    async def scenario() -> None:
+        zone = Landing()
+        big, small = piece(landing_mod.GRACE_MAX_SAMPLES + 1), piece(10)
+        zone.land("big", big, 0)
+        zone.land("small", small, 0)
+        zone.unland_later([("big", big), ("small", small)])
+        assert zone.landed("big") is None and zone.landed("small") is small
+
+    asyncio.run(scenario())

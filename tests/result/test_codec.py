@@ -559,3 +559,20 @@ def test_large_answer_streams_in_chunks() -> None:
     chunks = list(iter_prometheus_json(r, batch_samples=1000))
     assert len(chunks) > 3
     assert b"".join(chunks) == encode_prometheus_json(r) == ref_encode("matrix", series)
+
+
+def test_label_sets_share_one_key_and_their_values_between_answers() -> None:
+    """Hour cells of one day hold one copy of each label set's JSON and value strings:
+    the key a result adopts is the table's, and values repeat as one string object."""
+    body = (b'{"status":"success","data":{"resultType":"vector","result":['
+            b'{"metric":{"gpu":"0","host":"node-17","model":"H100 80GB HBM3 sharing-test"},"value":[1700000000,"1"]},'
+            b'{"metric":{"gpu":"1","host":"node-17","model":"H100 80GB HBM3 sharing-test"},"value":[1700000000,"2"]}]}}')
+    a, b = decode_prometheus_json(body), decode_prometheus_json(bytes(bytearray(body)))
+    assert a.labels == b.labels == [{"gpu": "0", "host": "node-17", "model": "H100 80GB HBM3 sharing-test"},
+                                     {"gpu": "1", "host": "node-17", "model": "H100 80GB HBM3 sharing-test"}]
+    assert all(x is y for x, y in zip(a.canonical_keys(), b.canonical_keys()))
+    assert a.labels[0]["model"] is a.labels[1]["model"] and a.labels[0]["host"] is b.labels[1]["host"]
+    # Read back from the cache's Arrow payload: the same key objects, and the same bytes out.
+    c = QueryResult.from_ipc_bytes(memoryview(a.to_ipc_view("lz4")))
+    assert all(x is y for x, y in zip(a.canonical_keys(), c.canonical_keys()))
+    assert encode_prometheus_json(c) == encode_prometheus_json(a) == body
