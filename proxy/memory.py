@@ -11,6 +11,11 @@ It is a trade (less resident memory after heavy queries, page faults on every la
 figures in docs/ARCHITECTURE.md), so it is opt-in: `PROMACCEL_MMAP_THRESHOLD=131072` (bytes).
 Unset or 0: glibc's own behaviour. Nothing happens where there is no glibc (musl, macOS) or
 when glibc's own MALLOC_MMAP_THRESHOLD_ is set.
+
+Without the threshold, `give_back_soon` (called when a large answer's reservation is let go,
+`pipeline/answer_bytes.py`) returns what glibc and Arrow's pool hold freed: `malloc_trim(0)`
+also releases whole free pages in the middle of the heap, and Arrow's mimalloc keeps freed
+payloads until asked. Off the event loop, at most once a second.
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import threading
+import time
+from typing import Any
 
 log = logging.getLogger("promaccel")
 
@@ -52,3 +60,41 @@ def tune_malloc() -> bool:
     if not ok:
         log.debug("mallopt(M_MMAP_THRESHOLD) refused")
     return ok
+
+
+# Memory given back after a large answer (`give_back_soon`): at most once per this many seconds.
+GIVE_BACK_EVERY_S = 1.0
+_last_give_back = 0.0
+_trim: Any = None
+
+
+def give_back() -> None:
+    """Return freed memory to the system: glibc's free heap pages (`malloc_trim`) and Arrow's
+    pool's cached blocks. A few milliseconds; run off the event loop."""
+    global _trim
+    if _trim is None:
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _trim = libc.malloc_trim
+            _trim.argtypes = [ctypes.c_size_t]
+            _trim.restype = ctypes.c_int
+        except (OSError, AttributeError):
+            _trim = False
+    if _trim:
+        _trim(0)
+    try:
+        import pyarrow as pa
+
+        pa.default_memory_pool().release_unused()
+    except Exception:  # noqa: BLE001 -- best effort
+        pass
+
+
+def give_back_soon() -> None:
+    """`give_back` in a worker thread, unless one ran in the last GIVE_BACK_EVERY_S."""
+    global _last_give_back
+    now = time.monotonic()
+    if now - _last_give_back < GIVE_BACK_EVERY_S:
+        return
+    _last_give_back = now
+    threading.Thread(target=give_back, name="promaccel-give-back", daemon=True).start()

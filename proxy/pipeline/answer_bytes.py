@@ -31,6 +31,7 @@ from contextvars import ContextVar
 from dataclasses import replace
 
 from ..errors import PromError
+from ..memory import give_back_soon
 from ..metrics import METRICS
 from .planning import Planner
 from .stage import Stage
@@ -39,6 +40,8 @@ from .values import Answer, Query
 # No estimate (a selector whose nodes are not known, an unparsed query): this many series of
 # the query's points, corrected once the answer is known.
 FALLBACK_SERIES = 256
+# A query that held this many bytes gives freed memory back to the system when done.
+GIVE_BACK_ABOVE = 8 << 20
 
 
 class Reservation:
@@ -81,6 +84,8 @@ class Reservation:
         if not self._sent or self._pending > 0:
             return
         budget, self.budget = self.budget, None
+        if budget is not None and self.size >= GIVE_BACK_ABOVE:
+            give_back_soon()
         if budget is not None:
             budget.used -= self.size
             budget.running -= 1

@@ -39,7 +39,7 @@ from ..result.merge import concat
 from ..result.pieces import slice_time
 from .ask import Asker, query_call
 from .budget import BUDGET
-from .cache_read import decode_payloads
+from .cache_read import DECODE_IN_THREAD_BYTES, decode_payloads
 from .cache_write import CacheWriter
 
 HOUR_MS = 3_600_000
@@ -83,7 +83,13 @@ class RawCache:
         except Exception:  # noqa: BLE001 -- the store reports its own trouble; fetch instead
             return [None] * len(keys)
         found = [p for p in payloads if p is not None]
-        decoded = iter(decode_payloads(found))  # an undecodable entry is a miss
+        # A long straddling window reads megabytes of raw samples: decoded off the event
+        # loop, as the piece cache does.
+        if sum(len(p) for p in found) > DECODE_IN_THREAD_BYTES:
+            outcomes = await asyncio.to_thread(decode_payloads, found)
+        else:
+            outcomes = decode_payloads(found)
+        decoded = iter(outcomes)  # an undecodable entry is a miss
         out: list[QueryResult | None] = []
         for p in payloads:
             r = next(decoded) if p is not None else None

@@ -154,6 +154,49 @@ def test_malloc_tuning_is_opt_in_and_applied_once(monkeypatch: pytest.MonkeyPatc
     assert memory.tune_malloc() is False  # glibc's own setting wins
 
 
+def test_memory_is_given_back_after_a_large_answer_at_most_once_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from proxy import memory
+    from proxy.pipeline import answer_bytes
+
+    memory.give_back()  # glibc's malloc_trim and Arrow's release_unused: callable here
+    started: list[str] = []
+
+    class Thread:
+        def __init__(self, target: object, name: str, daemon: bool) -> None:
+            self.name = name
+
+        def start(self) -> None:
+            started.append(self.name)
+
+    now = [100.0]
+    monkeypatch.setattr(memory.threading, "Thread", Thread)
+    monkeypatch.setattr(memory.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(memory, "_last_give_back", 0.0)
+    memory.give_back_soon()
+    memory.give_back_soon()  # within the second: nothing more
+    now[0] += memory.GIVE_BACK_EVERY_S
+    memory.give_back_soon()
+    assert started == ["promaccel-give-back"] * 2
+
+    # A query's reservation: a large one gives memory back when it is let go, a small one not.
+    calls: list[int] = []
+    monkeypatch.setattr(answer_bytes, "give_back_soon", lambda: calls.append(1))
+
+    async def scenario() -> None:
+        budget = answer_bytes.AnswerBytes(limit=1 << 30, timeout_s=5)
+        small = await budget.reserve(answer_bytes.GIVE_BACK_ABOVE - 1, 5)
+        large = await budget.reserve(answer_bytes.GIVE_BACK_ABOVE, 5)
+        small.release()
+        assert calls == []
+        large.release()
+        large.release()
+        assert calls == [1]
+
+    asyncio.run(scenario())
+
+
 def test_non_integral_picks_what_the_encoder_leaves_to_orjson() -> None:
     from proxy.codec.json_encode import _non_integral
 
