@@ -27,6 +27,10 @@ from .protocol import RETRY_STATUSES, THROTTLE_STATUSES, BackendReply, broken_an
 THROTTLE_BACKOFF_S = 0.1
 THROTTLE_BACKOFF_CAP_S = 5.0
 RETRY_BUDGET_CAP = 50.0
+# A reply body larger than this is checked (decoded) in a worker thread: a 15 MB answer of a
+# heavy panel took ~40 ms to decode, and a cold 24 h query makes four such calls at once;
+# the compiled scanner releases the GIL, so the event loop serves other requests meanwhile.
+CHECK_IN_THREAD_BYTES = 1 << 20
 
 
 class RetryBudget:
@@ -106,7 +110,11 @@ async def with_retries(attempt_once: Attempt, cfg: BackendConfig, endpoint: str,
             reply = await attempt_once(t, sent)
         except PromError as exc:
             return _Try(error=exc)
-        return _Try(reply, broken=check(reply) if check is not None and reply.ok else None)
+        if check is None or not reply.ok:
+            return _Try(reply)
+        if len(reply.body) > CHECK_IN_THREAD_BYTES:  # decoding a heavy answer: not on the loop
+            return _Try(reply, broken=await asyncio.to_thread(check, reply))
+        return _Try(reply, broken=check(reply))
 
     def good(o: _Try) -> bool:
         """An answer to keep (a hedge race is won by it): not a failure a retry is for."""

@@ -32,6 +32,8 @@ DECODE_IN_THREAD_BYTES = 256 * 1024
 # Decoded cells kept for the next lookup of the same payload, at most this many samples in
 # all (~16 MB of columns): a dashboard's refresh reads the same cells again.
 DECODED_MAX_SAMPLES = 1_000_000
+# Room above 4 bytes a sample for a kept cell's payload (its labels, Arrow's framing).
+MEMO_SLACK_BYTES = 1 << 20
 
 
 class DecodedCells:
@@ -51,14 +53,21 @@ class DecodedCells:
         self._cells.move_to_end(digest)
         return cell[2]
 
-    def put(self, digest: str, payload: Payload, result: QueryResult) -> None:
+    def keeps(self, payload: Payload) -> bool:
+        """Whether the cell of `payload` may be kept: not when the payload is too large for a
+        cell of at most a quarter of `max_samples` (an Arrow payload holds at most 20 bytes a
+        sample, uncompressed, plus its labels), whose signature is then not worth hashing."""
+        return len(payload) <= 24 * (self.max_samples // 4) + MEMO_SLACK_BYTES
+
+    def put(self, digest: str, signature: tuple[int, int], result: QueryResult) -> None:
+        """Keep `result`, decoded from a payload of `signature` (its length and hash)."""
         n = result.n_samples
         if n > self.max_samples // 4:
             return  # a large cell would push out a whole dashboard's worth of small ones
         old = self._cells.pop(digest, None)
         if old is not None:
             self._samples -= old[2].n_samples
-        self._cells[digest] = (len(payload), hash(payload), result)
+        self._cells[digest] = (signature[0], signature[1], result)
         self._samples += n
         while self._samples > self.max_samples:
             _, (_, _, gone) = self._cells.popitem(last=False)
@@ -115,7 +124,8 @@ class CacheReader:
         """Payloads read from the store for `keys`, decoded (None and undecodable ones left
         out), by key digest."""
         found: dict[str, QueryResult] = {}
-        todo: list[tuple[CacheKey, Payload]] = []
+        todo_keys: list[tuple[CacheKey, tuple[int, int] | None]] = []
+        todo: list[Payload | None] = []
         for k, payload in zip(keys, payloads):
             if payload is None:
                 continue
@@ -123,20 +133,24 @@ class CacheReader:
             if memo is not None:
                 found[k.digest] = memo
             else:
-                todo.append((k, payload))
+                todo_keys.append((k, (len(payload), hash(payload)) if self.decoded.keeps(payload) else None))
+                todo.append(payload)
+        if isinstance(payloads, list):
+            payloads.clear()  # consumed: each payload goes once decoded (see decode_payloads)
         # A warm 24 h panel reads megabytes: decode off the event loop (Arrow's
         # decompression releases the GIL), so other requests go on meanwhile.
-        if sum(len(p) for _, p in todo) > DECODE_IN_THREAD_BYTES:
-            outcomes = await asyncio.to_thread(decode_payloads, [p for _, p in todo])
+        if sum(len(p) for p in todo if p is not None) > DECODE_IN_THREAD_BYTES:
+            outcomes = await asyncio.to_thread(decode_payloads, todo, True)
         else:
-            outcomes = decode_payloads([p for _, p in todo])
-        for (k, payload), out in zip(todo, outcomes):
+            outcomes = decode_payloads(todo, True)
+        for (k, signature), out in zip(todo_keys, outcomes):
             if isinstance(out, Exception):  # an undecodable entry is a miss
                 METRICS.cache_errors.labels("decode").inc()
                 log.warning("cached piece %s does not decode (%s): treated as a miss", k.digest[:16], out)
                 continue
             found[k.digest] = out
-            self.decoded.put(k.digest, payload, out)
+            if signature is not None:
+                self.decoded.put(k.digest, signature, out)
         return found
 
     async def lookup_finer(self, slots: Sequence[Slot], ctx: CacheCtx, router: Router | None) -> None:
@@ -213,12 +227,22 @@ class CacheReader:
         return status
 
 
-def decode_payloads(payloads: Sequence[Payload]) -> list[QueryResult | Exception]:
-    """Cached pieces back to results; a payload that does not decode gives its exception."""
+def decode_payloads(payloads: Sequence[Payload | None] | list[Payload | None],
+                    consume: bool = False) -> list[QueryResult | Exception]:
+    """Cached pieces back to results; a payload that does not decode gives its exception.
+    `consume` (`payloads` a list): each payload is let go as soon as it is decoded, so a
+    heavy panel's compressed cells (~30 MB for 24 h of 2,048 GPUs) do not all stay beside
+    their decoded arrays until the last one is done (issue 15)."""
     out: list[QueryResult | Exception] = []
-    for payload in payloads:
+    for i in range(len(payloads)):
+        payload = payloads[i]
+        if consume and isinstance(payloads, list):
+            payloads[i] = None
         try:
+            if payload is None:
+                raise ValueError("no payload")
             out.append(QueryResult.from_ipc_bytes(payload))
         except Exception as exc:  # noqa: BLE001 -- reported by the caller as a miss
             out.append(exc)
+        del payload
     return out

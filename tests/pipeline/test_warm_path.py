@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import zlib
+from typing import Any
 
 import httpx
 import numpy as np
@@ -227,16 +228,61 @@ def test_decoded_cells_are_reused_only_for_the_same_bytes() -> None:
 
     one = QueryResult.from_series("matrix", [({"a": "1"}, [1, 2], [1.0, 2.0])])
     payload = one.to_ipc_bytes(None)
+    sig = (len(payload), hash(payload))
     cells = DecodedCells(max_samples=8)
-    assert cells.get("d", payload) is None
-    cells.put("d", payload, one)
+    assert cells.get("d", payload) is None and cells.keeps(payload)
+    cells.put("d", sig, one)
     assert cells.get("d", bytes(payload)) is one  # equal bytes, another object: reused
+    assert cells.get("d", memoryview(b"xx" + payload)[2:]) is one  # a view of the stored value too
     other = QueryResult.from_series("matrix", [({"a": "1"}, [1, 2], [1.0, 3.0])]).to_ipc_bytes(None)
     assert cells.get("d", other) is None  # the entry changed (re-stored after late data)
     # Bounded by samples, least recently used out.
     for i in range(5):
-        cells.put(f"k{i}", payload, one)
+        cells.put(f"k{i}", sig, one)
     assert cells.get("k0", payload) is None and cells.get("k4", payload) is one
     big = QueryResult.from_series("matrix", [({"a": "1"}, list(range(3)), [1.0] * 3)])
-    cells.put("big", big.to_ipc_bytes(None), big)  # over a quarter of the bound: not kept
-    assert cells.get("big", big.to_ipc_bytes(None)) is None
+    blob = big.to_ipc_bytes(None)
+    cells.put("big", (len(blob), hash(blob)), big)  # over a quarter of the bound: not kept
+    assert cells.get("big", blob) is None
+    assert not DecodedCells(max_samples=4).keeps(b"x" * (24 + (1 << 20) + 1))  # too large to hash
+
+
+def test_a_read_lets_each_payload_go_once_decoded() -> None:
+    """CacheReader.decode empties the list it is given and decode_payloads drops each payload
+    as soon as it is decoded: a heavy panel's compressed cells do not all wait for the last."""
+    import asyncio
+    import weakref
+
+    from proxy.cache import CacheKey
+    from proxy.pipeline.cache_read import CacheReader, decode_payloads
+    from shardplanner.plan import Span
+
+    cells = [QueryResult.from_series("matrix", [({"a": str(i)}, [1, 2], [1.0, float(i)])]) for i in range(3)]
+
+    # Buffers that can be watched going away (bytes cannot be weakly referenced).
+    # Compressed, as large cells are stored: the decoded arrays are fresh, not views of it.
+    payloads: list[Any] = [np.frombuffer(c.to_ipc_bytes("lz4"), dtype=np.uint8).copy() for c in cells]
+    gone = [weakref.ref(p) for p in payloads]
+    seen: list[list[bool]] = []
+    real = QueryResult.from_ipc_bytes
+
+    def watched(data: Any) -> QueryResult:
+        seen.append([g() is None for g in gone])
+        return real(data)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(QueryResult, "from_ipc_bytes", staticmethod(watched))
+    try:
+        keys = [CacheKey(f"up{i}", Span.instant(1_000), lookback_ms=0) for i in range(3)]
+        reader = CacheReader.__new__(CacheReader)
+        reader.decoded = type("NoMemo", (), {"get": lambda *a: None, "keeps": lambda *a: False,
+                                              "put": lambda *a: None})()
+        found = asyncio.run(reader.decode(keys, payloads))
+    finally:
+        mp.undo()
+    assert payloads == []
+    assert [found[k.digest].to_pylist() for k in keys] == [c.to_pylist() for c in cells]
+    # While the i-th was decoded, the ones before it were already let go.
+    assert seen == [[False, False, False], [True, False, False], [True, True, False]]
+    assert all(g() is None for g in gone)
+    assert [type(x) for x in decode_payloads([None])] == [ValueError]
