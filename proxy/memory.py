@@ -83,9 +83,9 @@ def give_back() -> None:
     if _trim:
         _trim(0)
     try:
-        import pyarrow as pa
+        from .codec.arrow import release_unused
 
-        pa.default_memory_pool().release_unused()
+        release_unused()
     except Exception:  # noqa: BLE001 -- best effort
         pass
 
