@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from loadtests.gen import CI_SPEC, FleetSpec
+from tests.faulty import backend  # noqa: F401 -- fixture (a fault-injecting backend)
 from tests.hybrid import amp_down, hybrid, hybrid_slices, hybrid_throttled  # noqa: F401 -- fixtures (hybrid fleets)
 from tests.servers import ROOT, Promaccel, ProxyPool, RedisServer, built_tsdb, serving_copy
 

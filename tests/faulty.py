@@ -9,6 +9,11 @@ gets one of `faults` with probability `rate`. `faulty.calls` counts requests.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
 from loadtests.faults import FAULTS, FaultyBackend
 from tests.servers import free_port
 
@@ -18,3 +23,14 @@ def start(upstream: str, stall_s: float = 3.0) -> FaultyBackend:
 
 
 __all__ = ["FAULTS", "FaultyBackend", "start"]
+
+
+@pytest.fixture(scope="module")
+def backend(prom: Any) -> Iterator[FaultyBackend]:
+    """A fault-injecting backend in front of the session's Prometheus, per test module
+    (tests/conftest.py makes it a fixture everywhere)."""
+    b = start(prom.url)
+    try:
+        yield b
+    finally:
+        b.stop()

@@ -16,7 +16,7 @@ import struct
 import zlib
 from typing import Literal
 
-from .keys import CacheKey
+from .keys import CacheKey, Payload
 
 __all__ = ["FRAME_VERSION", "MAGIC", "CorruptValue", "decode_value", "encode_value"]
 
@@ -33,7 +33,7 @@ class CorruptValue(Exception):
         self.reason = reason
 
 
-def encode_value(key: CacheKey, payload: bytes | memoryview) -> bytes:
+def encode_value(key: CacheKey, payload: Payload) -> bytes:
     canonical = key.canonical_bytes
     crc = zlib.crc32(payload, zlib.crc32(canonical))
     return b"".join((_HEADER.pack(MAGIC, FRAME_VERSION, len(canonical), crc), canonical, payload))

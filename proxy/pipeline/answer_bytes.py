@@ -84,12 +84,12 @@ class Reservation:
         if not self._sent or self._pending > 0:
             return
         budget, self.budget = self.budget, None
-        if budget is not None and self.size >= GIVE_BACK_ABOVE:
-            give_back_soon()
         if budget is not None:
             budget.used -= self.size
             budget.running -= 1
             budget.wake()
+            if self.size >= GIVE_BACK_ABOVE:
+                give_back_soon()
 
 
 # The reservation of the query being served in this context (set by `Reserve`): the cache

@@ -32,7 +32,7 @@ DECODE_IN_THREAD_BYTES = 256 * 1024
 # Decoded cells kept for the next lookup of the same payload, at most this many samples in
 # all (~16 MB of columns): a dashboard's refresh reads the same cells again.
 DECODED_MAX_SAMPLES = 1_000_000
-# Room above 4 bytes a sample for a kept cell's payload (its labels, Arrow's framing).
+# Room above 24 bytes a sample for a kept cell's payload (its labels, Arrow's framing).
 MEMO_SLACK_BYTES = 1 << 20
 
 
@@ -137,12 +137,7 @@ class CacheReader:
                 todo.append(payload)
         if isinstance(payloads, list):
             payloads.clear()  # consumed: each payload goes once decoded (see decode_payloads)
-        # A warm 24 h panel reads megabytes: decode off the event loop (Arrow's
-        # decompression releases the GIL), so other requests go on meanwhile.
-        if sum(len(p) for p in todo if p is not None) > DECODE_IN_THREAD_BYTES:
-            outcomes = await asyncio.to_thread(decode_payloads, todo, True)
-        else:
-            outcomes = decode_payloads(todo, True)
+        outcomes = await decode_off_loop(todo, consume=True)
         for (k, signature), out in zip(todo_keys, outcomes):
             if isinstance(out, Exception):  # an undecodable entry is a miss
                 METRICS.cache_errors.labels("decode").inc()
@@ -227,16 +222,23 @@ class CacheReader:
         return status
 
 
-def decode_payloads(payloads: Sequence[Payload | None] | list[Payload | None],
-                    consume: bool = False) -> list[QueryResult | Exception]:
+async def decode_off_loop(payloads: list[Payload | None], consume: bool = False) -> list[QueryResult | Exception]:
+    """`decode_payloads`, in a worker thread when they are large: a warm 24 h panel (or a
+    long straddling window's raw samples) reads megabytes, and Arrow's decompression
+    releases the GIL, so other requests go on meanwhile."""
+    if sum(len(p) for p in payloads if p is not None) > DECODE_IN_THREAD_BYTES:
+        return await asyncio.to_thread(decode_payloads, payloads, consume)
+    return decode_payloads(payloads, consume)
+
+
+def decode_payloads(payloads: list[Payload | None], consume: bool = False) -> list[QueryResult | Exception]:
     """Cached pieces back to results; a payload that does not decode gives its exception.
-    `consume` (`payloads` a list): each payload is let go as soon as it is decoded, so a
-    heavy panel's compressed cells (~30 MB for 24 h of 2,048 GPUs) do not all stay beside
+    `consume`: each payload is let go (its slot set to None) as soon as it is decoded, so
+    a heavy panel's compressed cells (~30 MB for 24 h of 2,048 GPUs) do not all stay beside
     their decoded arrays until the last one is done (issue 15)."""
     out: list[QueryResult | Exception] = []
-    for i in range(len(payloads)):
-        payload = payloads[i]
-        if consume and isinstance(payloads, list):
+    for i, payload in enumerate(payloads):
+        if consume:
             payloads[i] = None
         try:
             if payload is None:
@@ -244,5 +246,4 @@ def decode_payloads(payloads: Sequence[Payload | None] | list[Payload | None],
             out.append(QueryResult.from_ipc_bytes(payload))
         except Exception as exc:  # noqa: BLE001 -- reported by the caller as a miss
             out.append(exc)
-        del payload
     return out

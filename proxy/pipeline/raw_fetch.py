@@ -30,7 +30,7 @@ from shardplanner.serialize import to_promql
 
 from ..backends import Backend
 from ..backends.tenancy import scope as tenant_scope
-from ..cache import CacheItem, CacheKey, PieceMeta, PieceStore, ttl_for, wall_ms
+from ..cache import CacheItem, CacheKey, Payload, PieceMeta, PieceStore, ttl_for, wall_ms
 from ..config import Config
 from ..errors import PromError
 from ..metrics import METRICS
@@ -39,7 +39,7 @@ from ..result.merge import concat
 from ..result.pieces import slice_time
 from .ask import Asker, query_call
 from .budget import BUDGET
-from .cache_read import DECODE_IN_THREAD_BYTES, decode_payloads
+from .cache_read import decode_off_loop
 from .cache_write import CacheWriter
 
 HOUR_MS = 3_600_000
@@ -82,14 +82,8 @@ class RawCache:
             payloads = await self.store().get_many(keys)
         except Exception:  # noqa: BLE001 -- the store reports its own trouble; fetch instead
             return [None] * len(keys)
-        found = [p for p in payloads if p is not None]
-        # A long straddling window reads megabytes of raw samples: decoded off the event
-        # loop, as the piece cache does.
-        if sum(len(p) for p in found) > DECODE_IN_THREAD_BYTES:
-            outcomes = await asyncio.to_thread(decode_payloads, found)
-        else:
-            outcomes = decode_payloads(found)
-        decoded = iter(outcomes)  # an undecodable entry is a miss
+        found: list[Payload | None] = [p for p in payloads if p is not None]
+        decoded = iter(await decode_off_loop(found))  # an undecodable entry is a miss
         out: list[QueryResult | None] = []
         for p in payloads:
             r = next(decoded) if p is not None else None

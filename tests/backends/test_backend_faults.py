@@ -27,15 +27,6 @@ pytestmark = pytest.mark.prom
 
 
 @pytest.fixture(scope="module")
-def backend(prom: Any) -> Iterator[faulty.FaultyBackend]:
-    b = faulty.start(prom.url)
-    try:
-        yield b
-    finally:
-        b.stop()
-
-
-@pytest.fixture(scope="module")
 def servers(backend: faulty.FaultyBackend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Promaccel]]:
     work = tmp_path_factory.mktemp("faults")
     # A retry budget that never runs out: these tests are about what is retried, not how often

@@ -14,7 +14,6 @@ from __future__ import annotations
 import concurrent.futures
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -121,15 +120,6 @@ def test_breaker_config_defaults_and_errors() -> None:
 
 
 # --------------------------------------------------------------------------- real processes
-
-
-@pytest.fixture(scope="module")
-def backend(prom: Any) -> Iterator[faulty.FaultyBackend]:
-    b = faulty.start(prom.url)
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 def _serve(backend: faulty.FaultyBackend, tmp_path: Path, extra: str = "", limits: str = "") -> Promaccel:

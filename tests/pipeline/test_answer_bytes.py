@@ -17,7 +17,6 @@ import re
 import socket
 import time
 import urllib.parse
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -179,15 +178,6 @@ def test_answer_bytes_counts_points_and_labels() -> None:
 
 
 # --- real promaccel over a real Prometheus ---------------------------------------------------
-
-@pytest.fixture(scope="module")
-def backend(prom: Any) -> Iterator[faulty.FaultyBackend]:
-    b = faulty.start(prom.url)
-    try:
-        yield b
-    finally:
-        b.stop()
-
 
 def _server(backend_url: str, tmp_path: Path, limits: str, listen: str = "") -> Promaccel:
     cfg = tmp_path / "promaccel.yaml"
