@@ -1,21 +1,25 @@
-"""Process memory: optionally give freed answer buffers back to the system.
+"""Process memory: how freed buffers go back to the system.
 
 glibc serves an allocation of 128 KiB or more with its own mmap, returned to the system when
 freed -- but each such free *raises* that threshold (up to 32 MiB), after which buffers of a
 few megabytes come from the heap and arenas and stay resident after they are freed. An
 answer of a few million samples is made of such buffers (numpy arrays, Arrow payloads,
-JSON chunks), so after one heavy query promaccel's RSS stays ~100 MiB above what it holds.
-Setting the threshold explicitly (`mallopt(M_MMAP_THRESHOLD)`) turns the raising off.
+JSON chunks), so after one heavy query promaccel's RSS stayed ~100 MiB above what it held.
+So `tune_malloc` pins the threshold at 128 KiB (`mallopt(M_MMAP_THRESHOLD)`, which turns the
+raising off), and has Arrow allocate from the same malloc instead of its bundled mimalloc
+(which kept 25-60 MiB of a burst's freed payloads). Together: 20 heavy 24 h queries at once
+peaked ~110 MiB lower, and a warm 24 h dashboard refresh took as long (docs/BENCHMARKS.md).
 
-It is a trade (less resident memory after heavy queries, page faults on every large buffer:
-figures in docs/ARCHITECTURE.md), so it is opt-in: `PROMACCEL_MMAP_THRESHOLD=131072` (bytes).
-Unset or 0: glibc's own behaviour. Nothing happens where there is no glibc (musl, macOS) or
-when glibc's own MALLOC_MMAP_THRESHOLD_ is set.
+- `PROMACCEL_MMAP_THRESHOLD=<bytes>` sets another threshold; 0 leaves glibc's dynamic one.
+- `ARROW_DEFAULT_MEMORY_POOL` (Arrow's own setting: mimalloc, jemalloc, system), when set, is
+  left to Arrow.
+- Nothing happens to malloc where there is no glibc (musl, macOS) or when glibc's own
+  MALLOC_MMAP_THRESHOLD_ is set.
 
-Without the threshold, `give_back_soon` (called when a large answer's reservation is let go,
-`pipeline/answer_bytes.py`) returns what glibc and Arrow's pool hold freed: `malloc_trim(0)`
-also releases whole free pages in the middle of the heap, and Arrow's mimalloc keeps freed
-payloads until asked. Off the event loop, at most once a second.
+`give_back_soon` (called when a large answer's reservation is let go,
+`pipeline/answer_bytes.py`) also returns what the heap holds freed: `malloc_trim(0)`
+releases whole free pages in the middle of the heap, and Arrow's pool its cached blocks (when
+it is not malloc). Off the event loop, at most once a second.
 """
 
 from __future__ import annotations
@@ -31,17 +35,26 @@ from typing import Any
 log = logging.getLogger("promaccel")
 
 M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD = 0  # default: glibc's dynamic threshold (see above)
+MMAP_THRESHOLD = 128 << 10  # 0: glibc's dynamic threshold (see above)
 
 _done = False
 
 
 def tune_malloc() -> bool:
-    """Fix glibc's mmap threshold (once per process); True if it was set."""
+    """Fix glibc's mmap threshold and Arrow's pool (once per process); True if the threshold
+    was set."""
     global _done
-    if _done or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+    if _done:
         return False
     _done = True
+    from . import ARROW_POOL_CHOSEN
+
+    if not ARROW_POOL_CHOSEN:  # pyarrow may have been imported first (an embedding program)
+        from .codec.arrow import use_system_pool
+
+        use_system_pool()
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
     try:
         threshold = int(os.environ.get("PROMACCEL_MMAP_THRESHOLD", MMAP_THRESHOLD))
     except ValueError:

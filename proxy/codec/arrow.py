@@ -34,7 +34,7 @@ from .json_decode import _LABEL_CACHE, _SlowPath
 from .json_scan import _array_element_spans
 
 __all__ = ["encode_arrow_stream", "from_ipc_bytes", "from_table", "release_unused", "to_ipc_bytes", "to_ipc_view",
-           "to_table"]
+           "to_table", "use_system_pool"]
 
 I64 = npt.NDArray[np.int64]
 
@@ -100,6 +100,12 @@ def release_unused() -> None:
     """Give the blocks Arrow's memory pool keeps of freed buffers back to the system (its
     bundled mimalloc keeps 25-60 MiB of a burst's payloads otherwise)."""
     pa.default_memory_pool().release_unused()
+
+
+def use_system_pool() -> str:
+    """Arrow allocates with malloc from now on (proxy/memory.py says why); the pool's name."""
+    pa.set_memory_pool(pa.system_memory_pool())
+    return str(pa.default_memory_pool().backend_name)
 
 
 def to_ipc_bytes(result: QueryResult, compression: Literal["zstd", "lz4"] | None = "zstd") -> bytes:

@@ -133,26 +133,42 @@ def test_puts_are_grouped_by_samples() -> None:
     assert _groups_by_samples([], 10) == []
 
 
-def test_malloc_tuning_is_opt_in_and_applied_once(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_malloc_tuning_is_on_by_default_and_applied_once(monkeypatch: pytest.MonkeyPatch) -> None:
     import ctypes.util
 
+    import pyarrow as pa
+
+    import proxy
     from proxy import memory
 
-    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
-    monkeypatch.delenv("PROMACCEL_MMAP_THRESHOLD", raising=False)
-    monkeypatch.setattr(memory, "_done", False)
-    assert memory.tune_malloc() is False  # default: glibc's dynamic threshold
-    monkeypatch.setattr(memory, "_done", False)
-    monkeypatch.setenv("PROMACCEL_MMAP_THRESHOLD", "not-bytes")
-    assert memory.tune_malloc() is False
-    monkeypatch.setattr(memory, "_done", False)
-    monkeypatch.setenv("PROMACCEL_MMAP_THRESHOLD", "131072")
     glibc = ctypes.util.find_library("c") is not None
-    assert memory.tune_malloc() is glibc
-    assert memory.tune_malloc() is False  # once per process
-    monkeypatch.setattr(memory, "_done", False)
-    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
-    assert memory.tune_malloc() is False  # glibc's own setting wins
+    before = pa.default_memory_pool()
+    try:
+        monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+        monkeypatch.delenv("PROMACCEL_MMAP_THRESHOLD", raising=False)
+        monkeypatch.setattr(proxy, "ARROW_POOL_CHOSEN", False)
+        pa.set_memory_pool(pa.mimalloc_memory_pool())
+        monkeypatch.setattr(memory, "_done", False)
+        assert memory.tune_malloc() is glibc  # default: a pinned 128 KiB threshold
+        assert pa.default_memory_pool().backend_name == "system"  # Arrow allocates with malloc
+        assert memory.tune_malloc() is False  # once per process
+        monkeypatch.setattr(memory, "_done", False)
+        monkeypatch.setenv("PROMACCEL_MMAP_THRESHOLD", "0")
+        assert memory.tune_malloc() is False  # 0: glibc's dynamic threshold
+        monkeypatch.setattr(memory, "_done", False)
+        monkeypatch.setenv("PROMACCEL_MMAP_THRESHOLD", "not-bytes")
+        assert memory.tune_malloc() is glibc  # a warning, and the default
+        monkeypatch.setattr(memory, "_done", False)
+        monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+        assert memory.tune_malloc() is False  # glibc's own setting wins
+        # Arrow's own setting wins too.
+        pa.set_memory_pool(pa.mimalloc_memory_pool())
+        monkeypatch.setattr(proxy, "ARROW_POOL_CHOSEN", True)  # ARROW_DEFAULT_MEMORY_POOL set by the user
+        monkeypatch.setattr(memory, "_done", False)
+        memory.tune_malloc()
+        assert pa.default_memory_pool().backend_name == "mimalloc"
+    finally:
+        pa.set_memory_pool(before)
 
 
 def test_memory_is_given_back_after_a_large_answer_at_most_once_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -286,3 +302,19 @@ def test_a_read_lets_each_payload_go_once_decoded() -> None:
     assert seen == [[False, False, False], [True, False, False], [True, True, False]]
     assert all(g() is None for g in gone)
     assert [type(x) for x in decode_payloads([None])] == [ValueError]
+
+
+@pytest.mark.parametrize("env, pool", [(None, "system"), ("mimalloc", "mimalloc")])
+def test_importing_promaccel_chooses_arrows_pool_unless_the_user_did(env: str | None, pool: str) -> None:
+    import os
+    import subprocess
+    import sys
+
+    environ = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    if env is not None:
+        environ["ARROW_DEFAULT_MEMORY_POOL"] = env
+    code = "import proxy.codec.arrow, pyarrow as pa; print(pa.default_memory_pool().backend_name)"
+    out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == pool
