@@ -21,8 +21,8 @@ from shardplanner.plan import Piece, ShardSpec, Span
 __all__ = ["FORMAT_VERSION", "KEY_PREFIX", "CacheItem", "CacheKey", "PieceMeta"]
 
 # Version of the payload layout (proxy/codec/arrow.py's Arrow IPC table); part of every key, so a new
-# layout never reads an old one.
-FORMAT_VERSION = 1
+# layout never reads an old one. 2: the label list is compressed (`promaccel.labels_zstd`).
+FORMAT_VERSION = 2
 KEY_PREFIX = "promaccel:v1"
 
 

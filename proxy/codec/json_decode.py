@@ -12,6 +12,7 @@ the caller passes such an answer through untouched.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import math
 import re
@@ -120,6 +121,14 @@ _LABEL_CACHE = _LabelSets()
 _DECODE_SCRATCH = threading.local()
 
 
+def _on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 def _decode_scratch(cap_series: int, cap_samples: int) -> tuple[tuple[Any, ...], bool]:
     """Output arrays of the series scanner (met_s, met_e, counts, t, v, fb_idx, fb_s, fb_e),
     and whether they are the thread's kept scratch (to be copied out of) rather than fresh
@@ -138,7 +147,7 @@ def _decode_scratch(cap_series: int, cap_samples: int) -> tuple[tuple[Any, ...],
         np.empty(cv, dtype=np.int64),
         np.empty(cv, dtype=np.int64),
     )
-    if cap_samples <= _DECODE_SCRATCH_MAX:
+    if cap_samples <= _DECODE_SCRATCH_MAX and _on_event_loop():
         _DECODE_SCRATCH.arrays = arrays
         return arrays, True
     return arrays, False
@@ -146,6 +155,8 @@ def _decode_scratch(cap_series: int, cap_samples: int) -> tuple[tuple[Any, ...],
 
 # Samples: answers up to ~1.8 MB of JSON decode into the thread's kept scratch (fresh pages
 # would cost as much as parsing such a small answer) and are copied out at their exact size.
+# Only the event loop's thread keeps one: the worker threads (answers over 1 MiB are decoded
+# there) each kept up to ~10 MB resident for the life of the process (issue 15).
 # Larger answers get arrays of their own, shrunk in place to their exact size (realloc, no
 # copy): no second copy of a big answer at the decode's peak, and no big scratch kept
 # resident for the life of the process (the kept scratch is at most 4 MB touched).

@@ -172,7 +172,7 @@ def answer_size(answer: Answer) -> int:
     r = answer.result
     if r is None:
         return 0
-    return 16 * r.n_samples + len(r.label_block()[0])
+    return 16 * r.n_samples + sum(map(len, r.canonical_keys()))
 
 
 def _release_soon(loop: asyncio.AbstractEventLoop, held: Reservation) -> None:

@@ -119,8 +119,11 @@ def _order_by_labels(ckeys: list[bytes], labels: list[dict[str, str]]) -> list[i
         out_s = np.empty(n, dtype=np.int64)
         out_e = np.empty(n, dtype=np.int64)
         m = _sort_key_block(np.frombuffer(raw, dtype=np.uint8), ends - lens, ends, out, out_s, out_e)
+        del raw, lens, ends  # a 24 h panel's keys are megabytes: only the sort keys go on
         block = out[:m].tobytes()
+        del out
         skeys = [block[a:b] for a, b in zip(out_s.tolist(), out_e.tolist())]
+        del block
         return sorted(range(n), key=skeys.__getitem__)
     tkeys = [tuple(sorted(d.items())) for d in labels]
     return sorted(range(n), key=tkeys.__getitem__)

@@ -90,7 +90,7 @@ def test_key_golden() -> None:
     # form that maps two different pieces to one text would serve wrong answers): bump
     # FORMAT_VERSION / KEY_PREFIX instead and update this test.
     k = CacheKey(query="up", span=Span.range(0, 60_000, 15_000), route=("p",))
-    assert k.canonical() == '["piece",1,"up",0,60000,15000,null,0,null,300000,["p"],""]'
+    assert k.canonical() == '["piece",2,"up",0,60000,15000,null,0,null,300000,["p"],""]'
     assert k.redis_key(0) == (
         "promaccel:v1:g0:" + __import__("hashlib").sha256(k.canonical().encode()).hexdigest()
     )

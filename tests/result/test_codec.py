@@ -518,6 +518,59 @@ def test_cached_labels_are_not_formatted_again() -> None:
     assert old._label_block is None and encode_prometheus_json(old) == encode_prometheus_json(r)
 
 
+def _fleet_hour(n_series: int = 256, pod: str = "p") -> QueryResult:
+    series = []
+    for i in range(n_series):
+        labels = {"__name__": "DCGM_FI_DEV_GPU_UTIL", "Hostname": f"gpu-node-{i // 8:04d}", "gpu": str(i % 8),
+                  "UUID": f"GPU-{i:08x}-16cf-fc95-3621", "modelName": "NVIDIA H100 80GB HBM3", "pod": f"{pod}-{i}"}
+        series.append((labels, [0, 30_000, 60_000], [float(i), float(i) + 0.5, 100.0]))
+    return QueryResult.from_series("matrix", series)
+
+
+def test_cached_label_lists_are_packed_and_unpacked_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from proxy.codec import arrow
+
+    r = _fleet_hour()
+    payload = r.to_ipc_bytes("lz4")
+    meta = pa.ipc.open_stream(payload).read_all().schema.metadata
+    assert b"promaccel.labels" not in meta and int(meta[b"promaccel.labels_size"]) > 30_000
+    plain = b"[" + b",".join(r.canonical_keys()) + b"]"
+    assert len(meta[b"promaccel.labels_zstd"]) * 5 < len(plain)  # arrow's compression skips metadata
+    assert len(payload) * 3 < len(plain)
+    unpacked = []
+    real = arrow._PACKED.unpack
+    monkeypatch.setattr(arrow._PACKED, "unpack", lambda p, n: unpacked.append(1) or real(p, n))
+    monkeypatch.setattr(arrow, "_LABEL_LISTS", arrow._LabelLists())
+    for _ in range(3):  # the hour cells of one day: the same list, unpacked and parsed once
+        back = QueryResult.from_ipc_bytes(payload)
+        assert back.labels == r.labels and back.canonical_keys() == r.canonical_keys()
+        assert np.array_equal(back.t_ms, r.t_ms) and np.array_equal(back.value, r.value)
+        assert encode_prometheus_json(back) == encode_prometheus_json(r)
+    assert unpacked == [1]
+    other = _fleet_hour(pod="q")  # another list: unpacked too
+    assert QueryResult.from_ipc_bytes(other.to_ipc_bytes("zstd")).labels == other.labels
+    assert unpacked == [1, 1]
+    # A short list stays plain JSON.
+    small = _sample_result()
+    small_meta = pa.ipc.open_stream(small.to_ipc_bytes()).read_all().schema.metadata
+    assert b"promaccel.labels_zstd" not in small_meta and small_meta[b"promaccel.labels"].startswith(b"[")
+
+
+@pytest.mark.parametrize("size", [b"", b"x", b"0", b"-5", str(1 << 31).encode(), b"12", b"1000000"])
+def test_a_packed_label_list_of_a_wrong_size_is_malformed(size: bytes) -> None:
+    from proxy.codec import arrow
+
+    t = arrow.to_table(_fleet_hour(pod=f"size{size!r}"), pack_labels=True)
+    meta = dict(t.schema.metadata)
+    meta[b"promaccel.labels_size"] = size
+    sink = pa.BufferOutputStream()
+    bad = t.replace_schema_metadata(meta)
+    with pa.ipc.new_stream(sink, bad.schema) as w:
+        w.write_table(bad)
+    with pytest.raises(MalformedAnswer):
+        QueryResult.from_ipc_bytes(sink.getvalue().to_pybytes())
+
+
 def test_arrow_table_schema() -> None:
     t = _sample_result().to_arrow_table()
     assert t.schema.names == ["series", "t_ms", "value"]
@@ -576,3 +629,29 @@ def test_label_sets_share_one_key_and_their_values_between_answers() -> None:
     c = QueryResult.from_ipc_bytes(memoryview(a.to_ipc_view("lz4")))
     assert all(x is y for x, y in zip(a.canonical_keys(), c.canonical_keys()))
     assert encode_prometheus_json(c) == encode_prometheus_json(a) == body
+
+
+def test_only_the_event_loops_thread_keeps_a_decode_scratch() -> None:
+    import asyncio
+    import threading
+
+    body = orjson.dumps({"status": "success", "data": {"resultType": "matrix", "result": [
+        {"metric": {"a": str(i)}, "values": [[1, "1"], [2, "2"]]} for i in range(50)]}})
+    kept: dict[str, bool] = {}
+
+    def in_worker() -> None:  # a worker thread (asyncio.to_thread): fresh arrays, nothing kept
+        assert decode_prometheus_json(body).n_samples == 100
+        kept["worker"] = getattr(json_decode._DECODE_SCRATCH, "arrays", None) is not None
+
+    async def on_loop() -> None:
+        assert decode_prometheus_json(body).n_samples == 100
+        kept["loop"] = getattr(json_decode._DECODE_SCRATCH, "arrays", None) is not None
+
+    def loop_thread() -> None:
+        asyncio.run(on_loop())
+
+    for target in (in_worker, loop_thread):
+        t = threading.Thread(target=target)
+        t.start()
+        t.join()
+    assert kept == {"worker": False, "loop": True}
