@@ -71,7 +71,7 @@ def to_table(result: QueryResult, *, pack_labels: bool = False) -> pa.Table:
 # A cache payload's label list is compressed from this size on. Arrow's buffer compression
 # does not cover schema metadata, and a 2,048-GPU panel's hour cell carried ~1 MB of label
 # JSON beside ~0.3 MB of compressed samples: 78% of a warm 24 h read (issue 15). zstd at
-# level 1 makes it ~14x smaller for ~0.8 ms (once per distinct list: `_PackedLabels`).
+# level 1 makes it ~14x smaller for ~0.8 ms a megabyte.
 PACK_LABELS_MIN_BYTES = 1024
 # A decoded piece keeps its label list's JSON up to this size (`from_table`).
 KEEP_LABEL_BLOCK_BYTES = 64 << 10
@@ -80,14 +80,13 @@ UNPACK_LABELS_MAX_BYTES = 1 << 30
 
 
 class _PackedLabels:
-    """Label list JSON -> its zstd form, for the last few lists written (the hour cells of a
-    day mostly carry the same list; zstd's output for the same input and level is the same,
-    so the reader's `_LABEL_LISTS` hits on it too)."""
+    """Label list JSON <-> its zstd form. zstd's output for the same input and level is the
+    same, so the hour cells of a day that carry the same list hit the reader's
+    `_LABEL_LISTS` on their packed bytes (not unpacked again). Nothing is memoised on the
+    writing side: a memo keyed by the lists held ~14 MiB after a burst (and the lists of a
+    day's cells mostly differ: series come and go)."""
 
-    def __init__(self, max_entries: int = 16, max_bytes: int = 32 << 20) -> None:
-        self.max_entries, self.max_bytes = max_entries, max_bytes
-        self.bytes = 0
-        self.map: dict[bytes, bytes] = {}
+    def __init__(self) -> None:
         self._codec: Any = None
 
     def codec(self) -> Any:
@@ -96,17 +95,7 @@ class _PackedLabels:
         return self._codec
 
     def pack(self, block: bytes) -> bytes:
-        hit = self.map.get(block)
-        if hit is not None:
-            return hit
         packed: bytes = self.codec().compress(block, asbytes=True)
-        if len(block) <= self.max_bytes // 4:
-            while self.map and (len(self.map) >= self.max_entries or self.bytes + len(block) > self.max_bytes):
-                oldest = next(iter(self.map))
-                self.bytes -= len(oldest)
-                del self.map[oldest]
-            self.map[block] = packed
-            self.bytes += len(block)
         return packed
 
     def unpack(self, packed: bytes, size: bytes | None) -> bytes:

@@ -41,6 +41,7 @@ class Landing:
         # flight key -> (answer, fetched_at_ms, expiry, bytes)
         self._recent: dict[tuple[Any, ...], tuple[Any, int, float, int]] = {}
         self._recent_bytes = 0
+        self._expiry: asyncio.TimerHandle | None = None
         # Anything fetched before this must not be served or stored any more.
         self.invalidated_at_ms = 0
 
@@ -100,6 +101,22 @@ class Landing:
         self._forget(key)
         self._recent[key] = (answer, fetched_at_ms, now + RECENT_CALL_S, size)
         self._recent_bytes += size
+        if self._expiry is None:  # and when no call comes after them, they go all the same
+            self._expire_in(RECENT_CALL_S)
+
+    def _expire_in(self, delay_s: float) -> None:
+        try:
+            self._expiry = asyncio.get_running_loop().call_later(delay_s, self._expire)
+        except RuntimeError:  # no event loop (a test driving this by hand)
+            self._expiry = None
+
+    def _expire(self) -> None:
+        self._expiry = None
+        now = time.monotonic()
+        for k in [k for k, e in self._recent.items() if e[2] <= now]:
+            self._forget(k)
+        if self._recent:
+            self._expire_in(max(min(e[2] for e in self._recent.values()) - now, 0.01))
 
     def forget_all(self) -> None:
         """An invalidation: nothing fetched before now is served or stored any more."""

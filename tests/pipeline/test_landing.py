@@ -67,3 +67,23 @@ def test_large_pieces_leave_the_landing_zone_when_their_put_lands() -> None:
         assert zone.landed("big") is None and zone.landed("small") is small
 
     asyncio.run(scenario())
+
+
+def test_recent_calls_go_when_they_expire_though_no_call_comes_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a burst nothing calls again: the last calls (megabytes each) must still go."""
+    import asyncio
+
+    monkeypatch.setattr(landing_mod, "RECENT_CALL_S", 0.2)
+
+    async def scenario() -> None:
+        zone = Landing()
+        zone.remember_call(("a",), Reply(b"a" * 100), 0)
+        await asyncio.sleep(0.1)
+        zone.remember_call(("b",), Reply(b"b" * 200), 0)
+        assert zone._recent_bytes == 300
+        await asyncio.sleep(0.15)  # a expired (0.2 s), b not yet (0.3 s)
+        assert set(zone._recent) == {("b",)} and zone._recent_bytes == 200
+        await asyncio.sleep(0.3)
+        assert zone._recent == {} and zone._recent_bytes == 0 and zone._expiry is None
+
+    asyncio.run(scenario())
