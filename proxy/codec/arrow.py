@@ -7,7 +7,9 @@ The only module of promaccel that imports pyarrow.
   Prometheus writes label sets, flagged by `promaccel.labels_canonical`), `promaccel.warnings`,
   `promaccel.infos` (JSON lists) and, for string results, `promaccel.string_value`.
   `to_ipc_bytes()` / `from_ipc_bytes()` write / read that table as an Arrow IPC stream with
-  zstd (or lz4) buffer compression: this is what the cache stores.
+  zstd (or lz4) buffer compression: this is what the cache stores. There a label list of
+  `PACK_LABELS_MIN_BYTES` or more is `promaccel.labels_zstd` (zstd level 1) with its size in
+  `promaccel.labels_size` instead of `promaccel.labels` (cache FORMAT_VERSION 2).
 - `encode_arrow_stream(result)`: the public Arrow shape for clients that send
   `Accept: application/vnd.apache.arrow.stream`: one row per sample with columns
   `series` int32, `timestamp` timestamp[ms, UTC], `value` float64 and
