@@ -77,8 +77,10 @@ def to_table(result: QueryResult, *, pack_labels: bool = False) -> pa.Table:
 PACK_LABELS_MIN_BYTES = 1024
 # A decoded piece keeps its label list's JSON up to this size (`from_table`).
 KEEP_LABEL_BLOCK_BYTES = 64 << 10
-# Largest label list a payload may unpack to (its own size field is checked against this).
+# Largest label list a payload may unpack to, and to how many times its packed size (its own
+# size field is checked against both before anything is allocated; label JSON packs ~14x).
 UNPACK_LABELS_MAX_BYTES = 1 << 30
+UNPACK_MAX_RATIO = 1024
 
 
 class _PackedLabels:
@@ -105,7 +107,7 @@ class _PackedLabels:
             n = int(size or b"")
         except ValueError:
             raise ValueError("bad promaccel.labels_size") from None
-        if not 0 < n <= UNPACK_LABELS_MAX_BYTES:
+        if not 0 < n <= min(UNPACK_LABELS_MAX_BYTES, max(len(packed) * UNPACK_MAX_RATIO, 1 << 20)):
             raise ValueError(f"promaccel.labels_size {n} out of bounds")
         try:
             out: bytes = self.codec().decompress(packed, decompressed_size=n, asbytes=True)

@@ -556,7 +556,7 @@ def test_cached_label_lists_are_packed_and_unpacked_once(monkeypatch: pytest.Mon
     assert b"promaccel.labels_zstd" not in small_meta and small_meta[b"promaccel.labels"].startswith(b"[")
 
 
-@pytest.mark.parametrize("size", [b"", b"x", b"0", b"-5", str(1 << 31).encode(), b"12", b"1000000"])
+@pytest.mark.parametrize("size", [b"", b"x", b"0", b"-5", str(1 << 31).encode(), b"12", b"1000000", str(900 << 20).encode()])
 def test_a_packed_label_list_of_a_wrong_size_is_malformed(size: bytes) -> None:
     from proxy.codec import arrow
 
