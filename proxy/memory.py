@@ -25,7 +25,6 @@ it is not malloc). Off the event loop, at most once a second.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 import threading
@@ -38,6 +37,14 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 128 << 10  # 0: glibc's dynamic threshold (see above)
 
 _done = False
+
+
+def _libc() -> Any:
+    """The C library's functions, from the symbols already loaded in this process (no
+    `ctypes.util.find_library`: it runs `ldconfig -p` in a subprocess, and a fork of a process
+    of a few hundred MiB from the give-back thread, in the middle of a burst, showed as a
+    +250 MiB spike in a sampler summing the process tree, 1 run in ~10: issue 15)."""
+    return ctypes.CDLL(None)
 
 
 def tune_malloc() -> bool:
@@ -63,8 +70,7 @@ def tune_malloc() -> bool:
     if threshold <= 0:
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = _libc().mallopt
     except (OSError, AttributeError):
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
@@ -87,8 +93,7 @@ def give_back() -> None:
     global _trim
     if _trim is None:
         try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            _trim = libc.malloc_trim
+            _trim = _libc().malloc_trim
             _trim.argtypes = [ctypes.c_size_t]
             _trim.restype = ctypes.c_int
         except (OSError, AttributeError):

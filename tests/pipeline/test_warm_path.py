@@ -134,14 +134,14 @@ def test_puts_are_grouped_by_samples() -> None:
 
 
 def test_malloc_tuning_is_on_by_default_and_applied_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    import ctypes.util
+    import ctypes
 
     import pyarrow as pa
 
     import proxy
     from proxy import memory
 
-    glibc = ctypes.util.find_library("c") is not None
+    glibc = hasattr(ctypes.CDLL(None), "mallopt")
     before = pa.default_memory_pool()
     try:
         monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
@@ -318,3 +318,26 @@ def test_importing_promaccel_chooses_arrows_pool_unless_the_user_did(env: str | 
                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == pool
+
+
+def test_memory_tuning_and_give_back_start_no_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ctypes.util.find_library` runs `ldconfig -p`: a fork of the whole server in the middle
+    of a burst (seen as a +250 MiB spike of the process tree). Neither path may start one."""
+    import subprocess
+
+    from proxy import memory
+
+    started: list[object] = []
+
+    class NoProcess:
+        def __init__(self, *args: object, **kw: object) -> None:
+            started.append(args)
+            raise AssertionError("a subprocess was started")
+
+    monkeypatch.setattr(subprocess, "Popen", NoProcess)
+    monkeypatch.setattr(memory, "_done", False)
+    monkeypatch.setattr(memory, "_trim", None)
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    memory.tune_malloc()
+    memory.give_back()
+    assert started == []
