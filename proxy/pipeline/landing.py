@@ -93,9 +93,7 @@ class Landing:
         if size > RECENT_CALL_MAX_BYTES:
             return
         now = time.monotonic()
-        # Expired calls go now, not when full: each may hold a few megabytes.
-        for k in [k for k, e in self._recent.items() if e[2] < now]:
-            self._forget(k)
+        self._drop_expired(now)  # now, not when full: each may hold a few megabytes
         if len(self._recent) >= RECENT_CALLS_MAX or self._recent_bytes + size > RECENT_CALLS_MAX_BYTES:
             return
         self._forget(key)
@@ -110,11 +108,14 @@ class Landing:
         except RuntimeError:  # no event loop (a test driving this by hand)
             self._expiry = None
 
+    def _drop_expired(self, now: float) -> None:
+        for k in [k for k, e in self._recent.items() if e[2] <= now]:
+            self._forget(k)
+
     def _expire(self) -> None:
         self._expiry = None
         now = time.monotonic()
-        for k in [k for k, e in self._recent.items() if e[2] <= now]:
-            self._forget(k)
+        self._drop_expired(now)
         if self._recent:
             self._expire_in(max(min(e[2] for e in self._recent.values()) - now, 0.01))
 
