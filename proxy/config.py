@@ -262,6 +262,11 @@ class CacheConfig(_Strict):
     # (a warm refresh decodes hundreds of pieces) for ~35% more bytes; entries written with
     # either are read whatever this says.
     compression: Literal["lz4", "zstd", "none"] = "lz4"
+    # Cells of at least this many samples stay packed in memory, as their cached Arrow
+    # payloads, from the moment they are fetched or read: an answer merged from them reads
+    # them a batch at a time (a 2,048-GPU 24 h panel holds ~10 MB packed instead of ~47 MB
+    # decoded). 0: never (with compression "none", fetched cells are not packed either).
+    pack_min_samples: int = Field(default=65_536, ge=0)
     max_freshness: DurationMs = 600_000
     recent_ttl: DurationMs = 0
     ttl: DurationMs = 7 * 86_400_000

@@ -209,6 +209,11 @@ class _Metrics:
             "promaccel_answer_bytes_reserved",
             "Bytes of answers being materialised, as reserved (limits.max_inflight_answer_bytes)", registry=r,
         )
+        self.cells_packed = Counter(
+            "promaccel_cells_packed_total",
+            "Cells kept packed in memory as their cache payloads (cache.pack_min_samples), by how they came: "
+            "fetched or read from the cache", ["how"], registry=r,
+        )
 
 
 METRICS = _Metrics()

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import orjson
+
 from loadtests.compare import DATA, REL_TOL, Expect, answer_kind, check_reference, diff_answers, instant_order
 from tests.corpus import EXPECT
 
@@ -36,6 +38,14 @@ def compare_case(suite: str, name: str, query: str, path: str, direct_status: in
     order = instant_order(query) if path.endswith("/query") else None
     problems += diff_answers(direct, proxied, ordered=ordered, order=order, rel=rel)
     return problems
+
+
+def response_problems(direct: Any, proxied: Any) -> list[str]:
+    """Two HTTP answers (httpx responses) to the same query: their status codes, then their
+    JSON answers compared (empty: equal)."""
+    if direct.status_code != proxied.status_code:
+        return [f"HTTP {direct.status_code} != {proxied.status_code}: {proxied.text[:300]}"]
+    return diff_answers(orjson.loads(direct.content), orjson.loads(proxied.content))
 
 
 def report(tally: Counter[tuple[str, str]]) -> list[str]:

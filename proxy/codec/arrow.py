@@ -21,6 +21,7 @@ The only module of promaccel that imports pyarrow.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, Literal
 
 import numpy as np
@@ -30,15 +31,18 @@ import pyarrow as pa
 from numba import njit
 
 from proxy.result import QueryResult
+from proxy.result.concat import _increasing_within
+from proxy.result.query_result import LazySamples
 
 from .errors import MalformedAnswer
 from .json_decode import _LABEL_CACHE, _SlowPath
 from .json_scan import _array_element_spans
 
-__all__ = ["encode_arrow_stream", "from_ipc_bytes", "from_table", "release_unused", "to_ipc_bytes", "to_ipc_view",
-           "to_table", "use_system_pool"]
+__all__ = ["PackedPiece", "encode_arrow_stream", "from_ipc_bytes", "from_table", "release_unused", "to_ipc_bytes",
+           "to_ipc_view", "to_table", "use_system_pool"]
 
 I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
 
 
 def to_table(result: QueryResult, *, pack_labels: bool = False) -> pa.Table:
@@ -177,21 +181,151 @@ def to_ipc_bytes(result: QueryResult, compression: Literal["zstd", "lz4"] | None
 
 def to_ipc_view(result: QueryResult, compression: Literal["zstd", "lz4"] | None = "zstd") -> memoryview:
     """`to_ipc_bytes` without its copy: a view of Arrow's own buffer (the cache frames it,
-    copying it once; a heavy answer's payloads are megabytes each)."""
+    copying it once; a heavy answer's payloads are megabytes each). A piece packed with the
+    same compression (`pack`) gives its payload."""
+    if isinstance(result, PackedPiece) and result.compression is not None and result.compression == compression:
+        return memoryview(result.payload)
     table = to_table(result, pack_labels=True)
     opts = pa.ipc.IpcWriteOptions(compression=compression)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema, options=opts) as writer:
-        writer.write_table(table)
+        # In batches, each compressed on its own: a large cell can be read back a batch at a
+        # time (`PackedPiece`).
+        writer.write_table(table, max_chunksize=PAYLOAD_BATCH_ROWS)
     return memoryview(sink.getvalue())
 
 
-def from_ipc_bytes(data: bytes | memoryview) -> QueryResult:
+# Cache payloads are written in record batches of this many rows (~160 KB of columns).
+PAYLOAD_BATCH_ROWS = 8192
+
+
+def from_ipc_bytes(data: bytes | memoryview, *, pack_from: int = 0) -> QueryResult:
+    """A cache payload back to a result. `pack_from` > 0: a matrix of that many samples or
+    more comes back as a `PackedPiece` (checked like any other, then its samples left in
+    `data`; read a batch at a time, so a payload written in one batch, as before batches,
+    is read whole when it is read)."""
     try:
         table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
     except pa.ArrowException as exc:
         raise MalformedAnswer(f"bad Arrow IPC stream: {exc}") from exc
-    return from_table(table)
+    out = from_table(table)
+    if pack_from > 0 and out.result_type == "matrix" and out.n_samples >= pack_from:
+        del table
+        return PackedPiece.of(out, data)
+    return out
+
+
+def pack(result: QueryResult, compression: Literal["zstd", "lz4"], pack_from: int) -> QueryResult:
+    """A matrix of `pack_from` (> 0) samples or more as a `PackedPiece` of its cache payload
+    (a fetched cell on its way to the cache: its payload is made once, and the answer reads
+    it back a batch at a time); anything else as it is."""
+    if (pack_from <= 0 or result.result_type != "matrix" or result.n_samples < pack_from
+            or isinstance(result, PackedPiece)):
+        return result
+    payload = to_ipc_view(result, compression)
+    out = PackedPiece.of(result, payload)
+    out.compression = compression
+    return out
+
+
+class PackedPiece(LazySamples):
+    """A cached matrix whose samples stay in its Arrow payload (compressed: a 24 h panel of
+    2,048 GPUs is ~47 MB of columns decoded and a fraction of that packed, issue 15). Its
+    labels, offsets and each series' first and last timestamps are at hand (the payload was
+    decoded and checked once, `of`); the samples are read back a batch at a time through
+    `cursor()` (a merge streaming its pieces: result/concat.py), or all at once, and kept,
+    the first time `t_ms` or `value` is read."""
+
+    def __init__(self, base: QueryResult, payload: bytes | memoryview, firsts: I64, lasts: I64) -> None:
+        super().__init__(base.result_type, base.labels, base.offsets, base.warnings, base.infos, base._ckeys,
+                         base._label_block)
+        self.payload = payload
+        self.compression: str | None = None  # known when packed here (`pack`), not when read
+        self.packed = _Packed(payload, firsts, lasts)
+
+    def packed_samples(self) -> _Packed | None:
+        return self.packed if self._samples is None else None
+
+    @classmethod
+    def of(cls, r: QueryResult, payload: bytes | memoryview) -> PackedPiece:
+        """`r`, just decoded from `payload`, with its samples let go."""
+        if not _increasing_within(r.t_ms, r.offsets):
+            raise MalformedAnswer("bad promaccel result table: a series is not in time order")
+        counts = r.counts
+        starts = r.offsets[:-1]
+        firsts = np.where(counts > 0, r.t_ms[np.minimum(starts, max(r.n_samples - 1, 0))], 0)
+        lasts = np.where(counts > 0, r.t_ms[np.maximum(r.offsets[1:] - 1, 0)], 0)
+        return cls(r, payload, firsts, lasts)
+
+    def _load(self) -> tuple[I64, F64]:
+        table = pa.ipc.open_stream(pa.py_buffer(self.payload)).read_all()
+        return _column_numpy(table, "t_ms", np.int64), _column_numpy(table, "value", np.float64)
+
+    def sample_windows(self, max_samples: int) -> Iterator[tuple[int, int, I64, F64]]:
+        if self._samples is not None:
+            yield from super().sample_windows(max_samples)
+            return
+        offsets = self.offsets
+        cur = self.packed.cursor()
+        for s0, s1 in self.window_bounds(max_samples):
+            a, b = int(offsets[s0]), int(offsets[s1])
+            t, v, base = cur.rows(a, b)
+            yield s0, s1, t[a - base : b - base], v[a - base : b - base]
+
+
+class _Packed:
+    """The samples of a `PackedPiece`: its payload, each series' first and last timestamp
+    (0 for a series without samples), and cursors reading it a few batches at a time."""
+
+    __slots__ = ("payload", "firsts", "lasts")
+
+    def __init__(self, payload: bytes | memoryview, firsts: I64, lasts: I64) -> None:
+        self.payload = payload
+        self.firsts = firsts
+        self.lasts = lasts
+
+    def cursor(self) -> _Cursor:
+        return _Cursor(self.payload)
+
+
+class _Cursor:
+    """Rows of a payload, read forward a batch at a time: `rows(lo, hi)` gives arrays that
+    hold rows lo..hi-1 from `base` on, keeping only the batches from the one holding lo.
+    Asked for rows before those it holds, it starts again from the first batch."""
+
+    def __init__(self, payload: bytes | memoryview) -> None:
+        self.payload = payload
+        self.reader: Any = None
+        self.held: list[tuple[int, I64, Any]] = []  # (first row, t, v) per batch held
+        self.next_row = 0
+
+    def _restart(self) -> None:
+        self.reader = pa.ipc.open_stream(pa.py_buffer(self.payload))
+        self.held = []
+        self.next_row = 0
+
+    def rows(self, lo: int, hi: int) -> tuple[I64, Any, int]:
+        if self.reader is None or lo < (self.held[0][0] if self.held else self.next_row):
+            self._restart()
+        while self.held and self.held[0][0] + len(self.held[0][1]) <= lo:
+            self.held.pop(0)
+        try:
+            while self.next_row < hi:
+                batch = self.reader.read_next_batch()
+                if batch.num_rows == 0:
+                    continue
+                t = batch.column(1).to_numpy()
+                v = batch.column(2).to_numpy()
+                if self.next_row + len(t) > lo:
+                    self.held.append((self.next_row, t, v))
+                self.next_row += len(t)
+        except StopIteration:
+            raise MalformedAnswer("packed piece: fewer rows than its offsets") from None
+        if len(self.held) == 1:
+            base, t, v = self.held[0]
+            return t, v, base
+        base = self.held[0][0]
+        return (np.concatenate([h[1] for h in self.held]), np.concatenate([h[2] for h in self.held]), base)
 
 
 class _LabelLists:

@@ -402,14 +402,14 @@ def _scratch(size: int) -> npt.NDArray[np.uint8]:
 
 def _iter_blocks(result: QueryResult, batch_samples: int | None, head: bytes, tail: bytes) -> Iterator[bytes]:
     n = result.n_series
-    raw, lab_s_all, lab_e_all = result.label_block()
-    lab_buf = np.frombuffer(raw, dtype=np.uint8)
     is_matrix = result.result_type == "matrix"
     first = True
-    # A merged answer whose samples are still in its pieces gives them a window at a time.
+    # A merged answer whose samples are still in its pieces gives them a window at a time,
+    # and the label sets of a window are joined for that window alone.
     for w0, w1, t_w, v_w in result.sample_windows(_WINDOW_SAMPLES):
         offsets = result.offsets[w0 : w1 + 1] - result.offsets[w0] if w0 else result.offsets[: w1 + 1]
-        lab_s, lab_e = lab_s_all[w0:w1], lab_e_all[w0:w1]
+        raw, lab_s, lab_e = result.label_block_of(w0, w1)
+        lab_buf = np.frombuffer(raw, dtype=np.uint8)
         t = np.ascontiguousarray(t_w, dtype=np.int64)
         v = np.ascontiguousarray(v_w, dtype=np.float64)
         m = w1 - w0

@@ -137,7 +137,7 @@ class CacheReader:
                 todo.append(payload)
         if isinstance(payloads, list):
             payloads.clear()  # consumed: each payload goes once decoded (see decode_payloads)
-        outcomes = await decode_off_loop(todo, consume=True)
+        outcomes = await decode_off_loop(todo, consume=True, pack_from=self.config.cache.pack_min_samples)
         for (k, signature), out in zip(todo_keys, outcomes):
             if isinstance(out, Exception):  # an undecodable entry is a miss
                 METRICS.cache_errors.labels("decode").inc()
@@ -222,20 +222,23 @@ class CacheReader:
         return status
 
 
-async def decode_off_loop(payloads: list[Payload | None], consume: bool = False) -> list[QueryResult | Exception]:
+async def decode_off_loop(payloads: list[Payload | None], consume: bool = False,
+                          pack_from: int = 0) -> list[QueryResult | Exception]:
     """`decode_payloads`, in a worker thread when they are large: a warm 24 h panel (or a
     long straddling window's raw samples) reads megabytes, and Arrow's decompression
     releases the GIL, so other requests go on meanwhile."""
     if sum(len(p) for p in payloads if p is not None) > DECODE_IN_THREAD_BYTES:
-        return await asyncio.to_thread(decode_payloads, payloads, consume)
-    return decode_payloads(payloads, consume)
+        return await asyncio.to_thread(decode_payloads, payloads, consume, pack_from)
+    return decode_payloads(payloads, consume, pack_from)
 
 
-def decode_payloads(payloads: list[Payload | None], consume: bool = False) -> list[QueryResult | Exception]:
+def decode_payloads(payloads: list[Payload | None], consume: bool = False,
+                    pack_from: int = 0) -> list[QueryResult | Exception]:
     """Cached pieces back to results; a payload that does not decode gives its exception.
     `consume`: each payload is let go (its slot set to None) as soon as it is decoded, so
     a heavy panel's compressed cells (~30 MB for 24 h of 2,048 GPUs) do not all stay beside
-    their decoded arrays until the last one is done (issue 15)."""
+    their decoded arrays until the last one is done (issue 15). `pack_from` > 0: cells of
+    that many samples or more stay packed (`cache.pack_min_samples`)."""
     out: list[QueryResult | Exception] = []
     for i, payload in enumerate(payloads):
         if consume:
@@ -243,7 +246,10 @@ def decode_payloads(payloads: list[Payload | None], consume: bool = False) -> li
         try:
             if payload is None:
                 raise ValueError("no payload")
-            out.append(QueryResult.from_ipc_bytes(payload))
+            r = QueryResult.from_ipc_bytes(payload, pack_from=pack_from)
+            if pack_from and r.packed_samples() is not None:
+                METRICS.cells_packed.labels("read").inc()
+            out.append(r)
         except Exception as exc:  # noqa: BLE001 -- reported by the caller as a miss
             out.append(exc)
     return out

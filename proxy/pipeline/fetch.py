@@ -18,7 +18,7 @@ from ..hybrid import Router
 from ..metrics import METRICS
 from ..result import QueryResult
 from ..result.merge import concat
-from ..result.pieces import split_time
+from ..result.pieces import iter_split_time, split_time
 from ..singleflight import SingleFlight
 from .ask import instant_of, query_call
 from .cache_write import CacheWriter
@@ -172,7 +172,9 @@ class Fetcher:
                                 path, f.start_ms, f.end_ms, f.step_ms, f.time_ms, len(f.units), f.query)
             result = await self.route_answer.answer(f, path, form, timeout_s, router)
             units = f.units if key is None else [u for u in f.units if u.key is not None]
-            parts = self.cut(f, units, result)
+            parts = await self._cut_packed(f, units, result) if storable and not result.warnings else None
+            if parts is None:
+                parts = self.cut(f, units, result)
             if parts is None:
                 raise PromError("internal", f"a range query answered with a {result.result_type}")
             for u, part in zip(units, parts):
@@ -189,6 +191,34 @@ class Fetcher:
         finally:
             if won and self.leases is not None:
                 self.leases.release(d for d in won if d not in kept)
+
+    async def _cut_packed(self, f: Fetch, units: Sequence[Unit], result: QueryResult) -> list[QueryResult] | None:
+        """A large range answer cut into `units` with the cells to be stored packed as their
+        cache payloads (`QueryResult.to_packed`), one cell at a time, off the event loop: the
+        cells waiting in the landing zone and the answer merged from them then hold a few
+        megabytes packed instead of tens decoded (the 24 cells of a 2,048-GPU day: ~47 MB
+        of columns), and the call's answer is never held twice over (issue 15). None when
+        there is nothing to pack (`cut` does the rest)."""
+        compression = self.writer.config.cache.compression
+        pack_from = self.writer.config.cache.pack_min_samples
+        if (compression == "none" or not pack_from or f.instants or not f.span.is_range
+                or result.result_type != "matrix" or result.n_samples < pack_from):
+            return None
+
+        def run() -> list[QueryResult]:
+            whole = len(units) == 1 and units[0].span == f.span
+            cells = iter([result]) if whole else iter_split_time(
+                result, [(u.span.start_ms, u.span.end_ms) for u in units])
+            out = []
+            for u, cell in zip(units, cells):
+                if u.storable and u.key is not None:
+                    cell = cell.to_packed(compression, pack_from)
+                    if cell.packed_samples() is not None:
+                        METRICS.cells_packed.labels("fetched").inc()
+                out.append(cell)
+            return out
+
+        return await asyncio.to_thread(run)
 
     @staticmethod
     def cut(f: Fetch, units: Sequence[Unit], result: QueryResult) -> list[QueryResult] | None:

@@ -19,15 +19,15 @@ hundred thousand samples at a time (`QueryResult.sample_windows`), so a 24 h ans
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from numba import njit
 
 from proxy.errors import PromError
-from proxy.result.query_result import QueryResult, ResultType
+from proxy.result.query_result import LazySamples, QueryResult, ResultType
 
 __all__ = ["Concatenation", "MergeConflict", "concat"]
 
@@ -105,28 +105,48 @@ def _sort_key_block(raw, starts, ends, out, out_s, out_e):  # type: ignore[no-un
 
 
 def _order_by_labels(ckeys: list[bytes], labels: list[dict[str, str]]) -> list[int]:
-    """Series indexes in Prometheus's labels.Compare order. Without escapes in the label
-    JSON, `n1 NUL v1 NUL n2 NUL v2 NUL` compares bytewise exactly like labels.Compare
-    (a string that is a prefix of another sorts first; a raw byte in the JSON is never
-    NUL) and is much cheaper than tuples; it is made in one compiled pass. The sort is
-    Timsort: linear when the keys arrive in order, as they do from Prometheus."""
+    """Series indexes in Prometheus's labels.Compare order. `n1 NUL v1 NUL n2 NUL v2 NUL`
+    (UTF-8) compares bytewise exactly like labels.Compare (a string that is a prefix of
+    another sorts first) as long as no name or value holds a NUL, and is much cheaper than
+    tuples. It is made in one compiled pass from the label JSON; the few label sets whose
+    JSON has escapes (a value with a quote or a backslash) are made from their dicts. The
+    sort is Timsort: linear when the keys arrive in order, as they do from Prometheus."""
     n = len(ckeys)
     raw = b"".join(ckeys)
-    if b"\\" not in raw:
-        lens = np.fromiter(map(len, ckeys), dtype=np.int64, count=n)
-        ends = np.cumsum(lens)
-        out = np.empty(len(raw), dtype=np.uint8)
-        out_s = np.empty(n, dtype=np.int64)
-        out_e = np.empty(n, dtype=np.int64)
-        m = _sort_key_block(np.frombuffer(raw, dtype=np.uint8), ends - lens, ends, out, out_s, out_e)
-        del raw, lens, ends  # a 24 h panel's keys are megabytes: only the sort keys go on
-        block = out[:m].tobytes()
-        del out
-        skeys = [block[a:b] for a, b in zip(out_s.tolist(), out_e.tolist())]
-        del block
-        return sorted(range(n), key=skeys.__getitem__)
-    tkeys = [tuple(sorted(d.items())) for d in labels]
-    return sorted(range(n), key=tkeys.__getitem__)
+    escaped = [i for i, k in enumerate(ckeys) if b"\\" in k] if b"\\" in raw else []
+    fixed = [_sort_key_of(labels[i]) for i in escaped]
+    if any(k is None for k in fixed):  # a NUL in a name or value: tuples
+        del raw
+        tkeys = [tuple(sorted(d.items())) for d in labels]
+        return sorted(range(n), key=tkeys.__getitem__)
+    lens = np.fromiter(map(len, ckeys), dtype=np.int64, count=n)
+    ends = np.cumsum(lens)
+    out = np.empty(len(raw), dtype=np.uint8)
+    out_s = np.empty(n, dtype=np.int64)
+    out_e = np.empty(n, dtype=np.int64)
+    m = _sort_key_block(np.frombuffer(raw, dtype=np.uint8), ends - lens, ends, out, out_s, out_e)
+    del raw, lens, ends  # a 24 h panel's keys are megabytes: only the sort keys go on
+    block = out[:m].tobytes()
+    del out
+    skeys = [block[a:b] for a, b in zip(out_s.tolist(), out_e.tolist())]
+    del block
+    for i, k in zip(escaped, fixed):
+        assert k is not None
+        skeys[i] = k
+    return sorted(range(n), key=skeys.__getitem__)
+
+
+def _sort_key_of(labels: dict[str, str]) -> bytes | None:
+    """`n1 NUL v1 NUL ...` of one label set (by name), UTF-8; None if a name or value holds
+    a NUL (the key would not compare as labels.Compare)."""
+    parts = []
+    for name, value in sorted(labels.items()):
+        if "\0" in name or "\0" in value:
+            return None
+        parts.append(name)
+        parts.append(value)
+    parts.append("")
+    return "\0".join(parts).encode()
 
 
 def concat(results: Sequence[QueryResult], *, keep_first: bool = False, lazy: bool = False) -> QueryResult:
@@ -173,10 +193,15 @@ def concat(results: Sequence[QueryResult], *, keep_first: bool = False, lazy: bo
         seg_gid.append(gids[nz])
         seg_start.append(starts)
         seg_len.append(counts[nz])
-        seg_first.append(r.t_ms[starts])
-        seg_last.append(r.t_ms[starts + counts[nz] - 1])
+        packed = r.packed_samples()
+        if packed is not None:  # checked in time order when it was read (PackedPiece.of)
+            seg_first.append(packed.firsts[nz])
+            seg_last.append(packed.lasts[nz])
+        else:
+            seg_first.append(r.t_ms[starts])
+            seg_last.append(r.t_ms[starts + counts[nz] - 1])
+            increasing = increasing and bool(_increasing_within(r.t_ms, r.offsets))
         seg_piece.append(np.full(len(starts), p, dtype=np.int64))
-        increasing = increasing and bool(_increasing_within(r.t_ms, r.offsets))
 
     ckeys = list(gid_of)
     order = _order_by_labels(ckeys, labels)
@@ -218,7 +243,7 @@ def concat(results: Sequence[QueryResult], *, keep_first: bool = False, lazy: bo
     t: I64 | None = None
     v: F64 | None = None
     if not increasing:
-        t, v = _gather(results, s_start, s_len, s_piece, dest, 0, total)
+        t, v = _gather(results, s_start, s_len, s_piece, dest, 0, total, _cursors(results))
         t, v, offsets = _resolve_overlaps(t, v, offsets, np.repeat(s_piece, s_len), keep_first)
         counts_by_rank = np.diff(offsets)
 
@@ -232,15 +257,16 @@ def concat(results: Sequence[QueryResult], *, keep_first: bool = False, lazy: bo
         if lazy and rtype == "matrix" and total > LAZY_ABOVE_SAMPLES:
             return Concatenation(rtype, out_labels, offsets, warnings, infos, out_keys,  # type: ignore[arg-type]
                                  (list(results), s_start, s_len, s_piece, dest))
-        t, v = _gather(results, s_start, s_len, s_piece, dest, 0, total)
+        t, v = _gather(results, s_start, s_len, s_piece, dest, 0, total, _cursors(results))
     out = QueryResult(rtype, out_labels, offsets, t, v, warnings, infos)  # type: ignore[arg-type]
     out.set_canonical_keys(out_keys)
     return out
 
 
 def _gather(results: Sequence[QueryResult], s_start: I64, s_len: I64, s_piece: I64, dest: I64,
-            a: int, b: int) -> tuple[I64, F64]:
-    """Samples a..b-1 of the merged arrays (whole segments), copied from the pieces."""
+            a: int, b: int, cursors: dict[int, Any] | None = None) -> tuple[I64, F64]:
+    """Samples a..b-1 of the merged arrays (whole segments), copied from the pieces (from
+    `cursors[p]` for a piece whose samples are packed: `_cursors`)."""
     lo = int(np.searchsorted(dest, a, side="left"))
     hi = int(np.searchsorted(dest, b, side="left"))
     t = np.empty(b - a, dtype=np.int64)
@@ -250,68 +276,53 @@ def _gather(results: Sequence[QueryResult], s_start: I64, s_len: I64, s_piece: I
     bounds = np.searchsorted(piece[by_piece - lo], np.arange(len(results) + 1), side="left").tolist()
     for p, r in enumerate(results):
         mine = by_piece[bounds[p]:bounds[p + 1]]
-        if len(mine):
+        if not len(mine):
+            continue
+        cursor = cursors.get(p) if cursors else None
+        if cursor is None:
             _copy_segments(s_start[mine], s_len[mine], dest[mine] - a, r.t_ms, r.value, t, v)
+            continue
+        starts = s_start[mine]
+        t_src, v_src, base = cursor.rows(int(starts.min()), int((starts + s_len[mine]).max()))
+        _copy_segments(starts - base, s_len[mine], dest[mine] - a, t_src, v_src, t, v)
     return t, v
+
+
+def _cursors(results: Sequence[QueryResult]) -> dict[int, Any]:
+    """A cursor per piece whose samples are packed: read forward, a few batches at a time,
+    as the merged series are gathered in order (the pieces' series are in that order)."""
+    out = {}
+    for p, r in enumerate(results):
+        packed = r.packed_samples()
+        if packed is not None:
+            out[p] = packed.cursor()
+    return out
 
 
 _Parts = tuple[list[QueryResult], I64, I64, I64, I64]
 
 
-class Concatenation(QueryResult):
+class Concatenation(LazySamples):
     """`concat`'s answer with its samples still in its pieces (see the module docstring).
     Everything but `t_ms` and `value` is there at once; those two gather every sample the
     first time either is read."""
 
     def __init__(self, result_type: ResultType, labels: list[dict[str, str]], offsets: I64, warnings: list[str],
                  infos: list[str], keys: list[bytes], parts: _Parts) -> None:
-        # QueryResult's fields but the samples (its __init__ would check their count).
-        self.result_type = result_type
-        self.labels = labels
-        self.offsets = offsets
-        self.warnings = warnings
-        self.infos = infos
-        self.string_value = None
-        self._label_block = None
-        self._ckeys = keys
-        self._keys = None
+        super().__init__(result_type, labels, offsets, warnings, infos, keys)
         self._parts: _Parts | None = parts
-        self._samples: tuple[I64, F64] | None = None
-        self._lock = threading.Lock()
-
-    @property  # type: ignore[override]
-    def t_ms(self) -> I64:
-        return self._gathered()[0]
-
-    @t_ms.setter
-    def t_ms(self, t: I64) -> None:
-        self._samples = (t, self._gathered()[1])
-
-    @property  # type: ignore[override]
-    def value(self) -> F64:
-        return self._gathered()[1]
-
-    @value.setter
-    def value(self, v: F64) -> None:
-        self._samples = (self._gathered()[0], v)
-
-    @property
-    def n_samples(self) -> int:
-        return int(self.offsets[-1])
 
     @property
     def gathered(self) -> bool:
         """Whether its samples were gathered (and its pieces let go)."""
         return self._samples is not None
 
-    def _gathered(self) -> tuple[I64, F64]:
-        with self._lock:
-            if self._samples is None:
-                assert self._parts is not None
-                pieces, s_start, s_len, s_piece, dest = self._parts
-                self._samples = _gather(pieces, s_start, s_len, s_piece, dest, 0, self.n_samples)
-                self._parts = None
-            return self._samples
+    def _load(self) -> tuple[I64, F64]:
+        assert self._parts is not None
+        pieces, s_start, s_len, s_piece, dest = self._parts
+        samples = _gather(pieces, s_start, s_len, s_piece, dest, 0, self.n_samples, _cursors(pieces))
+        self._parts = None
+        return samples
 
     def sample_windows(self, max_samples: int) -> Iterator[tuple[int, int, I64, F64]]:
         """Gathered `max_samples` samples (whole series) at a time, unless already gathered."""
@@ -321,13 +332,10 @@ class Concatenation(QueryResult):
             return
         pieces, s_start, s_len, s_piece, dest = parts
         offsets = self.offsets
-        n = self.n_series
-        targets = np.arange(max_samples, self.n_samples, max_samples)
-        cuts = np.searchsorted(offsets, targets, side="left").tolist()
-        bounds = sorted({0, n, *[c for c in cuts if 0 < c < n]})
-        for s0, s1 in zip(bounds, bounds[1:]):
+        cursors = _cursors(pieces)
+        for s0, s1 in self.window_bounds(max_samples):
             a, b = int(offsets[s0]), int(offsets[s1])
-            t, v = _gather(pieces, s_start, s_len, s_piece, dest, a, b)
+            t, v = _gather(pieces, s_start, s_len, s_piece, dest, a, b, cursors)
             yield s0, s1, t, v
 
 

@@ -17,7 +17,7 @@ Series order, label sets (and their formatted keys), warnings and infos are kept
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -25,7 +25,7 @@ from numba import njit
 
 from .query_result import QueryResult
 
-__all__ = ["slice_time", "split_time", "subsample"]
+__all__ = ["iter_split_time", "slice_time", "split_time", "subsample"]
 
 I64 = npt.NDArray[np.int64]
 
@@ -44,11 +44,17 @@ def split_time(result: QueryResult, bounds: Sequence[tuple[int, int]]) -> list[Q
     """`result` (a matrix) cut into one answer per `(start_ms, end_ms)` of `bounds`.
 
     `bounds` must be sorted and disjoint; samples outside every bound are dropped."""
+    return list(iter_split_time(result, bounds))
+
+
+def iter_split_time(result: QueryResult, bounds: Sequence[tuple[int, int]]) -> Iterator[QueryResult]:
+    """`split_time`, one piece at a time (each copied when it is asked for: a caller that
+    packs each piece before the next holds one unpacked piece, not all of them)."""
     if result.result_type != "matrix":
         raise ValueError(f"only a matrix can be cut by time, not a {result.result_type}")
     n = len(bounds)
     if n == 0:
-        return []
+        return
     starts = np.fromiter((b[0] for b in bounds), dtype=np.int64, count=n)
     ends = np.fromiter((b[1] for b in bounds), dtype=np.int64, count=n)
     if np.any(ends < starts) or np.any(starts[1:] <= ends[:-1]):
@@ -58,10 +64,10 @@ def split_time(result: QueryResult, bounds: Sequence[tuple[int, int]]) -> list[Q
     lo = np.empty((n, result.n_series), dtype=np.int64)
     hi = np.empty((n, result.n_series), dtype=np.int64)
     if not _cut_points(offsets, t, starts, ends, lo, hi):
-        return _split_unsorted(result, starts, ends)
+        yield from _split_unsorted(result, starts, ends)
+        return
     ckeys = result.canonical_keys() if result.n_series else []
     v = np.ascontiguousarray(result.value, dtype=np.float64)
-    out: list[QueryResult] = []
     for j in range(n):
         counts = hi[j] - lo[j]
         keep = np.flatnonzero(counts)
@@ -70,8 +76,8 @@ def split_time(result: QueryResult, bounds: Sequence[tuple[int, int]]) -> list[Q
         tj = np.empty(int(new_offsets[-1]), dtype=np.int64)
         vj = np.empty(len(tj), dtype=np.float64)
         _copy_ranges(lo[j][keep], hi[j][keep], new_offsets, t, v, tj, vj)
-        out.append(_with_series(result, keep.tolist(), new_offsets, tj, vj, ckeys))
-    return out
+        yield _with_series(result, keep.tolist(), new_offsets, tj, vj, ckeys)
+        del tj, vj
 
 
 @njit(cache=True, nogil=True)

@@ -22,6 +22,7 @@ proxy/codec/arrow.py on first use.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -34,7 +35,7 @@ from .labels import label_block
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["QueryResult", "ResultType"]
+__all__ = ["LazySamples", "QueryResult", "ResultType"]
 
 ResultType = Literal["matrix", "vector", "scalar", "string"]
 _RESULT_TYPES = ("matrix", "vector", "scalar", "string")
@@ -142,6 +143,12 @@ class QueryResult:
         pieces (concat.py's `Concatenation`) gathers about `max_samples` at a time."""
         yield 0, self.n_series, self.t_ms, self.value
 
+    def packed_samples(self) -> Any:
+        """None, or (a cached cell read back: codec/arrow.py's `PackedPiece`) its samples left
+        packed: `.firsts` / `.lasts` (each series' first and last timestamp) and `.cursor()`,
+        whose `rows(lo, hi)` reads them a few batches at a time."""
+        return None
+
     def label_block(self) -> tuple[bytes, I64, I64]:
         """All label sets as Prometheus writes them: (bytes, start, end) per series."""
         if self._label_block is None:
@@ -153,6 +160,19 @@ class QueryResult:
             else:
                 self._label_block = label_block(self.labels)
         return self._label_block
+
+    def label_block_of(self, s0: int, s1: int) -> tuple[bytes, I64, I64]:
+        """`label_block()` of series s0..s1-1 (starts and ends into the bytes returned): the
+        whole block's when it is at hand, else joined from those series' keys alone (a 24 h
+        panel's label sets are ~13 MB joined; an encoder streaming it a window at a time
+        needs one window's)."""
+        if self._label_block is None and self._ckeys is not None:
+            keys = self._ckeys[s0:s1]
+            lens = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
+            ends = np.cumsum(lens)
+            return b"".join(keys), ends - lens, ends
+        raw, starts, ends = self.label_block()
+        return raw, starts[s0:s1], ends[s0:s1]
 
     def canonical_keys(self) -> list[bytes]:
         """Per series, its label set as Prometheus writes it (`labels_json`): equal label
@@ -211,8 +231,75 @@ class QueryResult:
 
         return arrow.to_ipc_view(self, compression)
 
-    @classmethod
-    def from_ipc_bytes(cls, data: bytes | memoryview) -> QueryResult:
+    def to_packed(self, compression: Literal["zstd", "lz4"], pack_from: int) -> QueryResult:
+        """A matrix of `pack_from` samples or more as its cache payload, read back a batch at
+        a time when merged (`arrow.pack`); anything else as it is."""
         from proxy.codec import arrow
 
-        return arrow.from_ipc_bytes(data)
+        return arrow.pack(self, compression, pack_from)
+
+    @classmethod
+    def from_ipc_bytes(cls, data: bytes | memoryview, *, pack_from: int = 0) -> QueryResult:
+        """`pack_from` > 0: a matrix of that many samples or more keeps them in `data`
+        (`arrow.PackedPiece`)."""
+        from proxy.codec import arrow
+
+        return arrow.from_ipc_bytes(data, pack_from=pack_from)
+
+
+class LazySamples(QueryResult):
+    """A result whose samples are not held until they are read (concat.py's `Concatenation`:
+    still in its pieces; codec/arrow.py's `PackedPiece`: still in its cache payload).
+    Everything but `t_ms` and `value` is there at once; reading either loads every sample
+    (`_load`) and keeps them. Writers that stream read `sample_windows` instead."""
+
+    def __init__(self, result_type: ResultType, labels: list[dict[str, str]], offsets: I64, warnings: list[str],
+                 infos: list[str], keys: list[bytes] | None, block: tuple[bytes, I64, I64] | None = None) -> None:
+        # QueryResult's fields but the samples (its __init__ would check their count).
+        self.result_type = result_type
+        self.labels = labels
+        self.offsets = offsets
+        self.warnings = warnings
+        self.infos = infos
+        self.string_value = None
+        self._label_block = block
+        self._ckeys = keys
+        self._keys = None
+        self._samples: tuple[I64, F64] | None = None
+        self._lock = threading.Lock()
+
+    def _load(self) -> tuple[I64, F64]:
+        raise NotImplementedError
+
+    def _loaded(self) -> tuple[I64, F64]:
+        with self._lock:
+            if self._samples is None:
+                self._samples = self._load()
+            return self._samples
+
+    @property  # type: ignore[override]
+    def t_ms(self) -> I64:
+        return self._loaded()[0]
+
+    @t_ms.setter
+    def t_ms(self, t: I64) -> None:
+        self._samples = (t, self._loaded()[1])
+
+    @property  # type: ignore[override]
+    def value(self) -> F64:
+        return self._loaded()[1]
+
+    @value.setter
+    def value(self, v: F64) -> None:
+        self._samples = (self._loaded()[0], v)
+
+    @property
+    def n_samples(self) -> int:
+        return int(self.offsets[-1])
+
+    def window_bounds(self, max_samples: int) -> list[tuple[int, int]]:
+        """Series windows (s0, s1) of about `max_samples` samples each, whole series."""
+        n = self.n_series
+        cuts = np.searchsorted(self.offsets, np.arange(max_samples, self.n_samples, max_samples), side="left")
+        bounds = sorted({0, n, *[c for c in cuts.tolist() if 0 < c < n]})
+        return list(zip(bounds, bounds[1:]))

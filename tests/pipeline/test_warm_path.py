@@ -282,15 +282,16 @@ def test_a_read_lets_each_payload_go_once_decoded() -> None:
     seen: list[list[bool]] = []
     real = QueryResult.from_ipc_bytes
 
-    def watched(data: Any) -> QueryResult:
+    def watched(data: Any, pack_from: int = 0) -> QueryResult:
         seen.append([g() is None for g in gone])
-        return real(data)
+        return real(data, pack_from=pack_from)
 
     mp = pytest.MonkeyPatch()
     mp.setattr(QueryResult, "from_ipc_bytes", staticmethod(watched))
     try:
         keys = [CacheKey(f"up{i}", Span.instant(1_000), lookback_ms=0) for i in range(3)]
         reader = CacheReader.__new__(CacheReader)
+        reader.config = type("Cfg", (), {"cache": CacheConfig()})()  # type: ignore[assignment]
         reader.decoded = type("NoMemo", (), {"get": lambda *a: None, "keeps": lambda *a: False,
                                               "put": lambda *a: None})()
         found = asyncio.run(reader.decode(keys, payloads))
