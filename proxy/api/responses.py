@@ -68,7 +68,8 @@ def arrow_response(result: QueryResult, headers: dict[str, str], release: Callab
 def relay(reply: BackendReply, headers: dict[str, str] | None = None,
           release: Callable[[], None] | None = None) -> Response:
     """A backend's answer as it came (status, body, content type), plus `headers`."""
-    return _held(_Body(content=reply.body, status_code=reply.status,
+    body = reply.body if isinstance(reply.body, bytes) else bytes(reply.body)
+    return _held(_Body(content=body, status_code=reply.status,
                        headers={"Content-Type": reply.content_type, **(headers or {})}), release)
 
 

@@ -25,7 +25,7 @@ THROTTLE_STATUSES = frozenset({429, 503})
 @dataclass
 class BackendReply:
     status: int
-    body: bytes
+    body: bytes | bytearray
     content_type: str
     headers: dict[str, str] = field(default_factory=dict)
     # The body as JSON, when a check already parsed it (Backend.request_sound).
@@ -117,7 +117,7 @@ def _readable_detail(reply: BackendReply) -> str:
     return ""
 
 
-def parsed_json(body: bytes) -> dict[str, Any] | None:
+def parsed_json(body: bytes | bytearray) -> dict[str, Any] | None:
     """`body` as one complete JSON object (what every Prometheus API answer is), else None."""
     try:
         import orjson
@@ -128,7 +128,7 @@ def parsed_json(body: bytes) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def complete_json(body: bytes) -> bool:
+def complete_json(body: bytes | bytearray) -> bool:
     return parsed_json(body) is not None
 
 

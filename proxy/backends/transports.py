@@ -135,6 +135,21 @@ def is_timeout(exc: BaseException) -> bool:
     return isinstance(exc, httpx.TimeoutException)
 
 
+# A body of at least this many bytes is handed on as the bytearray it was read into.
+KEEP_BYTEARRAY_BYTES = 1 << 20
+
+
+async def read_body(resp: aiohttp.ClientResponse) -> bytes | bytearray:
+    """The whole body, read into one growing buffer: aiohttp's own `read` keeps every chunk
+    until it joins them, so a heavy answer (~15 MB for 6 h of 2,048 GPUs) was held twice at
+    its end, for each call in flight (issue 15). A large body stays a bytearray (the decoder
+    and the checks take either; a relay copies it to bytes); a small one becomes bytes."""
+    buf = bytearray()
+    async for chunk in resp.content.iter_any():  # raises as `read` does on a body cut short
+        buf += chunk
+    return buf if len(buf) >= KEEP_BYTEARRAY_BYTES else bytes(buf)
+
+
 class DirectAiohttp:
     """aiohttp's ClientSession without httpx on top, for backends that need no request
     signing. Made on first use, in the running event loop (and again if that changed)."""
@@ -162,7 +177,7 @@ class DirectAiohttp:
         async with self.session().request(method, self.base + path, params=list(params) if params else None,
                                           data=body, headers=headers, timeout=timeout,
                                           allow_redirects=False) as resp:
-            content = await resp.read()
+            content = await read_body(resp)
             retry_after = resp.headers.get("retry-after")
             return BackendReply(
                 status=resp.status,

@@ -72,7 +72,7 @@ def _seconds(ms: int) -> str:
     return f"{sign}{whole}.{frac:03d}" if frac else f"{sign}{whole}"
 
 
-def normalise(body: bytes) -> bytes | None:
+def normalise(body: bytes | bytearray) -> bytes | None:
     """A digest answer as comparable bytes (series sorted), or None if it is not a success."""
     try:
         doc = orjson.loads(body)

@@ -34,8 +34,9 @@ class _SlowPath(Exception):
     pass
 
 
-def decode_prometheus_json(body: bytes) -> QueryResult:
-    """A successful /api/v1/query or /api/v1/query_range answer -> QueryResult.
+def decode_prometheus_json(body: bytes | bytearray) -> QueryResult:
+    """A successful /api/v1/query or /api/v1/query_range answer -> QueryResult (from the
+    bytearray a large body was read into, too: nothing kept refers to it).
 
     Raises Undecodable for native histograms, MalformedAnswer for anything that is not a
     successful query answer."""
@@ -50,15 +51,15 @@ _K_RESULT = _lit(b"result")
 _K_NONE = _lit(b"")
 
 
-def _collect(body: bytes, rows: Any, k: int, into: dict[bytes, tuple[int, int]]) -> None:
+def _collect(body: bytes | bytearray, rows: Any, k: int, into: dict[bytes, tuple[int, int]]) -> None:
     for ks, ke, vs, ve in rows[:k].tolist():
-        key = body[ks:ke]
+        key = bytes(body[ks:ke])
         if key in into or b"\\" in key:
             raise _SlowPath
         into[key] = (vs, ve)
 
 
-def _str_list(body: bytes, span: tuple[int, int] | None, what: str) -> list[str]:
+def _str_list(body: bytes | bytearray, span: tuple[int, int] | None, what: str) -> list[str]:
     if span is None:
         return []
     val = orjson.loads(body[span[0] : span[1]])
@@ -163,7 +164,7 @@ def _decode_scratch(cap_series: int, cap_samples: int) -> tuple[tuple[Any, ...],
 _DECODE_SCRATCH_MAX = 1 << 18
 
 
-def _decode_fast(body: bytes) -> QueryResult:
+def _decode_fast(body: bytes | bytearray) -> QueryResult:
     buf = np.frombuffer(body, dtype=np.uint8)
     n = len(buf)
     rows = np.empty((64, 4), dtype=np.int64)
@@ -242,7 +243,8 @@ def _decode_fast(body: bytes) -> QueryResult:
     # the others with one orjson call.
     starts = met_s[:ns].tolist()
     ends = met_e[:ns].tolist()
-    spans = [body[a:b] for a, b in zip(starts, ends)]
+    # bytes (bytes(x) of a bytes slice is that slice): kept as keys, unlike the body.
+    spans = [bytes(body[a:b]) for a, b in zip(starts, ends)]
     if -1 in starts:  # a series without "metric"
         spans = [sp if a >= 0 else b"{}" for sp, a in zip(spans, starts)]
     labels = _LABEL_CACHE.lookup(spans)
@@ -265,8 +267,8 @@ def _check_labels(labels: list[dict[str, Any]]) -> None:
 _GO_FLOAT = re.compile(r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|[Ii]nf(?:inity)?|NaN|nan)")
 
 
-def _py_float(tok: bytes | str) -> float:
-    s = tok.decode() if isinstance(tok, bytes) else tok
+def _py_float(tok: bytes | bytearray | str) -> float:
+    s = tok if isinstance(tok, str) else tok.decode()
     if not _GO_FLOAT.fullmatch(s):
         raise MalformedAnswer(f"bad sample value {s!r}")
     return float(s)
@@ -289,7 +291,7 @@ def _small_result(rtype: str, res: Any, warnings: list[str], infos: list[str]) -
     return QueryResult.string(t, res[1], warnings=warnings, infos=infos)
 
 
-def _decode_slow(body: bytes) -> QueryResult:
+def _decode_slow(body: bytes | bytearray) -> QueryResult:
     """Exact decoding through orjson; the collector is kept out of the way while the
     sample lists exist."""
     was_enabled = gc.isenabled()

@@ -102,7 +102,7 @@ class Asker:
         return reply, decoded[0]
 
     @staticmethod
-    def _count_samples(backend: Backend, body: bytes) -> None:
+    def _count_samples(backend: Backend, body: bytes | bytearray) -> None:
         m = _SAMPLES.search(body, max(0, len(body) - 4096))
         if m is not None:
             n = int(m.group(1))

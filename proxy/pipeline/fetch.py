@@ -1,14 +1,15 @@
 """One fetch (a backend call covering one or more units): shared with identical calls in
-flight (single-flight) or just finished (recent calls), announced so that requests needing
-one of its units wait for it, answered by its route's backends, cut back into its units and
-those stored. Across processes sharing a Redis, units another process is fetching right now
-(it holds their fetch leases, `leases.py`) are awaited from Redis instead."""
+flight (single-flight) or just finished (their cells, in the landing zone), announced so
+that requests needing one of its units wait for it, answered by its route's backends, cut
+back into its units and those stored. Across processes sharing a Redis, units another
+process is fetching right now (it holds their fetch leases, `leases.py`) are awaited from
+Redis instead."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from ..backends.tenancy import scope as tenant_scope
@@ -53,20 +54,29 @@ class Fetcher:
         path, form = query_call(f.query, f.span, extra)
         tenant = ctx.tenant if ctx is not None else tenant_scope()
         key = ("piece", path, tuple(form), tenant, f.route)
-        recent = self.landing.recent_call(key)
-        if recent is not None:
+        landed = self._landed(f)
+        if landed is not None:
             METRICS.coalesced.labels("recent").inc()
-            result, fetched_at, baselines = recent
-            # Its units may have left the landing zone without reaching the store (a
-            # corrupt entry was deleted since): store them again.
-            unlanded = [u for u in f.units if u.storable and u.key is not None
-                        and u.key.digest not in self.landing.landing]
-            if unlanded:
-                self._store_fetch(f, unlanded, result, fetched_at, baselines)
-            return result  # type: ignore[no-any-return]
+            return landed
         return await self.flight.do(  # type: ignore[no-any-return]
             key, lambda: self._fetch_now(key, f, extra, path, form, timeout_s, router)
         )
+
+    def _landed(self, f: Fetch) -> QueryResult | None:
+        """The answer of `f` from the landing zone when an identical call just fetched every
+        one of its units (a request that looked the cache up just before that call's cells
+        landed): its cells, in time order, are the call's answer. Nothing else is kept of a
+        finished call (its whole answer, kept a few seconds, was a second copy of its cells:
+        up to 16 MiB after a burst, issue 15)."""
+        if f.instants or not f.units:
+            return None
+        cells = []
+        for u in f.units:
+            cell = self.landing.landed(u.key.digest) if u.key is not None else None
+            if cell is None:
+                return None
+            cells.append(cell)
+        return cells[0] if len(cells) == 1 else concat(cells, lazy=True)
 
     async def _fetch_now(self, key: tuple[Any, ...], f: Fetch, extra: Pairs, path: str, form: Pairs,
                          timeout_s: float, router: Router | None = None) -> QueryResult:
@@ -185,8 +195,6 @@ class Fetcher:
                 by_digest = {u.key.digest: part for u, part in zip(units, parts) if u.key is not None}
                 kept = self.writer.keep(storable, [by_digest[u.key.digest] for u in storable if u.key is not None],
                                         fetched_at, baselines, leased=won)
-                if key is not None and len(storable) == len(f.units):
-                    self.landing.remember_call(key, (result, fetched_at, baselines), fetched_at)
             return result, parts
         finally:
             if won and self.leases is not None:
@@ -235,12 +243,6 @@ class Fetcher:
             return [result]
         return split_time(result, [(u.span.start_ms, u.span.end_ms) for u in units])
 
-    def _store_fetch(self, f: Fetch, units: Sequence[Unit], result: QueryResult, fetched_at: int,
-                     baselines: Mapping[tuple[str, int], bytes]) -> None:
-        """Keep `units` (storable units of `f`, in time order) cut from a fetched answer."""
-        parts = self.cut(f, units, result)
-        if parts is not None and not result.warnings:
-            self.writer.keep(units, parts, fetched_at, baselines)
 
 
 def _runs(f: Fetch, units: Sequence[Unit]) -> list[Fetch]:

@@ -4,8 +4,9 @@ Three layers, so N clients refreshing one dashboard cost one client's backend ca
 - the landing zone: units fetched whose put to the store has not landed yet (plus a short
   grace), served from memory meanwhile;
 - in flight: units some request is fetching right now; others await that call;
-- recent calls: a finished call over old data answers an identical call for a few seconds,
-  closing the gap between a request's lookup and its own call.
+- recent calls: a finished forwarded call (a query not cut into pieces) answers an identical
+  call for a few seconds, closing the gap between a request's lookup and its own call (a
+  fetch of units finds their cells in the landing zone instead: `Fetcher._landed`).
 """
 
 from __future__ import annotations

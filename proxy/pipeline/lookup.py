@@ -20,6 +20,7 @@ from ..errors import PromError
 from ..metrics import METRICS
 from ..result import QueryResult
 from ..result.pieces import slice_time
+from .answer_bytes import HOLDING
 from .budget import BUDGET
 from .cache_read import CacheReader
 from .daycells import DayCells
@@ -155,6 +156,14 @@ class Coalesce:
         return segments
 
 
+# A query whose answer is reserved at this many bytes or more (answer_bytes.py) makes at most
+# LARGE_CALLS_AT_ONCE of its backend calls at a time: each call's body and decoded arrays are
+# held until it is cut and packed (~15 + 12 MB for 6 h of a 2,048-GPU raw panel), and four
+# at once were most of such a query's peak (issue 15).
+LARGE_ANSWER_BYTES = 16 << 20
+LARGE_CALLS_AT_ONCE = 2
+
+
 class FanOut:
     """Stage: every call (and every wait for another request's call) under one deadline."""
 
@@ -163,10 +172,14 @@ class FanOut:
 
     async def __call__(self, c: Calls) -> tuple[list[Any], list[QueryResult]]:
         q = c.q
+        held = HOLDING.get()
+        gate = (asyncio.Semaphore(LARGE_CALLS_AT_ONCE)
+                if held is not None and held.size >= LARGE_ANSWER_BYTES and len(c.fetches) > LARGE_CALLS_AT_ONCE
+                else None)
         try:
             async with asyncio.timeout(q.timeout_s):
                 async with asyncio.TaskGroup() as tg:
-                    tasks = [tg.create_task(self._fetch(c, i)) for i in range(len(c.fetches))]
+                    tasks = [tg.create_task(self._fetch(c, i, gate)) for i in range(len(c.fetches))]
                     shared = [tg.create_task(_wait(fut)) for fut in c.waits]
         except* PieceFailed as group:
             raise _first(group.exceptions) from None
@@ -180,9 +193,13 @@ class FanOut:
             ) from None
         return [t.result() for t in tasks], [t.result() for t in shared]
 
-    async def _fetch(self, c: Calls, i: int) -> Any:
+    async def _fetch(self, c: Calls, i: int, gate: asyncio.Semaphore | None) -> Any:
         q = c.q
-        result = await self.fetcher.fetch(c.fetches[i], q.extra, q.timeout_s, q.cache, q.router)
+        if gate is None:
+            result = await self.fetcher.fetch(c.fetches[i], q.extra, q.timeout_s, q.cache, q.router)
+        else:
+            async with gate:
+                result = await self.fetcher.fetch(c.fetches[i], q.extra, q.timeout_s, q.cache, q.router)
         return result if c.settle is None else c.settle(i, result)
 
 

@@ -176,3 +176,65 @@ def test_paths_that_could_leave_their_endpoint_are_refused(path: str) -> None:
     with pytest.raises(PromError) as err:
         asyncio.run(run())
     assert err.value.kind == "internal" and "refused to send the backend path" in err.value.message
+
+
+def test_a_large_body_is_read_into_one_buffer_and_decodes_as_bytes() -> None:
+    """A body of KEEP_BYTEARRAY_BYTES or more is handed on as the bytearray it was read into
+    (aiohttp's `read` held every chunk and their join: twice the body, issue 15); the decoder
+    and the checks take it as they take bytes, and a relay sends bytes."""
+    import asyncio as aio
+
+    import orjson
+    from aiohttp import web
+
+    from proxy.api.responses import relay
+    from proxy.backends.transports import KEEP_BYTEARRAY_BYTES, DirectAiohttp
+    from proxy.codec.json_decode import decode_prometheus_json
+    from proxy.config import BackendConfig
+
+    def answer(q: str) -> bytes:
+        result = [{"metric": {"__name__": "m", "i": f"{i:03d}", "q": q},
+                   "values": [[1_700_000_000 + 15 * k, str(k * 0.25 + i)] for k in range(400)]} for i in range(300)]
+        return orjson.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}})
+
+    # The compiled scanner's answer, and one with escapes (its exact slow path).
+    bodies = {"/plain": answer("x"), "/escaped": answer('a"b\\c')}
+    big = bodies["/escaped"]
+    small = b'{"status":"success","data":{"resultType":"vector","result":[]}}'
+    assert len(big) >= KEEP_BYTEARRAY_BYTES > len(small)
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        body = bodies.get(request.path, small)
+        for i in range(0, len(body), 65_536):  # chunked, as Prometheus sends large answers
+            await resp.write(body[i:i + 65_536])
+        await resp.write_eof()
+        return resp
+
+    async def run() -> None:
+        app = web.Application()
+        for path in (*bodies, "/small"):
+            app.router.add_get(path, stream)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        transport = DirectAiohttp(BackendConfig(url=f"http://127.0.0.1:{port}"))
+        try:
+            for path, body in bodies.items():
+                got = await transport.request("GET", path, None, None, None, 10)
+                assert type(got.body) is bytearray and got.body == body
+                decoded = decode_prometheus_json(got.body)
+                assert decoded.to_pylist() == decode_prometheus_json(body).to_pylist()
+                assert all(type(k) is bytes for k in decoded.canonical_keys())
+                relayed = relay(got)
+                assert type(relayed.body) is bytes and relayed.body == body
+            tiny = await transport.request("GET", "/small", None, None, None, 10)
+            assert type(tiny.body) is bytes and tiny.body == small
+        finally:
+            await transport.aclose()
+            await runner.cleanup()
+
+    aio.run(run())

@@ -305,3 +305,41 @@ def test_a_client_that_never_reads_is_cut_off_and_gives_its_share_back(prom: Any
         assert _metric(server, "promaccel_answer_bytes_waits_total") == 0  # the budget was free again
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("reserved, at_once", [(None, 6), (1 << 20, 6), (64 << 20, 2)])
+def test_a_large_answer_makes_its_backend_calls_two_at_a_time(reserved: int | None, at_once: int) -> None:
+    """Each call of a large answer holds its body and decoded arrays until it is cut and
+    packed: a query reserved at LARGE_ANSWER_BYTES or more runs LARGE_CALLS_AT_ONCE of them at
+    a time (issue 15); other queries all at once. Every call is made either way."""
+    from types import SimpleNamespace
+
+    from proxy.pipeline import lookup
+    from proxy.pipeline.answer_bytes import HOLDING, AnswerBytes
+
+    assert lookup.LARGE_CALLS_AT_ONCE == 2 and lookup.LARGE_ANSWER_BYTES <= 64 << 20
+    running, peak, done = [0], [0], []
+
+    class Fetcher:
+        async def fetch(self, f: Any, *args: Any) -> Any:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+            await asyncio.sleep(0.02)
+            running[0] -= 1
+            done.append(f)
+            return f
+
+    async def scenario() -> None:
+        token = None
+        if reserved is not None:
+            token = HOLDING.set(await AnswerBytes(0, 1.0).reserve(reserved, 1.0))
+        try:
+            q = SimpleNamespace(timeout_s=5.0, extra=(), cache=None, router=None)
+            got, _ = await lookup.FanOut(Fetcher())(lookup.Calls(q, list(range(6)), []))  # type: ignore[arg-type]
+        finally:
+            if token is not None:
+                HOLDING.reset(token)
+        assert got == list(range(6)) and sorted(done) == list(range(6))
+
+    asyncio.run(scenario())
+    assert peak[0] == at_once

@@ -87,3 +87,43 @@ def test_recent_calls_go_when_they_expire_though_no_call_comes_after(monkeypatch
         assert zone._recent == {} and zone._recent_bytes == 0 and zone._expiry is None
 
     asyncio.run(scenario())
+
+
+def test_a_call_whose_cells_all_just_landed_is_answered_from_them() -> None:
+    """A request that looked the cache up just before an identical call's cells landed gets
+    them from the landing zone, without a backend call and without anything of that call
+    kept besides its cells (the whole answer, kept a few seconds, was a second copy)."""
+    import asyncio
+
+    from proxy.cache import CacheKey
+    from proxy.pipeline.fetch import Fetcher
+    from proxy.pipeline.units import Fetch, Unit
+    from proxy.result import QueryResult
+    from shardplanner.plan import Span
+
+    step = 60_000
+    hours = [(h * 3_600_000, (h + 1) * 3_600_000 - step) for h in range(3)]
+    units = tuple(Unit("up", None, 0, Span.range(a, b, step), key=CacheKey("up", Span.range(a, b, step),
+                                                                            lookback_ms=0)) for a, b in hours)
+    cells = [QueryResult.from_series("matrix", [({"i": "1"}, [a, b], [1.0, 2.0])]) for a, b in hours]
+    calls: list[Fetch] = []
+
+    class Route:
+        async def answer(self, f: Fetch, *args: object) -> QueryResult:
+            calls.append(f)
+            raise AssertionError("no backend call expected")
+
+    async def scenario() -> None:
+        zone = Landing()
+        fetcher = Fetcher(zone, writer=None, route_answer=Route(), cache_enabled=True)  # type: ignore[arg-type]
+        f = Fetch("up", None, 0, Span.range(hours[0][0], hours[-1][1], step), units)
+        for u, c in zip(units, cells):
+            assert u.key is not None
+            zone.land(u.key.digest, c, 0)
+        got = await fetcher.fetch(f, (), 5.0, None)
+        assert calls == [] and got.to_pylist() == [({"i": "1"}, [t for a, b in hours for t in (a, b)],
+                                                     [1.0, 2.0] * 3)]
+        one = Fetch("up", None, 0, units[1].span, units[1:2])
+        assert await fetcher.fetch(one, (), 5.0, None) is cells[1]
+
+    asyncio.run(scenario())
