@@ -125,7 +125,9 @@ class _PackedLabels:
 _PACKED = _PackedLabels()
 
 
-def from_table(table: pa.Table) -> QueryResult:
+def from_table(table: pa.Table, *, values: bool = True) -> QueryResult:
+    """`values` False: a table read without its value column (`from_ipc_bytes` packing a
+    piece, which keeps none of the samples): the result's values are left unset."""
     meta = table.schema.metadata or {}
     try:
         if meta.get(b"promaccel.version") != b"1":
@@ -137,7 +139,7 @@ def from_table(table: pa.Table) -> QueryResult:
         sv = meta.get(b"promaccel.string_value")
         series = _column_numpy(table, "series", np.int32)
         t = _column_numpy(table, "t_ms", np.int64)
-        v = _column_numpy(table, "value", np.float64)
+        v = _column_numpy(table, "value", np.float64) if values else np.empty(len(t), dtype=np.float64)
     except (KeyError, ValueError, orjson.JSONDecodeError, pa.ArrowException) as exc:
         raise MalformedAnswer(f"bad promaccel result table: {exc}") from exc
     n = len(labels)
@@ -204,14 +206,20 @@ def from_ipc_bytes(data: bytes | memoryview, *, pack_from: int = 0) -> QueryResu
     more comes back as a `PackedPiece` (checked like any other, then its samples left in
     `data`; read a batch at a time, so a payload written in one batch, as before batches,
     is read whole when it is read)."""
+    # A payload that may hold pack_from samples (lz4 packs a sample in >= ~2 bytes) is read
+    # without its values first: a packed piece keeps none, and reads them when streamed.
+    first_without_values = 0 < pack_from <= len(data)
     try:
-        table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+        options = pa.ipc.IpcReadOptions(included_fields=[0, 1]) if first_without_values else None
+        table = pa.ipc.open_stream(pa.py_buffer(data), options=options).read_all()
     except pa.ArrowException as exc:
         raise MalformedAnswer(f"bad Arrow IPC stream: {exc}") from exc
-    out = from_table(table)
+    out = from_table(table, values=not first_without_values)
+    del table
     if pack_from > 0 and out.result_type == "matrix" and out.n_samples >= pack_from:
-        del table
         return PackedPiece.of(out, data)
+    if first_without_values:
+        return from_ipc_bytes(data)  # not packed after all: read whole
     return out
 
 
@@ -288,44 +296,68 @@ class _Packed:
         return _Cursor(self.payload)
 
 
+# A cursor reads the timestamps and values of a payload, not its series column.
+_T_AND_VALUES = pa.ipc.IpcReadOptions(included_fields=[1, 2])
+
+
 class _Cursor:
     """Rows of a payload, read forward a batch at a time: `rows(lo, hi)` gives arrays that
-    hold rows lo..hi-1 from `base` on, keeping only the batches from the one holding lo.
-    Asked for rows before those it holds, it starts again from the first batch."""
+    hold rows lo..hi-1 from `base` on. Each batch read is copied once into the cursor's own
+    arrays, which keep the rows from lo on (so a merge window's rows are contiguous without
+    joining batches again at every window). Asked for rows before those it holds, it starts
+    again from the first batch."""
 
     def __init__(self, payload: bytes | memoryview) -> None:
         self.payload = payload
         self.reader: Any = None
-        self.held: list[tuple[int, I64, Any]] = []  # (first row, t, v) per batch held
+        self.t: I64 = np.empty(0, dtype=np.int64)
+        self.v: F64 = np.empty(0, dtype=np.float64)
+        self.start = self.end = 0  # the rows held are t[start:end], from row `base` on
+        self.base = 0
         self.next_row = 0
 
     def _restart(self) -> None:
-        self.reader = pa.ipc.open_stream(pa.py_buffer(self.payload))
-        self.held = []
-        self.next_row = 0
+        self.reader = pa.ipc.open_stream(pa.py_buffer(self.payload), options=_T_AND_VALUES)
+        self.start = self.end = self.base = self.next_row = 0
 
-    def rows(self, lo: int, hi: int) -> tuple[I64, Any, int]:
-        if self.reader is None or lo < (self.held[0][0] if self.held else self.next_row):
+    def _room(self, m: int) -> None:
+        """Room for `m` more rows after those held (moved to the front, or to larger arrays)."""
+        held = self.end - self.start
+        if self.end + m <= len(self.t):
+            return
+        if held + m <= len(self.t):
+            self.t[:held] = self.t[self.start:self.end]  # numpy copies overlapping ranges right
+            self.v[:held] = self.v[self.start:self.end]
+        else:
+            cap = max(2 * (held + m), 1 << 14)
+            t, v = np.empty(cap, dtype=np.int64), np.empty(cap, dtype=np.float64)
+            t[:held], v[:held] = self.t[self.start:self.end], self.v[self.start:self.end]
+            self.t, self.v = t, v
+        self.start, self.end = 0, held
+
+    def rows(self, lo: int, hi: int) -> tuple[I64, F64, int]:
+        if self.reader is None or lo < self.base:
             self._restart()
-        while self.held and self.held[0][0] + len(self.held[0][1]) <= lo:
-            self.held.pop(0)
+        if lo > self.base:  # rows before lo are not asked for again
+            drop = min(lo, self.next_row) - self.base
+            self.start += drop
+            self.base += drop
         try:
             while self.next_row < hi:
                 batch = self.reader.read_next_batch()
-                if batch.num_rows == 0:
+                m = batch.num_rows
+                if self.next_row + m <= lo:  # wholly before lo: skipped
+                    self.next_row += m
+                    self.base, self.start, self.end = self.next_row, 0, 0
                     continue
-                t = batch.column(1).to_numpy()
-                v = batch.column(2).to_numpy()
-                if self.next_row + len(t) > lo:
-                    self.held.append((self.next_row, t, v))
-                self.next_row += len(t)
+                self._room(m)
+                self.t[self.end:self.end + m] = batch.column(0).to_numpy()
+                self.v[self.end:self.end + m] = batch.column(1).to_numpy()
+                self.end += m
+                self.next_row += m
         except StopIteration:
             raise MalformedAnswer("packed piece: fewer rows than its offsets") from None
-        if len(self.held) == 1:
-            base, t, v = self.held[0]
-            return t, v, base
-        base = self.held[0][0]
-        return (np.concatenate([h[1] for h in self.held]), np.concatenate([h[2] for h in self.held]), base)
+        return self.t[self.start:self.end], self.v[self.start:self.end], self.base
 
 
 class _LabelLists:

@@ -187,15 +187,34 @@ def test_memory_is_given_back_after_a_large_answer_at_most_once_a_second(monkeyp
         def start(self) -> None:
             started.append(self.name)
 
+    later: list[float] = []
+
+    class Timer:
+        def __init__(self, delay: float, target: Any) -> None:
+            later.append(delay)
+            self.target = target
+            self.daemon = False
+
+        def start(self) -> None:
+            pass
+
     now = [100.0]
     monkeypatch.setattr(memory.threading, "Thread", Thread)
+    monkeypatch.setattr(memory.threading, "Timer", Timer)
     monkeypatch.setattr(memory.time, "monotonic", lambda: now[0])
     monkeypatch.setattr(memory, "_last_give_back", 0.0)
+    monkeypatch.setattr(memory, "_trailing", None)
+    monkeypatch.setattr(memory, "give_back", lambda: started.append("late"))
     memory.give_back_soon()
-    memory.give_back_soon()  # within the second: nothing more
+    now[0] += 0.25
+    memory.give_back_soon()  # within the second: once it is over, not now
+    memory.give_back_soon()  # ... and only once
+    assert started == ["promaccel-give-back"] and later == [memory.GIVE_BACK_EVERY_S - 0.25]
+    memory._trailing.target()  # the second is over
+    assert started == ["promaccel-give-back", "late"] and memory._trailing is None
     now[0] += memory.GIVE_BACK_EVERY_S
     memory.give_back_soon()
-    assert started == ["promaccel-give-back"] * 2
+    assert started == ["promaccel-give-back", "late", "promaccel-give-back"]
 
     # A query's reservation: a large one gives memory back when it is let go, a small one not.
     calls: list[int] = []

@@ -567,14 +567,19 @@ _order_sets = st.dictionaries(st.sampled_from(["a", "ab", "b", "Z", "__name__", 
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(_order_sets, max_size=12, unique_by=key), st.booleans())
-def test_label_order_matches_labels_compare(sets: list[dict[str, str]], plain_only: bool) -> None:
+@given(st.lists(_order_sets, max_size=12, unique_by=key), st.booleans(), st.sampled_from([1, 3, 2048]))
+def test_label_order_matches_labels_compare(sets: list[dict[str, str]], plain_only: bool, chunk: int) -> None:
     if plain_only:  # nothing JSON escapes: the compiled sort-key path on its own
         sets = [{k: v.replace("\\", "/").replace('"', "'") for k, v in d.items()
                  if not any(c in v for c in "\x00\x01<")} for d in sets]
         sets = list({key(d): d for d in sets}.values())
     r = QueryResult.from_series("matrix", [(d, [1], [1.0]) for d in sets])
-    order = merge_mod._order_by_labels(r.canonical_keys(), r.labels)
+    from unittest import mock
+
+    from proxy.result import concat as concat_mod
+
+    with mock.patch.object(concat_mod, "SORT_KEY_CHUNK", chunk):  # keys made a chunk at a time
+        order = merge_mod._order_by_labels(r.canonical_keys(), r.labels)
     assert [key(r.labels[i]) for i in order] == sorted(key(d) for d in sets)
 
 
