@@ -206,9 +206,12 @@ def from_ipc_bytes(data: bytes | memoryview, *, pack_from: int = 0) -> QueryResu
     more comes back as a `PackedPiece` (checked like any other, then its samples left in
     `data`; read a batch at a time, so a payload written in one batch, as before batches,
     is read whole when it is read)."""
-    # A payload that may hold pack_from samples (lz4 packs a sample in >= ~2 bytes) is read
-    # without its values first: a packed piece keeps none, and reads them when streamed.
-    first_without_values = 0 < pack_from <= len(data)
+    # A payload that may hold pack_from samples is read without its values first: a packed
+    # piece keeps none, and reads them when streamed. Below 2 bytes a sample (lz4 packs a
+    # fleet's samples into 3-8) it is unlikely to hold that many, and is read whole at once
+    # (unpacked, whatever it holds): the aggregated panels' cells (~15 k samples, ~130 KB)
+    # are not read in two steps.
+    first_without_values = 0 < 2 * pack_from <= len(data)
     try:
         options = pa.ipc.IpcReadOptions(included_fields=[0, 1]) if first_without_values else None
         table = pa.ipc.open_stream(pa.py_buffer(data), options=options).read_all()
@@ -218,9 +221,19 @@ def from_ipc_bytes(data: bytes | memoryview, *, pack_from: int = 0) -> QueryResu
     del table
     if pack_from > 0 and out.result_type == "matrix" and out.n_samples >= pack_from:
         return PackedPiece.of(out, data)
-    if first_without_values:
-        return from_ipc_bytes(data)  # not packed after all: read whole
+    if first_without_values:  # not packed after all: its values alone are read now
+        try:
+            table = pa.ipc.open_stream(pa.py_buffer(data), options=_VALUES).read_all()
+            v = _column_numpy(table, "value", np.float64)
+        except (KeyError, ValueError, pa.ArrowException) as exc:
+            raise MalformedAnswer(f"bad promaccel result table: {exc}") from exc
+        if len(v) != out.n_samples:
+            raise MalformedAnswer("bad promaccel result table: columns of different lengths")
+        out.value = v
     return out
+
+
+_VALUES = pa.ipc.IpcReadOptions(included_fields=[2])
 
 
 def pack(result: QueryResult, compression: Literal["zstd", "lz4"], pack_from: int) -> QueryResult:

@@ -103,7 +103,9 @@ def test_small_single_batch_and_unasked_payloads_decode_as_before() -> None:
     with mock.patch.object(arrow, "PAYLOAD_BATCH_ROWS", 7):
         payload = cell.to_ipc_bytes("lz4")
     assert isinstance(QueryResult.from_ipc_bytes(payload, pack_from=cell.n_samples), arrow.PackedPiece)
-    assert type(QueryResult.from_ipc_bytes(payload, pack_from=cell.n_samples + 1)) is QueryResult  # small
+    small = QueryResult.from_ipc_bytes(payload, pack_from=cell.n_samples + 1)  # read without values, then them
+    assert type(small) is QueryResult and 2 * (cell.n_samples + 1) <= len(payload)
+    assert encode_prometheus_json(small) == encode_prometheus_json(cell)
     assert type(QueryResult.from_ipc_bytes(payload)) is QueryResult  # not asked
     with mock.patch.object(arrow, "PAYLOAD_BATCH_ROWS", 1 << 20):
         one_batch = cell.to_ipc_bytes("lz4")  # as written before batches: read whole, the same cell
