@@ -142,7 +142,7 @@ def from_table(table: pa.Table, *, values: bool = True) -> QueryResult:
         v = _column_numpy(table, "value", np.float64) if values else np.empty(len(t), dtype=np.float64)
     except (KeyError, ValueError, orjson.JSONDecodeError, pa.ArrowException) as exc:
         raise MalformedAnswer(f"bad promaccel result table: {exc}") from exc
-    n = len(labels)
+    n = len(labels) if labels is not None else len(block[0])
     offsets = np.zeros(n + 1, dtype=np.int64)
     if not _offsets_of_series(series, offsets):
         raise MalformedAnswer("bad promaccel result table: series column out of order")
@@ -155,13 +155,15 @@ def from_table(table: pa.Table, *, values: bool = True) -> QueryResult:
         list(warnings),
         list(infos),
         string_value=sv.decode() if sv is not None else None,
+        keys=None if block is None else block[0],
     )
     if block is not None:
         # The keys are the process's shared ones; the list's JSON stays with the piece only
         # when small: an hour of a 2,048-GPU panel carries ~1 MB of it, and series come and
         # go from hour to hour, so 24 cells of a day held 24 different copies (issue 15).
         # An encoder asking for the block has it joined from the keys.
-        out.set_canonical_keys(block[1], block[2] if len(block[2][0]) <= KEEP_LABEL_BLOCK_BYTES else None)
+        keys, kept = block
+        out.set_canonical_keys(keys, kept if kept is not None and len(kept[0]) <= KEEP_LABEL_BLOCK_BYTES else None)
     return out
 
 
@@ -258,8 +260,8 @@ class PackedPiece(LazySamples):
     the first time `t_ms` or `value` is read."""
 
     def __init__(self, base: QueryResult, payload: bytes | memoryview, firsts: I64, lasts: I64) -> None:
-        super().__init__(base.result_type, base.labels, base.offsets, base.warnings, base.infos, base._ckeys,
-                         base._label_block)
+        super().__init__(base.result_type, base.parsed_labels(), base.offsets, base.warnings, base.infos,
+                         base._ckeys, base._label_block)
         self.payload = payload
         self.compression: str | None = None  # known when packed here (`pack`), not when read
         self.packed = _Packed(payload, firsts, lasts)
@@ -342,7 +344,7 @@ class _Cursor:
             self.t[:held] = self.t[self.start:self.end]  # numpy copies overlapping ranges right
             self.v[:held] = self.v[self.start:self.end]
         else:
-            cap = max(2 * (held + m), 1 << 14)
+            cap = max(held + m + (held + m) // 4, 1 << 14)  # a quarter spare, not double: 25 cursors at once
             t, v = np.empty(cap, dtype=np.int64), np.empty(cap, dtype=np.float64)
             t[:held], v[:held] = self.t[self.start:self.end], self.v[self.start:self.end]
             self.t, self.v = t, v
@@ -374,27 +376,29 @@ class _Cursor:
 
 
 class _LabelLists:
-    """Label list JSON of cached pieces -> its parsed form. The pieces of one panel (one
-    per hour of a 24 h window) mostly carry the very same series list: parse it once.
-    Bounded by the bytes of JSON kept (cleared when full); values are never mutated, and
-    callers get their own copies of the lists."""
+    """Label list JSON of cached pieces -> its keys (and its label block, when small). The
+    pieces of one panel mostly carry the very same series list from refresh to refresh:
+    split it once. The keys are the shared ones (`_LABEL_CACHE.intern`): an entry costs a
+    list of references, not the list's JSON again (the hour cells of a 2,048-GPU raw panel
+    kept ~9 MB of it, issue 15). Bounded by the bytes of JSON listed (cleared when full);
+    values are never mutated, and callers get their own copies of the lists."""
 
     def __init__(self, max_bytes: int = 16 << 20) -> None:
         self.max_bytes = max_bytes
         self.bytes = 0
-        self.map: dict[bytes, tuple[list[dict[str, str]], list[bytes], tuple[bytes, I64, I64]]] = {}
+        self.map: dict[bytes, tuple[list[bytes], tuple[bytes, I64, I64] | None]] = {}
 
-    def get(self, raw: bytes) -> Any:
+    def get(self, raw: bytes) -> tuple[list[bytes], tuple[bytes, I64, I64] | None] | None:
         hit = self.map.get(raw)
         if hit is None:
             return None
-        labels, keys, block = hit
-        return list(labels), list(keys), block
+        keys, block = hit
+        return list(keys), block
 
-    def put(self, stored: bytes, value: tuple[list[dict[str, str]], list[bytes], tuple[bytes, I64, I64]]) -> None:
+    def put(self, stored: bytes, keys: list[bytes], block: tuple[bytes, I64, I64]) -> None:
         """`stored`: the list as a payload holds it (its JSON, or packed); counted at the
         size of its JSON."""
-        labels, keys, (raw, starts, ends) = value
+        raw, starts, ends = block
         if len(raw) > self.max_bytes // 4:
             return
         if self.bytes + len(raw) > self.max_bytes:
@@ -402,7 +406,7 @@ class _LabelLists:
             self.bytes = 0
         starts.flags.writeable = False
         ends.flags.writeable = False
-        self.map[stored] = (list(labels), list(keys), value[2])
+        self.map[stored] = (list(keys), block if len(raw) <= KEEP_LABEL_BLOCK_BYTES else None)
         self.bytes += len(raw)
 
 
@@ -426,26 +430,32 @@ def _offsets_of_series(series, offsets):  # type: ignore[no-untyped-def]
     return True
 
 
-def _label_list(meta: dict[bytes, bytes]) -> tuple[list[dict[str, str]], Any]:
-    """A cache table's labels, and (labels, keys, label block) when the list was written as
-    Prometheus writes label sets (else None). The same list as an earlier piece's (one per
-    hour of a 24 h panel) is neither unpacked nor parsed again."""
+def _label_list(meta: dict[bytes, bytes]) -> tuple[list[dict[str, str]] | None, Any]:
+    """A cache table's labels and None, or (when the list was written as Prometheus writes
+    label sets) None and (keys, label block): the dicts are parsed from the keys if anyone
+    asks for them. The same list as an earlier piece's (one per hour of a 24 h panel) is
+    neither unpacked nor split again."""
     packed = meta.get(b"promaccel.labels_zstd")
     stored = packed if packed is not None else meta[b"promaccel.labels"]
     canonical = meta.get(b"promaccel.labels_canonical") == b"1"
     if canonical:
         hit = _LABEL_LISTS.get(stored)
         if hit is not None:
-            return hit[0], hit
+            return None, hit
     raw = stored if packed is None else _PACKED.unpack(packed, meta.get(b"promaccel.labels_size"))
     block = _canonical_label_list(raw, stored) if canonical else None
-    return (orjson.loads(raw) if block is None else block[0]), block
+    if block is None:
+        labels = orjson.loads(raw)
+        if not isinstance(labels, list):
+            raise ValueError("labels are not a list")
+        return labels, None
+    return None, block
 
 
 def _canonical_label_list(raw: bytes, stored: bytes) -> Any:
-    """The label list `raw`, written as Prometheus label JSON (to_arrow_table): (labels
-    looked up in the shared label-set table, keys, label block), else None. `stored`: the
-    list as the payload holds it (packed or `raw`), what `_LABEL_LISTS` is keyed by."""
+    """The label list `raw`, written as Prometheus label JSON (to_arrow_table): (keys, the
+    process's shared ones, and label block), else None. `stored`: the list as the payload
+    holds it (packed or `raw`), what `_LABEL_LISTS` is keyed by."""
     buf = np.frombuffer(raw, dtype=np.uint8)
     n_max = len(raw) // 3 + 1  # `{},` per label set at least (untouched pages stay unmapped)
     starts = np.empty(n_max, dtype=np.int64)
@@ -458,11 +468,11 @@ def _canonical_label_list(raw: bytes, stored: bytes) -> Any:
         return None  # not a list of objects
     keys = [raw[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
     try:
-        labels = _LABEL_CACHE.lookup(keys)
+        _LABEL_CACHE.intern(keys)
     except _SlowPath:
         return None
-    _LABEL_LISTS.put(stored, (labels, keys, (raw, starts, ends)))
-    return labels, keys, (raw, starts, ends)
+    _LABEL_LISTS.put(stored, keys, (raw, starts, ends))
+    return keys, (raw, starts, ends)
 
 
 def _column_numpy(table: pa.Table, name: str, dtype: Any) -> Any:

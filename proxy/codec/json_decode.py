@@ -71,49 +71,87 @@ def _str_list(body: bytes | bytearray, span: tuple[int, int] | None, what: str) 
 
 
 class _LabelSets:
-    """Label JSON -> the dict decoded from it, shared between results (label dicts are
-    never mutated), and the one bytes object kept for that JSON: results adopt it as their
-    canonical key (`lookup` hands it back in place of the caller's span), so the 24 hour
-    cells of a day hold one copy of each label set's JSON, not 24. Label values are shared
-    between dicts too (a fleet's label sets repeat the same few hostnames, models, jobs:
-    a 2,048-GPU answer's 18,500 dicts took 25 MiB, 14 with shared values; issue 15).
-    Bounded: cleared when it grows past `limit` entries or `max_bytes` of label JSON
-    (a dict and its strings take about 3x its JSON: 8 MiB of JSON is ~30 MiB held for the
-    life of the process; 500,000 entries alone allowed ~1 GiB)."""
+    """Label JSON -> the one bytes object kept for that JSON, and the dict decoded from it
+    once anyone asked for it. Results adopt the kept bytes as their canonical keys
+    (`intern` and `lookup` put it in place of the caller's span), so the hour cells of a
+    day and the calls of a panel hold one copy of each label set's JSON, not one each.
+    Dicts are parsed only for results whose label sets are read (`lookup`): a merge of raw
+    series hashes, sorts and writes the keys alone, and a 2,048-GPU answer's 18,500 dicts
+    are ~22 MB (issue 15). Dicts are shared between results (never mutated), and so are
+    their values (a fleet's label sets repeat the same few hostnames, models, jobs).
+    Bounded: cleared when it grows past `limit` entries or `max_bytes` held (a key counts
+    its JSON; a dict and its strings about 3x more)."""
 
-    def __init__(self, limit: int = 500_000, max_bytes: int = 8 << 20) -> None:
+    def __init__(self, limit: int = 500_000, max_bytes: int = 32 << 20) -> None:
         self.limit = limit
         self.max_bytes = max_bytes
         self.bytes = 0
-        self.map: dict[bytes, tuple[bytes, dict[str, str]]] = {}
+        self.map: dict[bytes, list[Any]] = {}  # JSON -> [kept key, dict or None]
         self.values: dict[str, str] = {}
 
-    def lookup(self, spans: list[bytes]) -> list[dict[str, str]]:
-        """The label dicts of `spans`; each span in the list is replaced by the kept key."""
+    def _room(self, entries: int, adding: int) -> None:
+        if len(self.map) + entries > self.limit or self.bytes + adding > self.max_bytes:
+            self.map.clear()
+            self.values.clear()
+            self.bytes = 0
+
+    def _entry(self, key: bytes) -> list[Any]:
+        e = self.map.get(key)
+        if e is None:
+            e = self.map[key] = [key, None]
+            self.bytes += len(key)
+        return e
+
+    def intern(self, spans: list[bytes]) -> None:
+        """Each span in the list replaced by the kept key of its JSON (new ones kept). Raises
+        _SlowPath for a new span that is not UTF-8 (its dict could not be parsed later)."""
         get = self.map.get
         found: list[Any] = [get(k) for k in spans]
         missing = [i for i, e in enumerate(found) if e is None]
         if missing:
             try:
+                for i in missing:
+                    if not spans[i].isascii():
+                        spans[i].decode()
+            except UnicodeDecodeError as exc:
+                raise _SlowPath from exc
+            self._room(len(missing), sum(len(spans[i]) for i in missing))
+            for i in missing:
+                found[i] = self._entry(spans[i])
+        spans[:] = [e[0] for e in found]
+
+    def lookup(self, spans: list[bytes]) -> list[dict[str, str]]:
+        """The label dicts of `spans`; each span in the list is replaced by the kept key."""
+        get = self.map.get
+        found: list[Any] = [get(k) for k in spans]
+        missing = [i for i, e in enumerate(found) if e is None or e[1] is None]
+        if missing:
+            try:
                 parsed = orjson.loads(b"[" + b",".join([spans[i] for i in missing]) + b"]")
             except orjson.JSONDecodeError as exc:  # e.g. invalid UTF-8
                 raise _SlowPath from exc
-            adding = sum(len(spans[i]) for i in missing)
-            if len(self.map) + len(missing) > self.limit or self.bytes + adding > self.max_bytes:
-                self.map.clear()
-                self.values.clear()
-                self.bytes = 0
+            self._room(len(missing), 4 * sum(len(spans[i]) for i in missing))
             share = self.values.setdefault
             for i, d in zip(missing, parsed):
                 if type(d) is dict:
                     for name, value in d.items():
                         if type(value) is str:
                             d[name] = share(value, value)
-                key = spans[i]
-                found[i] = self.map[key] = (key, d)
-            self.bytes += adding
+                e = found[i] = self._entry(spans[i])
+                if e[1] is None:
+                    e[1] = d
+                    self.bytes += 3 * len(e[0])
         spans[:] = [e[0] for e in found]
         return [e[1] for e in found]
+
+
+def labels_of_keys(keys: list[bytes]) -> list[dict[str, str]]:
+    """The label dicts of canonical keys (`QueryResult.labels` of a result made from its
+    keys): looked up in, or parsed into, the shared table."""
+    try:
+        return _LABEL_CACHE.lookup(list(keys))
+    except _SlowPath:  # keys are checked UTF-8 when made: not expected
+        return [orjson.loads(k) for k in keys]
 
 
 _LABEL_CACHE = _LabelSets()
@@ -247,14 +285,15 @@ def _decode_fast(body: bytes | bytearray) -> QueryResult:
     spans = [bytes(body[a:b]) for a, b in zip(starts, ends)]
     if -1 in starts:  # a series without "metric"
         spans = [sp if a >= 0 else b"{}" for sp, a in zip(spans, starts)]
-    labels = _LABEL_CACHE.lookup(spans)
     offsets = np.zeros(ns + 1, dtype=np.int64)
     np.cumsum(counts[:ns], out=offsets[1:])
-    result = QueryResult(rtype, labels, offsets, t, v, warnings, infos)  # type: ignore[arg-type]
     if canonical:
-        # The backend's label JSON is what we would write: keep it for encoding/merging.
-        result.set_canonical_keys(spans)
-    return result
+        # The backend's label JSON is what we would write: keep it for encoding and
+        # merging, and parse the dicts only if they are asked for.
+        _LABEL_CACHE.intern(spans)
+        return QueryResult(rtype, None, offsets, t, v, warnings, infos, keys=spans)  # type: ignore[arg-type]
+    labels = _LABEL_CACHE.lookup(spans)
+    return QueryResult(rtype, labels, offsets, t, v, warnings, infos)  # type: ignore[arg-type]
 
 
 def _check_labels(labels: list[dict[str, Any]]) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import orjson
 from numba import njit
 
 from proxy.errors import PromError
@@ -34,8 +35,8 @@ __all__ = ["Concatenation", "MergeConflict", "concat"]
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
-# concat(lazy=True) leaves matrices of more samples than this ungathered (a Concatenation);
-# a Concatenation is gathered this many samples (whole series) at a time, ~4 MB.
+# concat(lazy=True) leaves matrices of more samples than this ungathered (a Concatenation),
+# which an encoder gathers a window at a time (json_encode._WINDOW_SAMPLES).
 LAZY_ABOVE_SAMPLES = 262_144
 WINDOW_SAMPLES = 262_144
 # Sort keys are made this many label sets at a time (`_order_by_labels`).
@@ -106,18 +107,18 @@ def _sort_key_block(raw, starts, ends, out, out_s, out_e):  # type: ignore[no-un
     return o
 
 
-def _order_by_labels(ckeys: list[bytes], labels: list[dict[str, str]]) -> list[int]:
+def _order_by_labels(ckeys: list[bytes]) -> list[int]:
     """Series indexes in Prometheus's labels.Compare order. `n1 NUL v1 NUL n2 NUL v2 NUL`
     (UTF-8) compares bytewise exactly like labels.Compare (a string that is a prefix of
     another sorts first) as long as no name or value holds a NUL, and is much cheaper than
     tuples. It is made in one compiled pass from the label JSON; the few label sets whose
-    JSON has escapes (a value with a quote or a backslash) are made from their dicts. The
+    JSON has escapes (a value with a quote or a backslash) are made from their parsed JSON. The
     sort is Timsort: linear when the keys arrive in order, as they do from Prometheus."""
     n = len(ckeys)
     escaped = [i for i, k in enumerate(ckeys) if b"\\" in k]
-    fixed = [_sort_key_of(labels[i]) for i in escaped]
+    fixed = [_sort_key_of(orjson.loads(ckeys[i])) for i in escaped]
     if any(k is None for k in fixed):  # a NUL in a name or value: tuples
-        tkeys = [tuple(sorted(d.items())) for d in labels]
+        tkeys = [tuple(sorted(orjson.loads(k).items())) for k in ckeys]
         return sorted(range(n), key=tkeys.__getitem__)
     # A chunk of keys at a time: a 24 h panel's ~18,000 label sets are ~13 MB of JSON, and
     # their joined copy, its sort-key block and the keys cut from it were ~40 MB at once.
@@ -168,7 +169,9 @@ def concat(results: Sequence[QueryResult], *, keep_first: bool = False, lazy: bo
         return results[0]
 
     gid_of: dict[bytes, int] = {}
-    labels: list[dict[str, str]] = []
+    # The pieces' parsed label sets, if all of them have theirs (else the answer's are
+    # parsed from its keys when read: a merge of raw series never reads them).
+    labels: list[dict[str, str]] | None = []
     seg_gid, seg_start, seg_len, seg_first, seg_last, seg_piece = [], [], [], [], [], []
     prev_keys: list[bytes] | None = None
     gids = np.zeros(0, dtype=np.int64)
@@ -180,8 +183,10 @@ def concat(results: Sequence[QueryResult], *, keep_first: bool = False, lazy: bo
             n0 = len(gid_of)
             setdefault = gid_of.setdefault
             gl = [setdefault(ck, len(gid_of)) for ck in keys]
-            if len(gid_of) > n0:  # new ids are n0, n0+1, ... in order of first use
-                rl = r.labels
+            rl = r.parsed_labels()
+            if rl is None:
+                labels = None
+            elif len(gid_of) > n0 and labels is not None:  # new ids: n0, n0+1, ... in order of first use
                 nxt = n0
                 for s, g in enumerate(gl):
                     if g == nxt:
@@ -207,7 +212,7 @@ def concat(results: Sequence[QueryResult], *, keep_first: bool = False, lazy: bo
         seg_piece.append(np.full(len(starts), p, dtype=np.int64))
 
     ckeys = list(gid_of)
-    order = _order_by_labels(ckeys, labels)
+    order = _order_by_labels(ckeys)
     rank = np.empty(len(order), dtype=np.int64)
     rank[order] = np.arange(len(order))
     g_all = np.concatenate(seg_gid)
@@ -254,16 +259,14 @@ def concat(results: Sequence[QueryResult], *, keep_first: bool = False, lazy: bo
     kept = [g for g, k in zip(order, keep.tolist()) if k]
     if not keep.all():
         offsets = np.concatenate([[0], offsets[1:][keep]]).astype(np.int64)
-    out_labels = [labels[g] for g in kept]
+    out_labels = None if labels is None else [labels[g] for g in kept]
     out_keys = [ckeys[g] for g in kept]
     if t is None or v is None:
         if lazy and rtype == "matrix" and total > LAZY_ABOVE_SAMPLES:
             return Concatenation(rtype, out_labels, offsets, warnings, infos, out_keys,  # type: ignore[arg-type]
                                  (list(results), s_start, s_len, s_piece, dest))
         t, v = _gather(results, s_start, s_len, s_piece, dest, 0, total, _cursors(results))
-    out = QueryResult(rtype, out_labels, offsets, t, v, warnings, infos)  # type: ignore[arg-type]
-    out.set_canonical_keys(out_keys)
-    return out
+    return QueryResult(rtype, out_labels, offsets, t, v, warnings, infos, keys=out_keys)  # type: ignore[arg-type]
 
 
 def _gather(results: Sequence[QueryResult], s_start: I64, s_len: I64, s_piece: I64, dest: I64,
@@ -310,8 +313,8 @@ class Concatenation(LazySamples):
     Everything but `t_ms` and `value` is there at once; those two gather every sample the
     first time either is read."""
 
-    def __init__(self, result_type: ResultType, labels: list[dict[str, str]], offsets: I64, warnings: list[str],
-                 infos: list[str], keys: list[bytes], parts: _Parts) -> None:
+    def __init__(self, result_type: ResultType, labels: list[dict[str, str]] | None, offsets: I64,
+                 warnings: list[str], infos: list[str], keys: list[bytes], parts: _Parts) -> None:
         super().__init__(result_type, labels, offsets, warnings, infos, keys)
         self._parts: _Parts | None = parts
 

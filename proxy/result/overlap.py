@@ -70,6 +70,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from proxy.result.concat import _order_by_labels
 from proxy.result.merge import MergeConflict
 from proxy.result.query_result import QueryResult
 
@@ -82,16 +83,6 @@ def _notes(answers: Sequence[QueryResult]) -> tuple[list[str], list[str]]:
     warnings = list(dict.fromkeys(w for r in answers for w in r.warnings))
     infos = list(dict.fromkeys(w for r in answers for w in r.infos))
     return warnings, infos
-
-
-def _order(ckeys: list[bytes], labels: list[dict[str, str]]) -> list[int]:
-    """Series indexes in Prometheus's labels.Compare order (merge.py's kernel when present)."""
-    try:
-        from proxy.result.merge import _order_by_labels
-    except ImportError:  # pragma: no cover - merge.py is being edited by others
-        keys = [tuple(sorted(d.items())) for d in labels]
-        return sorted(range(len(keys)), key=keys.__getitem__)
-    return _order_by_labels(ckeys, labels)
 
 
 def _tainted(cell_rank: I64, cell_t: I64, present: npt.NDArray[np.bool_], edge_ms: int,
@@ -165,19 +156,12 @@ def merge_overlap(answers: Sequence[QueryResult], *, edge_ms: int) -> QueryResul
 
     # Union of series by canonical label JSON, ordered as Prometheus orders them.
     gid_of: dict[bytes, int] = {}
-    labels: list[dict[str, str]] = []
     per_answer_gids: list[I64] = []
     for r in answers:
-        gl = []
-        for s, ck in enumerate(r.canonical_keys()):
-            g = gid_of.get(ck)
-            if g is None:
-                g = gid_of[ck] = len(labels)
-                labels.append(r.labels[s])
-            gl.append(g)
-        per_answer_gids.append(np.array(gl, dtype=np.int64))
+        setdefault = gid_of.setdefault
+        per_answer_gids.append(np.array([setdefault(ck, len(gid_of)) for ck in r.canonical_keys()], dtype=np.int64))
     ckeys = list(gid_of)
-    order = _order(ckeys, labels)
+    order = _order_by_labels(ckeys)
     rank = np.empty(len(order), dtype=np.int64)
     rank[order] = np.arange(len(order), dtype=np.int64)
 
@@ -251,6 +235,6 @@ def merge_overlap(answers: Sequence[QueryResult], *, edge_ms: int) -> QueryResul
     offsets = np.zeros(int(keep.sum()) + 1, dtype=np.int64)
     np.cumsum(counts[keep], out=offsets[1:])
     kept = [g for g, k in zip(order, keep[: len(order)].tolist()) if k]
-    out = QueryResult(rtype, [labels[g] for g in kept], offsets, t, v, warnings, infos)  # type: ignore[arg-type]
-    out.set_canonical_keys([ckeys[g] for g in kept])
-    return out
+    # The label sets are parsed from their keys if they are read.
+    return QueryResult(rtype, None, offsets, t, v, warnings, infos,  # type: ignore[arg-type]
+                       keys=[ckeys[g] for g in kept])

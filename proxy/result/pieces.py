@@ -156,15 +156,5 @@ def _take(result: QueryResult, idx: I64, series_of: npt.NDArray[np.int32], ckeys
 def _with_series(result: QueryResult, kept: list[int], offsets: I64, t: I64, v: npt.NDArray[np.float64],
                  ckeys: list[bytes]) -> QueryResult:
     """A result of `result`'s series `kept` (in order) with these samples."""
-    out = QueryResult(
-        result.result_type,
-        [result.labels[s] for s in kept],
-        offsets,
-        t,
-        v,
-        list(result.warnings),
-        list(result.infos),
-    )
-    if kept:
-        out.set_canonical_keys([ckeys[s] for s in kept])
-    return out
+    return QueryResult(result.result_type, result.labels_of(kept), offsets, t, v, list(result.warnings),
+                       list(result.infos), keys=[ckeys[s] for s in kept])

@@ -1,7 +1,8 @@
 """`QueryResult`: one query answer as columns, the type every stage passes around.
 
     result_type   "matrix" | "vector" | "scalar" | "string"
-    labels        list[dict[str, str]], one label set per series (thousands, not millions)
+    labels        list[dict[str, str]], one label set per series (thousands, not millions),
+                  parsed on first use when the result was made from their keys
     offsets       int64[n_series + 1]: the samples of series i are [offsets[i], offsets[i+1])
     t_ms          int64[n_samples]   sample timestamps, milliseconds since the epoch
     value         float64[n_samples] sample values (NaN, +Inf, -Inf as IEEE values)
@@ -24,7 +25,6 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -37,6 +37,13 @@ if TYPE_CHECKING:
 
 __all__ = ["LazySamples", "QueryResult", "ResultType"]
 
+
+def _labels_of_keys(keys: list[bytes]) -> list[dict[str, str]]:
+    # Imported on first use: this module loads without numba (json_decode's scanner).
+    from proxy.codec.json_decode import labels_of_keys
+
+    return labels_of_keys(keys)
+
 ResultType = Literal["matrix", "vector", "scalar", "string"]
 _RESULT_TYPES = ("matrix", "vector", "scalar", "string")
 
@@ -44,30 +51,77 @@ I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
 
-@dataclass(eq=False)
 class QueryResult:
-    result_type: ResultType
-    labels: list[dict[str, str]]
-    offsets: I64
-    t_ms: I64
-    value: F64
-    warnings: list[str] = field(default_factory=list)
-    infos: list[str] = field(default_factory=list)
-    string_value: str | None = None
-    # Caches (labels never change once a result exists): Prometheus-formatted label JSON
-    # as (bytes, starts, ends), per-series canonical keys, sortable keys.
-    _label_block: tuple[bytes, I64, I64] | None = field(default=None, repr=False)
-    _ckeys: list[bytes] | None = field(default=None, repr=False)
-    _keys: list[tuple[tuple[str, str], ...]] | None = field(default=None, repr=False)
+    """See the module docstring. `labels` may be given as None with `keys` (the canonical
+    keys of the label sets, `canonical_keys()`): the dicts are then parsed from the keys the
+    first time `labels` is read (shared with every other result: `json_decode._LabelSets`).
+    A merge of raw series never reads them (it hashes, sorts and writes the keys): a 24 h
+    panel of 2,048 GPUs has 18,500 label sets, ~22 MB as dicts (issue 15)."""
 
-    def __post_init__(self) -> None:
-        if self.result_type not in _RESULT_TYPES:
-            raise ValueError(f"unknown result type {self.result_type!r}")
-        n = len(self.labels)
-        if self.offsets.shape != (n + 1,) or self.offsets[0] != 0:
+    def __init__(
+        self,
+        result_type: ResultType,
+        labels: list[dict[str, str]] | None,
+        offsets: I64,
+        t_ms: I64,
+        value: F64,
+        warnings: list[str] | None = None,
+        infos: list[str] | None = None,
+        string_value: str | None = None,
+        *,
+        keys: list[bytes] | None = None,
+    ) -> None:
+        if result_type not in _RESULT_TYPES:
+            raise ValueError(f"unknown result type {result_type!r}")
+        if labels is None and keys is None:
+            raise ValueError("labels or their keys are needed")
+        n = len(labels) if labels is not None else len(keys)  # type: ignore[arg-type]
+        if keys is not None and len(keys) != n:
+            raise ValueError("one key per series")
+        if offsets.shape != (n + 1,) or offsets[0] != 0:
             raise ValueError("offsets must have n_series + 1 entries starting at 0")
-        if int(self.offsets[-1]) != len(self.t_ms) or len(self.t_ms) != len(self.value):
+        if int(offsets[-1]) != len(t_ms) or len(t_ms) != len(value):
             raise ValueError("offsets, t_ms and value disagree on the sample count")
+        self.result_type = result_type
+        self._labels = labels
+        self.offsets = offsets
+        self.t_ms = t_ms
+        self.value = value
+        self.warnings = [] if warnings is None else warnings
+        self.infos = [] if infos is None else infos
+        self.string_value = string_value
+        # Caches (labels never change once a result exists): Prometheus-formatted label
+        # JSON as (bytes, starts, ends), per-series canonical keys, sortable keys.
+        self._label_block: tuple[bytes, I64, I64] | None = None
+        self._ckeys: list[bytes] | None = keys
+        self._keys: list[tuple[tuple[str, str], ...]] | None = None
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.result_type}, {self.n_series} series, "
+                f"{self.n_samples} samples)")
+
+    @property
+    def labels(self) -> list[dict[str, str]]:
+        labels = self._labels
+        if labels is None:
+            if self._ckeys is None:
+                raise ValueError("a result made from its keys lost them")
+            labels = self._labels = _labels_of_keys(self._ckeys)
+        return labels
+
+    @labels.setter
+    def labels(self, labels: list[dict[str, str]]) -> None:
+        self._labels = labels
+
+    def parsed_labels(self) -> list[dict[str, str]] | None:
+        """`labels` if they were parsed (or given), else None (they are in the keys)."""
+        return self._labels
+
+    def labels_of(self, series: Sequence[int]) -> list[dict[str, str]] | None:
+        """The parsed label sets of these series, or None when they are not parsed: a
+        result made of some of this one's series takes these and `canonical_keys()`'s."""
+        labels = self._labels
+        return None if labels is None else [labels[s] for s in series]
 
     # -- constructors ------------------------------------------------------------------
 
@@ -121,7 +175,7 @@ class QueryResult:
 
     @property
     def n_series(self) -> int:
-        return len(self.labels)
+        return len(self.offsets) - 1
 
     @property
     def n_samples(self) -> int:
@@ -253,11 +307,14 @@ class LazySamples(QueryResult):
     Everything but `t_ms` and `value` is there at once; reading either loads every sample
     (`_load`) and keeps them. Writers that stream read `sample_windows` instead."""
 
-    def __init__(self, result_type: ResultType, labels: list[dict[str, str]], offsets: I64, warnings: list[str],
-                 infos: list[str], keys: list[bytes] | None, block: tuple[bytes, I64, I64] | None = None) -> None:
+    def __init__(self, result_type: ResultType, labels: list[dict[str, str]] | None, offsets: I64,
+                 warnings: list[str], infos: list[str], keys: list[bytes] | None,
+                 block: tuple[bytes, I64, I64] | None = None) -> None:
         # QueryResult's fields but the samples (its __init__ would check their count).
+        if labels is None and keys is None:
+            raise ValueError("labels or their keys are needed")
         self.result_type = result_type
-        self.labels = labels
+        self._labels = labels
         self.offsets = offsets
         self.warnings = warnings
         self.infos = infos

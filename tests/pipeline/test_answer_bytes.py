@@ -343,3 +343,28 @@ def test_a_large_answer_makes_its_backend_calls_two_at_a_time(reserved: int | No
 
     asyncio.run(scenario())
     assert peak[0] == at_once
+
+
+@pytest.mark.parametrize("reserved, max_calls, made, want", [
+    (None, 0, 0, 4), (1 << 20, 0, 0, 4), (46 << 20, 0, 0, 6), (200 << 20, 0, 0, 16),
+    (46 << 20, 5, 0, 5), (46 << 20, 8, 6, 4), (46 << 20, 3, 0, 4)])
+def test_a_large_answer_is_fetched_in_smaller_calls(reserved: int | None, max_calls: int, made: int, want: int) -> None:
+    """A query reserved at LARGE_ANSWER_BYTES or more aims for a call per LARGE_CALL_BYTES of
+    its reservation (a 24 h raw panel of 2,048 GPUs: 6 calls of 4 h, not 4 of 6 h), so that the
+    two calls in flight hold less (issue 15); never more than limits.max_backend_calls leaves
+    (which still refuses a plan over it, as before)."""
+    from proxy.pipeline import lookup
+    from proxy.pipeline.answer_bytes import HOLDING, AnswerBytes
+    from proxy.pipeline.budget import Budget
+
+    async def scenario() -> int:
+        token = HOLDING.set(await AnswerBytes(0, 1.0).reserve(reserved, 1.0)) if reserved is not None else None
+        try:
+            budget = Budget(max_calls, 0)
+            budget.calls = made
+            return lookup.calls_for(4, budget)
+        finally:
+            if token is not None:
+                HOLDING.reset(token)
+
+    assert asyncio.run(scenario()) == want

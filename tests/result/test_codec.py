@@ -655,3 +655,97 @@ def test_only_the_event_loops_thread_keeps_a_decode_scratch() -> None:
         t.start()
         t.join()
     assert kept == {"worker": False, "loop": True}
+
+
+def _raw_answer(pod: str, n: int = 40) -> bytes:
+    """A raw selector's answer as Prometheus writes it (canonical label JSON)."""
+    return orjson.dumps({"status": "success", "data": {"resultType": "matrix", "result": [
+        {"metric": {"Hostname": f"node-{i // 8}", "__name__": "DCGM_FI_DEV_GPU_UTIL", "gpu": str(i % 8),
+                    "pod": f"{pod}-{i}"},
+         "values": [[1700000000 + 60 * k, str(i + k)] for k in range(3)]} for i in range(n)]}})
+
+
+def test_raw_answers_are_merged_and_written_without_parsing_their_label_sets() -> None:
+    """A decoded answer in Prometheus's own label JSON keeps its keys and parses its label
+    dicts only when they are read: a merge of raw series (cut, concatenated, cached, read
+    back) hashes, sorts and writes the keys alone (a 24 h panel of 2,048 GPUs has 18,500
+    label sets, ~22 MB as dicts; issue 15). Read, they are the very dicts Prometheus sent."""
+    from proxy.result.concat import concat
+    from proxy.result.pieces import split_time
+
+    body = _raw_answer("lazy-labels")
+    r = decode_prometheus_json(body)
+    assert r.parsed_labels() is None and r.n_series == 40
+    halves = split_time(r, [(1700000000_000, 1700000060_000), (1700000120_000, 1700000120_000)])
+    assert all(h.parsed_labels() is None for h in halves)
+    cached = [QueryResult.from_ipc_bytes(h.to_ipc_bytes("lz4")) for h in halves]
+    packed = [QueryResult.from_ipc_bytes(h.to_ipc_bytes("lz4"), pack_from=1) for h in halves]
+    assert all(c.parsed_labels() is None for c in cached + packed)
+    for parts in (halves, cached, packed):
+        merged = concat(parts[::-1], lazy=True)
+        assert merged.parsed_labels() is None
+        assert encode_prometheus_json(merged) == body
+        assert merged.parsed_labels() is None  # writing it did not parse them either
+    expected = [s["metric"] for s in orjson.loads(body)["data"]["result"]]
+    assert r.labels == expected and r.parsed_labels() is not None
+    # Parsed once, shared: another answer with the same label sets gets the same dicts.
+    again = decode_prometheus_json(bytes(body))
+    assert again.parsed_labels() is None
+    assert all(x is y for x, y in zip(again.labels, r.labels))
+    # Label sets in another spelling are parsed at once (their keys are made from them).
+    spaced = decode_prometheus_json(body.replace(b'"gpu":', b'"gpu": '))
+    assert spaced.parsed_labels() == expected and encode_prometheus_json(spaced) == body
+
+
+def test_a_label_value_that_is_not_utf8_is_never_relayed() -> None:
+    """Label JSON kept unparsed must still be valid: a value that is not UTF-8 gets the
+    decoder's error, as when every label set was parsed at once."""
+    body = _raw_answer("utf8-check", 3).replace(b'"utf8-check-1"', b'"utf8-\xff-1"')
+    with pytest.raises(MalformedAnswer):
+        decode_prometheus_json(body)
+    ok = _raw_answer("utf8-check-\u00e9", 3)  # valid non-ASCII stays unparsed and exact
+    r = decode_prometheus_json(ok)
+    assert r.parsed_labels() is None and encode_prometheus_json(r) == ok
+    assert r.labels[0]["pod"] == "utf8-check-\u00e9-0"
+
+
+def test_the_label_table_keeps_keys_and_parses_dicts_on_demand() -> None:
+    table = json_decode._LabelSets(max_bytes=1 << 20)
+    spans = [b'{"a":"1"}', b'{"a":"2"}']
+    table.intern(spans)
+    assert all(e[1] is None for e in table.map.values()) and table.bytes == 18
+    kept = list(spans)
+    again = [bytes(bytearray(b'{"a":"1"}'))]
+    table.intern(again)
+    assert again[0] is kept[0]
+    dicts = table.lookup([b'{"a":"2"}', b'{"a":"1"}'])
+    assert dicts == [{"a": "2"}, {"a": "1"}] and table.lookup([b'{"a":"1"}'])[0] is dicts[1]
+    assert table.bytes == 18 + 3 * 18  # the dicts are counted once parsed
+    big = [f'{{"k":"{i:0200d}"}}'.encode() for i in range(6000)]  # ~1.2 MB: over the bound
+    table.intern(big)
+    assert len(table.map) == 6000 and kept[0] not in table.map  # cleared, then the new ones
+
+
+def test_cached_label_lists_keep_no_large_json() -> None:
+    """An hour cell's label list is split once and remembered as the shared keys; its JSON
+    (~1 MB an hour for 2,048 GPUs) is not kept."""
+    from proxy.codec import arrow
+
+    lists = arrow._LabelLists()
+    big = _fleet_hour(600, pod="big-list")
+    payload = big.to_ipc_bytes("lz4")
+    table = pa.ipc.open_stream(payload).read_all()
+    stored = table.schema.metadata[b"promaccel.labels_zstd"]
+    raw = arrow._PACKED.unpack(stored, table.schema.metadata[b"promaccel.labels_size"])
+    assert len(raw) > arrow.KEEP_LABEL_BLOCK_BYTES
+    keys, block = arrow._canonical_label_list(raw, stored)
+    lists.put(stored, keys, block)
+    got = lists.get(stored)
+    assert got is not None and got[1] is None and got[0] == big.canonical_keys()
+    small = _fleet_hour(4, pod="small-list")
+    t2 = arrow.to_table(small)
+    s_raw = t2.schema.metadata[b"promaccel.labels"]
+    s_keys, s_block = arrow._canonical_label_list(s_raw, s_raw)
+    lists.put(s_raw, s_keys, s_block)
+    hit = lists.get(s_raw)
+    assert hit is not None and hit[1] is not None and hit[1][0] == s_raw
