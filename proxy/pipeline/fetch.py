@@ -16,6 +16,7 @@ from ..backends.tenancy import scope as tenant_scope
 from ..cache import wall_ms
 from ..errors import PromError
 from ..hybrid import Router
+from ..memory import give_back_soon
 from ..metrics import METRICS
 from ..result import QueryResult
 from ..result.merge import concat
@@ -226,7 +227,11 @@ class Fetcher:
                 out.append(cell)
             return out
 
-        return await asyncio.to_thread(run)
+        out = await asyncio.to_thread(run)
+        # The call's body and the copies its cells were cut from are freed by now: a heavy
+        # query's next calls reuse pages given back, not fresh ones (proxy/memory.py).
+        give_back_soon()
+        return out
 
     @staticmethod
     def cut(f: Fetch, units: Sequence[Unit], result: QueryResult) -> list[QueryResult] | None:

@@ -206,11 +206,11 @@ def test_memory_is_given_back_after_a_large_answer_at_most_once_a_second(monkeyp
     monkeypatch.setattr(memory, "_trailing", None)
     monkeypatch.setattr(memory, "give_back", lambda: started.append("late"))
     memory.give_back_soon()
-    now[0] += 0.25
-    memory.give_back_soon()  # within the second: once it is over, not now
+    now[0] += memory.GIVE_BACK_EVERY_S / 2
+    memory.give_back_soon()  # within the interval: once it is over, not now
     memory.give_back_soon()  # ... and only once
-    assert started == ["promaccel-give-back"] and later == [memory.GIVE_BACK_EVERY_S - 0.25]
-    memory._trailing.target()  # the second is over
+    assert started == ["promaccel-give-back"] and later == [memory.GIVE_BACK_EVERY_S / 2]
+    memory._trailing.target()  # the interval is over
     assert started == ["promaccel-give-back", "late"] and memory._trailing is None
     now[0] += memory.GIVE_BACK_EVERY_S
     memory.give_back_soon()
