@@ -69,6 +69,42 @@ def test_large_pieces_leave_the_landing_zone_when_their_put_lands() -> None:
     asyncio.run(scenario())
 
 
+def test_the_grace_holds_a_few_megabytes_at_most(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small units stay for the grace while GRACE_MAX_BYTES of them are in it; beyond, they
+    leave when their put lands (a burst of heavy queries kept 10-20 MiB of them), and the
+    room comes back when the grace of the earlier ones is over."""
+    import asyncio
+
+    import numpy as np
+
+    from proxy.result import QueryResult
+
+    monkeypatch.setattr(landing_mod, "LANDING_GRACE_S", 0.1)
+    n = landing_mod.GRACE_MAX_SAMPLES  # 1 MiB of samples each
+
+    def piece() -> QueryResult:
+        return QueryResult("matrix", [{"a": "b"}], np.array([0, n]), np.arange(n, dtype=np.int64), np.zeros(n))
+
+    async def scenario() -> None:
+        zone = Landing()
+        pieces = [(f"p{i}", piece()) for i in range(6)]
+        for d, r in pieces:
+            zone.land(d, r, 0)
+        zone.unland_later(pieces)
+        fits = landing_mod.GRACE_MAX_BYTES // (16 * n)
+        assert 0 < fits < 6
+        assert [zone.landed(d) is not None for d, _ in pieces] == [i < fits for i in range(6)]
+        assert zone._grace_bytes == fits * 16 * n
+        await asyncio.sleep(0.2)
+        assert all(zone.landed(d) is None for d, _ in pieces) and zone._grace_bytes == 0
+        later = ("p9", piece())
+        zone.land(*later, 0)
+        zone.unland_later([later])
+        assert zone.landed("p9") is later[1]
+
+    asyncio.run(scenario())
+
+
 def test_recent_calls_go_when_they_expire_though_no_call_comes_after(monkeypatch: pytest.MonkeyPatch) -> None:
     """After a burst nothing calls again: the last calls (megabytes each) must still go."""
     import asyncio
