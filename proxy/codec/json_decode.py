@@ -105,44 +105,43 @@ class _LabelSets:
     def intern(self, spans: list[bytes]) -> None:
         """Each span in the list replaced by the kept key of its JSON (new ones kept). Raises
         _SlowPath for a new span that is not UTF-8 (its dict could not be parsed later)."""
-        get = self.map.get
-        found: list[Any] = [get(k) for k in spans]
-        missing = [i for i, e in enumerate(found) if e is None]
-        if missing:
-            try:
-                for i in missing:
-                    if not spans[i].isascii():
-                        spans[i].decode()
-            except UnicodeDecodeError as exc:
-                raise _SlowPath from exc
-            self._room(len(missing), sum(len(spans[i]) for i in missing))
-            for i in missing:
-                found[i] = self._entry(spans[i])
-        spans[:] = [e[0] for e in found]
+        self._take(spans, parse=False)
 
     def lookup(self, spans: list[bytes]) -> list[dict[str, str]]:
         """The label dicts of `spans`; each span in the list is replaced by the kept key."""
+        return [e[1] for e in self._take(spans, parse=True)]
+
+    def _take(self, spans: list[bytes], parse: bool) -> list[list[Any]]:
+        """The entries of `spans` (made for new ones; their dicts parsed too when `parse`),
+        each span replaced by its entry's kept key."""
         get = self.map.get
         found: list[Any] = [get(k) for k in spans]
-        missing = [i for i, e in enumerate(found) if e is None or e[1] is None]
-        if missing:
+        todo = [i for i, e in enumerate(found) if e is None or (parse and e[1] is None)]
+        if todo:
+            parsed: list[Any] = []
             try:
-                parsed = orjson.loads(b"[" + b",".join([spans[i] for i in missing]) + b"]")
-            except orjson.JSONDecodeError as exc:  # e.g. invalid UTF-8
+                if parse:  # orjson refuses invalid UTF-8
+                    parsed = orjson.loads(b"[" + b",".join([spans[i] for i in todo]) + b"]")
+                else:
+                    for i in todo:
+                        if not spans[i].isascii():
+                            spans[i].decode()
+            except (orjson.JSONDecodeError, UnicodeDecodeError) as exc:
                 raise _SlowPath from exc
-            self._room(len(missing), 4 * sum(len(spans[i]) for i in missing))
+            self._room(len(todo), (4 if parse else 1) * sum(len(spans[i]) for i in todo))
             share = self.values.setdefault
-            for i, d in zip(missing, parsed):
-                if type(d) is dict:
-                    for name, value in d.items():
-                        if type(value) is str:
-                            d[name] = share(value, value)
+            for j, i in enumerate(todo):
                 e = found[i] = self._entry(spans[i])
-                if e[1] is None:
+                if parse and e[1] is None:
+                    d = parsed[j]
+                    if type(d) is dict:
+                        for name, value in d.items():
+                            if type(value) is str:
+                                d[name] = share(value, value)
                     e[1] = d
                     self.bytes += 3 * len(e[0])
         spans[:] = [e[0] for e in found]
-        return [e[1] for e in found]
+        return found
 
 
 def labels_of_keys(keys: list[bytes]) -> list[dict[str, str]]:

@@ -249,7 +249,6 @@ class Fetcher:
         return split_time(result, [(u.span.start_ms, u.span.end_ms) for u in units])
 
 
-
 def _runs(f: Fetch, units: Sequence[Unit]) -> list[Fetch]:
     """`units` (some of `f`'s, in `f`'s order) as calls over their contiguous runs."""
     if len(f.units) == 1 or not f.span.is_range:
