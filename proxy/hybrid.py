@@ -74,7 +74,7 @@ class Router:
         self.query = query
         self.lookback_ms = lookback_ms or DEFAULT_LOOKBACK_MS
         self.urls = dict(urls)
-        self._memo: dict[tuple[object, ...], Route] = {}
+        self._memo: dict[tuple[object, ...], tuple[Expr | str, Route]] = {}
         # Set by the executor: route instant-window pieces by their own text; the overlap
         # merge's edge; route id -> Route of every unit of this request.
         self.by_piece = False
@@ -101,12 +101,15 @@ class Router:
 
     def _route(self, query: Expr | str | None, start_ms: int, end_ms: int, step_ms: int | None) -> Route:
         q = self.query if query is None else query
+        # An expression is keyed by its identity, and the memo keeps it alive: a freed
+        # expression's id can be reused by the next one made (CrossStore routes short-lived
+        # variants, one per metric name), which would be handed the freed one's route.
         key = (q if isinstance(q, str) else id(q), start_ms, end_ms, step_ms)
         found = self._memo.get(key)
         if found is None:
-            found = route_piece(q, start_ms, end_ms, self.holdings, self.lookback_ms, step_ms=step_ms)
+            found = (q, route_piece(q, start_ms, end_ms, self.holdings, self.lookback_ms, step_ms=step_ms))
             self._memo[key] = found
-        return found
+        return found[1]
 
     def checked(self, route: Route) -> Route:
         if route.kind == "unroutable":

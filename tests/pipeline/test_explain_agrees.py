@@ -39,7 +39,8 @@ def agree(url: str, path: str, params: dict[str, str], reference: str) -> dict[s
     as many-to-many matching) must be the reference Prometheus's too. Returns explain's data."""
     answer = httpx.post(url + path, data=params, timeout=TIMEOUT)
     explained = httpx.post(url + "/api/v1/explain", data=params, timeout=TIMEOUT)
-    where = (path, params, answer.status_code, answer.text[:300])
+    # the answer's status and text first: an assertion's repr is cut in the middle
+    where = (answer.status_code, answer.text[:300], path, params)
     assert explained.status_code == 200, (*where, explained.text[:500])
     data = explained.json()["data"]
     route = data.get("route") or {}
