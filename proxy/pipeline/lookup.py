@@ -170,13 +170,19 @@ LARGE_CALL_BYTES = 8 << 20
 LARGE_CALLS_MAX = 16
 
 
+def _large_reservation() -> int | None:
+    """The current query's reservation in bytes if it is LARGE_ANSWER_BYTES or more."""
+    held = HOLDING.get()
+    return held.size if held is not None and held.size >= LARGE_ANSWER_BYTES else None
+
+
 def calls_for(target_calls: int, budget: Budget | None = None) -> int:
     """The calls to aim for: `target_calls`, more for a query reserved at LARGE_ANSWER_BYTES
     or more (so that each call's body and arrays stay small, LARGE_CALLS_AT_ONCE at a time)."""
-    held = HOLDING.get()
-    if held is None or held.size < LARGE_ANSWER_BYTES:
+    size = _large_reservation()
+    if size is None:
         return target_calls
-    more = min(LARGE_CALLS_MAX, -(-held.size // LARGE_CALL_BYTES))
+    more = min(LARGE_CALLS_MAX, -(-size // LARGE_CALL_BYTES))
     if budget is not None and budget.max_calls:
         more = min(more, budget.max_calls - budget.calls)
     return max(target_calls, more)
@@ -190,10 +196,8 @@ class FanOut:
 
     async def __call__(self, c: Calls) -> tuple[list[Any], list[QueryResult]]:
         q = c.q
-        held = HOLDING.get()
         gate = (asyncio.Semaphore(LARGE_CALLS_AT_ONCE)
-                if held is not None and held.size >= LARGE_ANSWER_BYTES and len(c.fetches) > LARGE_CALLS_AT_ONCE
-                else None)
+                if _large_reservation() is not None and len(c.fetches) > LARGE_CALLS_AT_ONCE else None)
         try:
             async with asyncio.timeout(q.timeout_s):
                 async with asyncio.TaskGroup() as tg:

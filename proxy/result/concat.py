@@ -112,32 +112,50 @@ def _order_by_labels(ckeys: list[bytes]) -> list[int]:
     (UTF-8) compares bytewise exactly like labels.Compare (a string that is a prefix of
     another sorts first) as long as no name or value holds a NUL, and is much cheaper than
     tuples. It is made in one compiled pass from the label JSON; the few label sets whose
-    JSON has escapes (a value with a quote or a backslash) are made from their parsed JSON. The
-    sort is Timsort: linear when the keys arrive in order, as they do from Prometheus."""
+    JSON has escapes (a value with a quote or a backslash) are made from their parsed JSON.
+    Keys that arrive in order (as they do from Prometheus, and in the union of time pieces
+    of the same series) are checked a chunk at a time and not kept; otherwise they are all
+    made and sorted (Timsort)."""
     n = len(ckeys)
     escaped = [i for i, k in enumerate(ckeys) if b"\\" in k]
-    fixed = [_sort_key_of(orjson.loads(ckeys[i])) for i in escaped]
-    if any(k is None for k in fixed):  # a NUL in a name or value: tuples
+    fixed = {i: _sort_key_of(orjson.loads(ckeys[i])) for i in escaped}
+    if any(k is None for k in fixed.values()):  # a NUL in a name or value: tuples
         tkeys = [tuple(sorted(orjson.loads(k).items())) for k in ckeys]
         return sorted(range(n), key=tkeys.__getitem__)
-    # A chunk of keys at a time: a 24 h panel's ~18,000 label sets are ~13 MB of JSON, and
-    # their joined copy, its sort-key block and the keys cut from it were ~40 MB at once.
+    last = b""
+    for c0 in range(0, n, SORT_KEY_CHUNK):
+        keys = _sort_keys(ckeys, c0, fixed)
+        if (c0 and keys[0] < last) or any(a > b for a, b in zip(keys, keys[1:])):
+            break
+        last = keys[-1]
+    else:
+        return list(range(n))
     skeys: list[bytes] = []
     for c0 in range(0, n, SORT_KEY_CHUNK):
-        chunk = ckeys[c0:c0 + SORT_KEY_CHUNK]
-        raw = b"".join(chunk)
-        lens = np.fromiter(map(len, chunk), dtype=np.int64, count=len(chunk))
-        ends = np.cumsum(lens)
-        out = np.empty(len(raw), dtype=np.uint8)
-        out_s = np.empty(len(chunk), dtype=np.int64)
-        out_e = np.empty(len(chunk), dtype=np.int64)
-        m = _sort_key_block(np.frombuffer(raw, dtype=np.uint8), ends - lens, ends, out, out_s, out_e)
-        block = out[:m].tobytes()
-        skeys += [block[a:b] for a, b in zip(out_s.tolist(), out_e.tolist())]
-    for i, k in zip(escaped, fixed):
-        assert k is not None
-        skeys[i] = k
+        skeys += _sort_keys(ckeys, c0, fixed)
     return sorted(range(n), key=skeys.__getitem__)
+
+
+def _sort_keys(ckeys: list[bytes], c0: int, fixed: dict[int, bytes | None]) -> list[bytes]:
+    """The sort keys of ckeys[c0:c0 + SORT_KEY_CHUNK]: a chunk at a time, since a 24 h
+    panel's ~18,000 label sets are ~13 MB of JSON, and their joined copy, its sort-key block
+    and the keys cut from it were ~40 MB at once."""
+    chunk = ckeys[c0:c0 + SORT_KEY_CHUNK]
+    raw = b"".join(chunk)
+    lens = np.fromiter(map(len, chunk), dtype=np.int64, count=len(chunk))
+    ends = np.cumsum(lens)
+    out = np.empty(len(raw), dtype=np.uint8)
+    out_s = np.empty(len(chunk), dtype=np.int64)
+    out_e = np.empty(len(chunk), dtype=np.int64)
+    m = _sort_key_block(np.frombuffer(raw, dtype=np.uint8), ends - lens, ends, out, out_s, out_e)
+    block = out[:m].tobytes()
+    keys = [block[a:b] for a, b in zip(out_s.tolist(), out_e.tolist())]
+    if fixed:
+        for i, k in fixed.items():
+            if c0 <= i < c0 + len(chunk):
+                assert k is not None
+                keys[i - c0] = k
+    return keys
 
 
 def _sort_key_of(labels: dict[str, str]) -> bytes | None:
