@@ -24,13 +24,15 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 system-deps:
-	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null || ! command -v redis-server >/dev/null \
-	    || ! command -v kubectl >/dev/null || ! command -v chromium >/dev/null; then \
-	  echo "installing Debian's prometheus, redis-server, kubernetes-client (kubectl: tests/deploy/test_deploy.py)" \
-	    "and chromium (tests/api/test_ui_browser.py)"; \
+	@missing=""; \
+	command -v prometheus >/dev/null && command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v kubectl >/dev/null || missing="$$missing kubernetes-client"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian's$$missing (kubectl: tests/deploy/test_deploy.py; chromium: tests/api/test_ui_browser.py)"; \
 	  $(SUDO) apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus redis-server \
-	    kubernetes-client chromium >/dev/null; \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
 test: setup
