@@ -10,6 +10,12 @@ variable `CURRENT`, which the middleware sets for the query's task and the tasks
 Only fields from a fixed list are kept (never headers beyond Grafana's dashboard and panel
 ids, never credentials); query texts and error messages are cut to `MAX_TEXT` characters.
 With `--workers N` each worker process keeps its own (the page shows the one that served it).
+
+With auth on, a query's record carries the tenant it authenticated as (set by the route
+wrapper, proxy/api/tenants.py) and the minutes are also tallied per tenant: `snapshot(tenant)`
+is what that tenant may see -- its own queries (in flight and recent, with their error texts)
+and its own minutes, nothing of another tenant's. A request refused before it authenticated
+has no tenant: only the full snapshot (the admin's, or auth off) lists it.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any
 
 MAX_TEXT = 2_000
 MINUTES = 60
+MAX_TENANTS = 1_024  # per-tenant minute tallies kept (tenants come from the config)
 # Access-log fields the page shows (everything else a request carries is dropped).
 SHOWN_FIELDS = (
     "query", "range", "plan_pieces", "sharded", "time_split", "plan_reason", "pieces", "cache",
@@ -54,6 +61,7 @@ class QueryRecord:
     status: int | None = None
     duration_ms: float | None = None
     error: str | None = None
+    tenant: str | None = None  # with auth on, once authenticated
 
     def note(self, **fields: object) -> None:
         """Fields known while it runs (the query text once read)."""
@@ -69,6 +77,8 @@ class QueryRecord:
             "backend_ms": round(self.backend_ms, 1), "backend_max_ms": round(self.backend_max_ms, 1),
             "backend_errors": self.backend_errors, "status": self.status, "error": self.error,
         }
+        if self.tenant is not None:
+            out["tenant"] = self.tenant
         if self.duration_ms is None:
             out["running_ms"] = round((now_perf - self.t0) * 1000, 1)
         else:
@@ -129,19 +139,37 @@ class Activity:
         self.max_in_flight = max_in_flight
         self.running = 0
         self.minutes = [Minute() for _ in range(MINUTES)]
+        self.tenant_minutes: dict[str, list[Minute]] = {}
         self.backends: dict[str, BackendSeen] = {}
         self._seq = itertools.count(1)
 
     def resize(self, recent: int) -> None:
         self.recent = deque(self.recent, maxlen=max(1, recent))
 
-    def _minute(self) -> Minute:
+    def _minute(self, tenant: str | None = None) -> Minute:
+        """This minute's tally: the process's, or with `tenant` that tenant's."""
+        if tenant is None:
+            minutes = self.minutes
+        else:
+            got = self.tenant_minutes.get(tenant)
+            if got is None:
+                if len(self.tenant_minutes) >= MAX_TENANTS:
+                    return Minute()  # beyond the bound: counted in the process's tally only
+                got = self.tenant_minutes[tenant] = [Minute() for _ in range(MINUTES)]
+            minutes = got
         m = int(self.clock() // 60)
-        slot = self.minutes[m % MINUTES]
+        slot = minutes[m % MINUTES]
         if slot.minute != m:
             slot.__init__()  # type: ignore[misc]  # a stale minute: start it afresh
             slot.minute = m
         return slot
+
+    def _tallies(self, rec: QueryRecord | None) -> list[Minute]:
+        """The tallies a query's counts go to: the process's, and its tenant's when it has one."""
+        out = [self._minute()]
+        if rec is not None and rec.tenant is not None:
+            out.append(self._minute(rec.tenant))
+        return out
 
     # --- fed by the access log middleware ---------------------------------------------------
 
@@ -162,17 +190,17 @@ class Activity:
         rec.duration_ms = round(duration_s * 1000, 1)
         rec.error = cut(error, 500) if error else None
         self.recent.append(rec)
-        m = self._minute()
-        m.queries += 1
-        m.errors += status >= 400
+        for m in self._tallies(rec):
+            m.queries += 1
+            m.errors += status >= 400
 
     # --- fed by the pipeline and the backends -------------------------------------------------
 
     def pieces_looked_up(self, hits: int, misses: int) -> None:
-        m = self._minute()
-        m.piece_hits += hits
-        m.piece_misses += misses
         rec = CURRENT.get()
+        for m in self._tallies(rec):
+            m.piece_hits += hits
+            m.piece_misses += misses
         if rec is not None and rec.duration_ms is None:
             rec.piece_hits += hits
             rec.piece_misses += misses
@@ -193,12 +221,12 @@ class Activity:
             return
         seen.calls += 1
         seen.last_call, seen.last_ms, seen.last_status = now, round(seconds * 1000, 1), status
-        m = self._minute()
-        m.backend_calls += 1
-        m.backend_errors += failed
-        m.backend_seconds += seconds
-        m.backend_max_seconds = max(m.backend_max_seconds, seconds)
         rec = CURRENT.get()
+        for m in self._tallies(rec):
+            m.backend_calls += 1
+            m.backend_errors += failed
+            m.backend_seconds += seconds
+            m.backend_max_seconds = max(m.backend_max_seconds, seconds)
         if rec is not None and rec.duration_ms is None:
             ms = seconds * 1000
             rec.backend_ms += ms
@@ -207,18 +235,30 @@ class Activity:
 
     # --- read by the page ---------------------------------------------------------------------
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self, tenant: str | None = None) -> dict[str, Any]:
+        """Everything (auth off, or the admin); with `tenant`, only what is that tenant's: its
+        queries and minutes, how many of its queries run, and no backend tallies (those count
+        every tenant's calls) nor the process id."""
         now, perf = self.clock(), self.perf()
         current = int(now // 60)
+        minutes = self.minutes if tenant is None else self.tenant_minutes.get(tenant, [])
         hour = []
         for m in range(current - MINUTES + 1, current + 1):
-            slot = self.minutes[m % MINUTES]
-            hour.append(slot.view() if slot.minute == m else Minute(minute=m).view())
+            slot = minutes[m % MINUTES] if minutes else None
+            hour.append(slot.view() if slot is not None and slot.minute == m else Minute(minute=m).view())
+        in_flight = sorted(self.in_flight.values(), key=lambda r: r.seq)
+        recent = list(reversed(self.recent))
+        if tenant is not None:
+            in_flight = [r for r in in_flight if r.tenant == tenant]
+            recent = [r for r in recent if r.tenant == tenant]
+            return {"now": round(now, 3), "started": round(self.started, 3), "running": len(in_flight),
+                    "in_flight": [r.view(perf) for r in in_flight], "recent": [r.view(perf) for r in recent],
+                    "minutes": hour}
         return {
             "now": round(now, 3), "started": round(self.started, 3), "pid": os.getpid(),
             "running": self.running,
-            "in_flight": [r.view(perf) for r in sorted(self.in_flight.values(), key=lambda r: r.seq)],
-            "recent": [r.view(perf) for r in reversed(self.recent)],
+            "in_flight": [r.view(perf) for r in in_flight],
+            "recent": [r.view(perf) for r in recent],
             "minutes": hour,
             "backends": {name: seen.view() for name, seen in self.backends.items()},
         }

@@ -12,6 +12,16 @@ Secrets are kept hashed: the config holds SHA-256 hex digests (`tokens_sha256`,
 variable are hashed when the config is loaded and the plain text is dropped. A presented
 credential is hashed and compared with every stored digest with `hmac.compare_digest`.
 Nothing here ever puts a presented or stored secret into a message.
+
+A tenant's `forward_headers` pin the values of `tenancy.forward_headers` it forwards to the
+backends (one value, or a list whose first is the default): with auth on, a client cannot
+choose another tenant's `X-Scope-OrgID` (proxy/backends/tenancy.py `pin`; a value outside the
+list is a 403).
+
+The operator page (/ui, proxy/api/ui.py) asks `Authenticator.viewer_of`: the same credentials,
+plus the admin token (`cache.admin_token`, which sees every tenant's records), and a tenant's
+token or the admin token given as the *password* of basic auth (any user name), so that a
+browser's own basic-auth prompt works for token holders too.
 """
 
 from __future__ import annotations
@@ -34,6 +44,11 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 # RFC 6750 token68 characters; anything else cannot be a bearer token.
 _TOKEN68 = re.compile(r"[A-Za-z0-9._~+/-]+=*")
+# A pinned forwarded header value: visible ASCII and spaces, no control characters.
+_HEADER_VALUE = re.compile(r"[\x20-\x7e]{1,1024}")
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")
+# What `Authenticator.viewer_of` returns for the admin token (not a valid tenant name).
+ADMIN = "(admin)"
 
 
 def sha256_hex(secret: str) -> str:
@@ -125,6 +140,11 @@ class TenantConfig(_Strict):
     tokens_env: str | None = None
     basic: list[BasicUserConfig] = Field(default_factory=list)
     backends: list[str] | None = None
+    # Header name (one of tenancy.forward_headers) -> the value(s) this tenant forwards: one
+    # value (always sent), or a list the client may choose from with the header (the first
+    # when it sends none). A header it has none for is never forwarded for it; a client value
+    # outside them: 403.
+    forward_headers: dict[str, list[str]] = Field(default_factory=dict)
 
     @field_validator("name")
     @classmethod
@@ -137,6 +157,28 @@ class TenantConfig(_Strict):
     @classmethod
     def _tokens(cls, v: list[str]) -> list[str]:
         return _digest_list(v)
+
+    @field_validator("forward_headers", mode="before")
+    @classmethod
+    def _forward(cls, v: object) -> object:
+        if not isinstance(v, dict):
+            return v  # pydantic says what is wrong
+        out: dict[str, list[str]] = {}
+        for name, values in v.items():
+            low = str(name).strip().lower()
+            if not _HEADER_NAME.fullmatch(low):
+                raise ValueError(f"forward_headers: {name!r} is not an HTTP header name")
+            if low in out:
+                raise ValueError(f"forward_headers: {name!r} given twice")
+            vals = [values] if isinstance(values, str) else values
+            if not isinstance(vals, list) or not vals:
+                raise ValueError(f"forward_headers: {name!r} needs a value or a non-empty list of values")
+            for x in vals:
+                if not isinstance(x, str) or not _HEADER_VALUE.fullmatch(x) or x != x.strip():
+                    raise ValueError(f"forward_headers: a value of {name!r} is not a header value "
+                                     "(1-1024 visible ASCII characters, no leading/trailing space)")
+            out[low] = list(dict.fromkeys(vals))
+        return out
 
     @field_validator("backends")
     @classmethod
@@ -177,6 +219,10 @@ class AuthConfig(_Strict):
     def enabled(self) -> bool:
         return bool(self.tenants)
 
+    def pins(self) -> dict[str, dict[str, tuple[str, ...]]]:
+        """Per tenant, the forwarded header values it may use (proxy/backends/tenancy.py)."""
+        return {t.name: {h: tuple(v) for h, v in t.forward_headers.items()} for t in self.tenants}
+
     @model_validator(mode="after")
     def _unique(self) -> "AuthConfig":
         names = [t.name for t in self.tenants]
@@ -212,10 +258,13 @@ class Authenticator:
     AuthFailure. Every stored digest is compared (constant time each), so the time taken does
     not depend on which entry matched."""
 
-    def __init__(self, cfg: AuthConfig) -> None:
+    def __init__(self, cfg: AuthConfig, admin_token: str | None = None) -> None:
+        """`admin_token` (plain): also accepted by `viewer_of` (never by `tenant_of`)."""
         self.realm = cfg.realm
         self._tokens = [_Entry(t.name, bytes.fromhex(d)) for t in cfg.tenants for d in dict.fromkeys(t.token_digests())]
         self._basic = [_Entry(t.name, bytes.fromhex(u.digest()), u.user.encode()) for t in cfg.tenants for u in t.basic]
+        self._viewer_tokens = self._tokens + ([_Entry(ADMIN, hashlib.sha256(admin_token.encode()).digest())]
+                                              if admin_token else [])
 
     @property
     def challenge(self) -> str:
@@ -233,25 +282,60 @@ class Authenticator:
             return self._basic_auth(rest)
         raise AuthFailure("invalid", "unsupported Authorization scheme: use Bearer or Basic")
 
-    def _bearer(self, token: str) -> str:
-        if not _TOKEN68.fullmatch(token):
-            raise AuthFailure("invalid", "invalid bearer token")
+    def viewer_of(self, authorization: str | None) -> str:
+        """Who may look at the operator page: a tenant's name (its credentials as for the API),
+        ADMIN for the admin token, or AuthFailure. A token (a tenant's or the admin's) is also
+        accepted as the password of basic auth under any user name: a browser's prompt."""
+        if not authorization:
+            raise AuthFailure("missing", "authentication required: send 'Authorization: Bearer <token>' "
+                              "or basic auth (a token may be given as the password)")
+        scheme, _, rest = authorization.strip().partition(" ")
+        rest = rest.strip()
+        if scheme.lower() == "bearer" and rest:
+            return self._bearer(rest, self._viewer_tokens)
+        if scheme.lower() == "basic" and rest:
+            user, password = self._decode_basic(rest)
+            as_user = self._match_basic(user, password)
+            as_token = self._match_token(password, self._viewer_tokens) if _TOKEN68.fullmatch(password) else ""
+            if as_user or as_token:
+                return as_user or as_token
+            raise AuthFailure("invalid", "invalid basic auth user or password")
+        raise AuthFailure("invalid", "unsupported Authorization scheme: use Bearer or Basic")
+
+    @staticmethod
+    def _match_token(token: str, entries: list[_Entry]) -> str:
         digest = hashlib.sha256(token.encode()).digest()
         found = ""
-        for e in self._tokens:
+        for e in entries:
             if hmac.compare_digest(digest, e.digest) and not found:
                 found = e.tenant
+        return found
+
+    def _bearer(self, token: str, entries: list[_Entry] | None = None) -> str:
+        if not _TOKEN68.fullmatch(token):
+            raise AuthFailure("invalid", "invalid bearer token")
+        found = self._match_token(token, self._tokens if entries is None else entries)
         if not found:
             raise AuthFailure("invalid", "invalid bearer token")
         return found
 
-    def _basic_auth(self, encoded: str) -> str:
+    @staticmethod
+    def _decode_basic(encoded: str) -> tuple[str, str]:
         try:
             user, sep, password = base64.b64decode(encoded, validate=True).decode("utf-8").partition(":")
         except (binascii.Error, UnicodeDecodeError, ValueError):
             raise AuthFailure("invalid", "malformed basic auth credentials") from None
         if not sep:
             raise AuthFailure("invalid", "malformed basic auth credentials")
+        return user, password
+
+    def _basic_auth(self, encoded: str) -> str:
+        found = self._match_basic(*self._decode_basic(encoded))
+        if not found:
+            raise AuthFailure("invalid", "invalid basic auth user or password")
+        return found
+
+    def _match_basic(self, user: str, password: str) -> str:
         digest = hashlib.sha256(password.encode("utf-8")).digest()
         name = user.encode("utf-8")
         found = ""
@@ -260,6 +344,4 @@ class Authenticator:
             ok = hmac.compare_digest(name, e.user) & hmac.compare_digest(digest, e.digest)
             if ok and not found:
                 found = e.tenant
-        if not found:
-            raise AuthFailure("invalid", "invalid basic auth user or password")
         return found

@@ -551,6 +551,11 @@ class Config(_Strict):
             unknown = [n for n in t.backends or () if n not in names]
             if unknown and self.backends:  # no backends yet: load_config adds --backend ones
                 raise ValueError(f"tenant {t.name!r} names unknown backend(s) {', '.join(map(repr, unknown))}")
+            # Its pinned forwarded headers (auth.tenants[].forward_headers, proxy/auth.py).
+            unlisted = [h for h in t.forward_headers if h not in self.tenancy.forward_headers]
+            if unlisted:
+                raise ValueError(f"tenant {t.name!r} pins forward_headers {', '.join(map(repr, unlisted))} "
+                                 "that tenancy.forward_headers does not list")
         if "authorization" in self.tenancy.forward_headers:
             raise ValueError("tenancy.forward_headers has authorization, but auth is on: the client's "
                              "Authorization header holds its promaccel credential, never forwarded")

@@ -7,6 +7,12 @@ values, relays and buildinfo) sharing the root service's store and admission. A 
 authenticated by the route wrapper (routing.py) and served by its tenant's view only: its
 queries, the metadata fan-out and the relays reach no other backend. Backend URLs come from
 the config alone; nothing in a request names one.
+
+With auth on, the forwarded tenant headers (`tenancy.forward_headers`) are the tenant's
+(`auth.tenants[].forward_headers`, proxy/backends/tenancy.py `pin`): a request sending one with
+a value its tenant may not use is refused with a 403 (Prometheus-style JSON, naming the header,
+never the value) before anything runs. The authenticated tenant is also noted on the query's
+record for the operator page (proxy/activity.py), which shows a tenant its own queries only.
 """
 
 from __future__ import annotations
@@ -16,8 +22,10 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
+from ..activity import CURRENT as CURRENT_QUERY
 from ..auth import AuthConfig, Authenticator, AuthFailure
 from ..backends import Backend
+from ..backends.tenancy import HeaderNotAllowed, pin
 from ..config import Config
 from ..errors import PromError
 from ..metrics import METRICS
@@ -42,7 +50,9 @@ class Views:
         self.default = View("", root, backends)
         self.auth: Authenticator | None = None
         self.by_tenant: dict[str, View] = {}
+        self.forward_names = tuple(config.tenancy.forward_headers)
         cfg: AuthConfig = config.auth
+        self.pins = cfg.pins()
         if cfg.enabled:
             self.auth = Authenticator(cfg)
             for t in cfg.tenants:
@@ -60,11 +70,21 @@ class Views:
         if self.auth is None:
             return self.default
         try:
-            return self.by_tenant[self.auth.tenant_of(request.headers.get("authorization"))]
+            view = self.by_tenant[self.auth.tenant_of(request.headers.get("authorization"))]
         except AuthFailure as exc:
             METRICS.auth_failures.labels(exc.reason).inc()
             raise PromError("unauthorized", exc.message, status=401,
                             headers={"WWW-Authenticate": self.auth.challenge}) from None
+        record = CURRENT_QUERY.get()
+        if record is not None:
+            record.tenant = view.tenant  # the operator page shows a tenant its own queries only
+        if self.forward_names:
+            try:
+                pin(self.forward_names, request.headers, self.pins.get(view.tenant, {}))
+            except HeaderNotAllowed as exc:
+                raise PromError("forbidden", f"header {exc.name!r}: this value is not allowed for tenant "
+                                f"{view.tenant!r} (auth.tenants[].forward_headers)", status=403) from None
+        return view
 
 
 def view_of(request: Request) -> View:

@@ -14,6 +14,14 @@ hash of the authenticated tenant's name (`auth`, proxy/auth.py) and the forwarde
 values (microseconds; cached). Cache keys, the single-flight keys and
 the recent-call keys in proxy/pipeline/ include it, so two tenants never share an entry or
 a backend call; the raw values are never stored.
+
+With auth on (proxy/auth.py), the forwarded values are the tenant's, not the client's: each
+tenant pins its values in the config (`auth.tenants[].forward_headers`: one value, or a list
+of allowed ones whose first is the default). `pin` applies them: a header the client did not
+send gets the tenant's default; one it sent must be among the tenant's values, else
+`HeaderNotAllowed` (the route wrapper answers 403 before anything runs: proxy/api/tenants.py);
+a header the tenant has no values for is never forwarded for it. So tenant A can never reach a
+backend, a shard-value discovery or a cache key with tenant B's `X-Scope-OrgID`.
 """
 
 from __future__ import annotations
@@ -38,14 +46,46 @@ class Tenant:
 
 
 NO_TENANT = Tenant((), "")
+# Per tenant: header name (lower case) -> the values it may forward, the first the default.
+Pins = Mapping[str, Mapping[str, tuple[str, ...]]]
+
+
+class HeaderNotAllowed(Exception):
+    """A client sent a forwarded header with a value its tenant may not use (`name` only:
+    the value may be anything, it is never put in a message)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+def pin(names: tuple[str, ...], headers: Mapping[str, str], allowed: Mapping[str, tuple[str, ...]]) -> Forwarded:
+    """The forwarded headers of an authenticated tenant's request: for each configured name,
+    the client's value when it is one of `allowed[name]`, the first of them when the client
+    sent none, nothing when the tenant has none; a client value outside them raises
+    HeaderNotAllowed."""
+    out = []
+    for n in names:
+        values = allowed.get(n, ())
+        sent = headers.get(n)
+        if sent:
+            if sent not in values:
+                raise HeaderNotAllowed(n)
+            out.append((n, sent))
+        elif values:
+            out.append((n, values[0]))
+    return tuple(out)
 _CURRENT: contextvars.ContextVar[Tenant] = contextvars.ContextVar("promaccel_tenant", default=NO_TENANT)
 
 
 class Tenancy:
     """The configured forwarded headers and the key of their hash."""
 
-    def __init__(self, forward_headers: tuple[str, ...] | list[str] = (), key: bytes = b"promaccel-tenancy-v2") -> None:
+    def __init__(self, forward_headers: tuple[str, ...] | list[str] = (), key: bytes = b"promaccel-tenancy-v2",
+                 pins: Pins | None = None) -> None:
         self.names = tuple(h.lower() for h in forward_headers)
+        # Auth on: every tenant's pinned values (a tenant missing here forwards nothing).
+        self.pins = pins
         self._key = key[:64]
         self._scope = functools.lru_cache(maxsize=4096)(self._hash)
 
@@ -58,8 +98,17 @@ class Tenancy:
     def of(self, headers: Mapping[str, str], tenant: str = "") -> Tenant:
         """The forwarded headers of a request's headers (lower-case names, configured order),
         and its scope: of them and of `tenant`, the name of the tenant it authenticated as
-        (hashed as a header with an empty name, which no real header has)."""
-        picked = tuple((n, v) for n in self.names if (v := headers.get(n))) if self.names else ()
+        (hashed as a header with an empty name, which no real header has). With `pins` (auth
+        on) and a tenant, its pinned values (`pin`); a value it may not send is dropped here
+        (the route wrapper has already refused such a request with a 403)."""
+        if tenant and self.pins is not None:
+            allowed = self.pins.get(tenant, {})
+            try:
+                picked = pin(self.names, headers, allowed)
+            except HeaderNotAllowed:
+                picked = pin(self.names, {}, allowed)
+        else:
+            picked = tuple((n, v) for n in self.names if (v := headers.get(n))) if self.names else ()
         if not picked and not tenant:
             return NO_TENANT
         keyed = (("", tenant), *picked) if tenant else picked

@@ -6,6 +6,7 @@ The page in a real browser: test_ui_browser.py."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -329,3 +330,171 @@ def test_recent_queries_setting_bounds_the_list() -> None:
 
     assert _serve({"backends": [{"url": "http://127.0.0.1:1"}], "ui": {"recent_queries": 7}}, body) == 7
     ACTIVITY.resize(100)
+
+
+# --- auth on: /ui and its data need credentials; a tenant sees its own records only (issue 26) ---
+
+UI_TOKENS = {"team-a": "ui-team-a-token-5e4d3c2b1a09", "team-b": "ui-team-b-token-9a8b7c6d5e4f"}
+UI_BASIC = ("grafana-c", "ui-team-c-password-0123456789")
+UI_ADMIN = "ui-admin-token-0a1b2c3d4e5f6a7b"
+B_SECRET = "team-b-secret-label-4711"  # a label value only team-b's queries and errors carry
+
+
+@pytest.fixture(scope="module")
+def ui_auth(prom: Any, redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A real promaccel with Redis, auth on, three tenants (two bearer, one basic) and the
+    admin token; team-a sees only the backend "gpu", team-b and team-c both."""
+    from proxy.auth import sha256_hex
+    from tests.servers import Promaccel
+
+    work = tmp_path_factory.mktemp("ui-auth")
+    cfg = {"backends": [{"name": "gpu", "url": prom.url}, {"name": "nodes", "url": prom.url}],
+           "cache": {"redis_url": redis_server.url},
+           "auth": {"tenants": [
+               {"name": "team-a", "tokens_sha256": [sha256_hex(UI_TOKENS["team-a"])], "backends": ["gpu"]},
+               {"name": "team-b", "tokens_sha256": [sha256_hex(UI_TOKENS["team-b"])]},
+               {"name": "team-c", "basic": [{"user": UI_BASIC[0], "password_sha256": sha256_hex(UI_BASIC[1])}]}]}}
+    path = work / "c.yaml"
+    path.write_text(orjson.dumps(cfg).decode())
+    proxy = Promaccel.start(None, ("--split-interval", "1h"), work, config=path, env={"PROMACCEL_ADMIN_TOKEN": UI_ADMIN})
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+def _as(tenant: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {UI_ADMIN if tenant == 'admin' else UI_TOKENS[tenant]}"}
+
+
+@pytest.mark.prom
+@pytest.mark.redis
+def test_ui_needs_credentials_with_auth_on(ui_auth: Any) -> None:
+    """The finding: GET /ui/data.json without credentials gave every tenant's queries, errors
+    and Redis's address. Now 401 (Prometheus-style JSON) like every API route, and a Basic
+    challenge of its own so that a browser prompts."""
+    wrong = [{}, {"Authorization": "Bearer not-a-token-0123456789"}, {"Authorization": "Basic !!!"},
+             {"Authorization": "Basic " + base64.b64encode(b"anyone:wrong-password-0123456").decode()}]
+    for path in ("/ui", "/ui/data.json"):
+        for headers in wrong:
+            r = httpx.get(ui_auth.url + path, headers=headers, timeout=30)
+            assert r.status_code == 401, (path, headers, r.text)
+            body = r.json()
+            assert body["status"] == "error" and body["errorType"] == "unauthorized" and "team-" not in r.text
+            assert r.headers.get_list("www-authenticate")[0].startswith('Basic realm="promaccel"')
+            assert r.headers["cache-control"] == "no-store"
+
+
+@pytest.mark.prom
+@pytest.mark.redis
+def test_a_tenant_sees_only_its_own_queries_and_no_internals(ui_auth: Any, prom: Any, redis_server: Any) -> None:
+    t = str(prom.end_s)
+    url = ui_auth.url
+    a_ids = [httpx.get(url + "/api/v1/query", params={"query": 'count(up{job="team-a-own-query"})', "time": t},
+                       headers={**_as("team-a"), "X-Dashboard-Uid": "dash-a"}, timeout=60)]
+    b_ids = [httpx.get(url + "/api/v1/query", params={"query": f'count(up{{job="{B_SECRET}"}})', "time": t},
+                       headers={**_as("team-b"), "X-Dashboard-Uid": "dash-b-private"}, timeout=60),
+             # a failing one: its error text is team-b's too
+             httpx.get(url + "/api/v1/query", params={"query": f'sum(rate(up{{job="{B_SECRET}"}}[5m]', "time": t},
+                       headers=_as("team-b"), timeout=60)]
+    c_ids = [httpx.get(url + "/api/v1/query", params={"query": "count(up)", "time": t}, auth=UI_BASIC, timeout=60)]
+    anon = httpx.get(url + "/api/v1/query", params={"query": f'up{{job="{B_SECRET}-anon"}}'}, timeout=60)
+    assert [r.status_code for r in a_ids + b_ids + c_ids + [anon]] == [200, 200, 400, 200, 401]
+
+    def data(**kw: Any) -> dict[str, Any]:
+        r = httpx.get(url + "/ui/data.json", timeout=30, **kw)
+        assert r.status_code == 200, r.text
+        out: dict[str, Any] = r.json()["data"]
+        return out
+
+    def ids(d: dict[str, Any]) -> set[str]:
+        return {q["query_id"] for q in d["recent"] + d["in_flight"]}
+
+    a = data(headers=_as("team-a"))
+    shown = orjson.dumps(a).decode()
+    assert ids(a) == {r.headers["x-promaccel-query-id"] for r in a_ids}
+    assert a["viewer"] == {"tenant": "team-a"} and a["recent"][0]["dashboard_uid"] == "dash-a"
+    for other in (B_SECRET, "dash-b-private", "count(up)", redis_server.url.split("//")[1], prom.url.split("//")[1]):
+        assert other not in shown, other
+    assert a["cache"] == {"kind": "redis", "reachable": True, "breaker_open": False}  # no address, no errors
+    assert [b["name"] for b in a["backends"]] == ["gpu"] and set(a["backends"][0]) <= {
+        "name", "kind", "ready", "primary", "breaker"}
+    assert "pid" not in a and a["running"] == 0
+    assert sum(m["queries"] for m in a["minutes"]) == len(a_ids)  # its own tallies only
+
+    b = data(headers=_as("team-b"))
+    assert ids(b) == {r.headers["x-promaccel-query-id"] for r in b_ids}
+    assert any(q["error"] and q["status"] == 400 for q in b["recent"])  # its own error texts
+    assert [x["name"] for x in b["backends"]] == ["gpu", "nodes"] and sum(m["queries"] for m in b["minutes"]) == 2
+    # team-c by basic auth; a tenant's token as the password of basic auth (a browser's prompt)
+    c = data(auth=UI_BASIC)
+    assert ids(c) == {r.headers["x-promaccel-query-id"] for r in c_ids}
+    assert ids(data(auth=("anything", UI_TOKENS["team-a"]))) == ids(a)
+
+    # The admin token sees everything, each query with its tenant; the refused one without.
+    for kw in ({"headers": _as("admin")}, {"auth": ("admin", UI_ADMIN)}):
+        full = data(**kw)
+        by_id = {q["query_id"]: q for q in full["recent"]}
+        for tenant, answers in (("team-a", a_ids), ("team-b", b_ids), ("team-c", c_ids)):
+            for r in answers:
+                assert by_id[r.headers["x-promaccel-query-id"]]["tenant"] == tenant
+        assert "tenant" not in by_id[anon.headers["x-promaccel-query-id"]]
+        assert full["viewer"] == {"admin": True} and full["cache"]["address"] and "pid" in full
+        assert B_SECRET in orjson.dumps(full).decode()
+    # The page itself: the same credentials.
+    assert httpx.get(url + "/ui", headers=_as("team-a"), timeout=30).status_code == 200
+    assert httpx.get(url + "/ui", auth=UI_BASIC, timeout=30).status_code == 200
+
+
+def test_viewer_of_unit() -> None:
+    from proxy.auth import ADMIN, Authenticator, AuthFailure, sha256_hex
+
+    cfg = build_config({"backends": [{"url": "http://127.0.0.1:1"}], "auth": {"tenants": [
+        {"name": "team-a", "tokens_sha256": [sha256_hex(UI_TOKENS["team-a"])]},
+        {"name": "team-c", "basic": [{"user": UI_BASIC[0], "password_sha256": sha256_hex(UI_BASIC[1])}]}]}})
+
+    def basic(user: str, password: str) -> str:
+        return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+    auth = Authenticator(cfg.auth, UI_ADMIN)
+    assert auth.viewer_of(f"Bearer {UI_ADMIN}") == ADMIN and auth.viewer_of(basic("x", UI_ADMIN)) == ADMIN
+    assert auth.viewer_of(f"Bearer {UI_TOKENS['team-a']}") == "team-a"
+    assert auth.viewer_of(basic("", UI_TOKENS["team-a"])) == "team-a"
+    assert auth.viewer_of(basic(*UI_BASIC)) == "team-c"
+    for bad in (None, "", f"Bearer {UI_ADMIN}x", basic(UI_BASIC[0], UI_ADMIN + "x"), "Token x", "Basic !!"):
+        with pytest.raises(AuthFailure) as err:
+            auth.viewer_of(bad)
+        assert UI_ADMIN not in err.value.message
+    # The admin token is the operator page's only: the API's tenant_of refuses it.
+    with pytest.raises(AuthFailure):
+        auth.tenant_of(f"Bearer {UI_ADMIN}")
+    with pytest.raises(AuthFailure):
+        Authenticator(cfg.auth).viewer_of(f"Bearer {UI_ADMIN}")  # no admin token configured
+
+
+def test_tenant_snapshot_unit() -> None:
+    act, _ = _activity(recent=10)
+    recs = []
+    for i, tenant in enumerate(("a", "b", None, "a")):
+        rec = act.begin(f"id{i}", "GET", "/api/v1/query")
+        rec.tenant = tenant
+        recs.append(rec)
+    token = CURRENT.set(recs[1])
+    act.backend_call("local", "/api/v1/query", 0.1, 200)
+    act.pieces_looked_up(1, 2)
+    CURRENT.reset(token)
+    act.finish(recs[0], 200, 0.1, {"query": "a-query"})
+    act.finish(recs[1], 400, 0.1, {"query": "b-query"}, error="bad_data: b-secret")
+    act.finish(recs[2], 401, 0.1, {})
+    a = act.snapshot("a")
+    assert [q["query_id"] for q in a["recent"]] == ["id0"] and [q["query_id"] for q in a["in_flight"]] == ["id3"]
+    assert a["running"] == 1 and "backends" not in a and "pid" not in a
+    assert "b-secret" not in orjson.dumps(a).decode()
+    assert sum(m["queries"] for m in a["minutes"]) == 1 and sum(m["backend_calls"] for m in a["minutes"]) == 0
+    b = act.snapshot("b")
+    assert sum(m["backend_calls"] for m in b["minutes"]) == 1 and sum(m["piece_misses"] for m in b["minutes"]) == 2
+    assert b["recent"][0]["error"] == "bad_data: b-secret" and b["recent"][0]["tenant"] == "b"
+    assert act.snapshot("nobody")["recent"] == [] and len(act.snapshot("nobody")["minutes"]) == MINUTES
+    full = act.snapshot()
+    assert {q["query_id"] for q in full["recent"]} == {"id0", "id1", "id2"} and full["running"] == 1
+    assert sum(m["queries"] for m in full["minutes"]) == 3

@@ -127,3 +127,80 @@ def test_page_shows_queries_just_run_without_console_errors(promaccel: Promaccel
         finally:
             browser.close()
     assert problems == []
+
+
+# --- auth on (issue 26): the page needs credentials; a tenant's page lists its own queries only ---
+
+TOKEN_A, TOKEN_B = "browser-team-a-token-3c2b1a0f9e8d", "browser-team-b-token-7d6c5b4a3f2e"
+ADMIN = "browser-admin-token-1f2e3d4c5b6a"
+
+
+@pytest.fixture(scope="module")
+def promaccel_auth(prom: Any, redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Promaccel]:
+    import orjson
+
+    from proxy.auth import sha256_hex
+
+    work = tmp_path_factory.mktemp("promaccel-ui-auth")
+    cfg = {"backends": [{"name": "default", "url": prom.url}], "cache": {"redis_url": redis_server.url},
+           "auth": {"tenants": [{"name": "team-a", "tokens_sha256": [sha256_hex(TOKEN_A)]},
+                                {"name": "team-b", "tokens_sha256": [sha256_hex(TOKEN_B)]}]}}
+    path = work / "c.yaml"
+    path.write_text(orjson.dumps(cfg).decode())
+    proxy = Promaccel.start(None, ("--split-interval", "1h"), work, config=path, env={"PROMACCEL_ADMIN_TOKEN": ADMIN})
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+def test_page_with_auth_on_shows_a_tenant_its_own_queries(promaccel_auth: Promaccel, prom: Any) -> None:
+    """Signed in at the browser's basic-auth prompt (a token as the password): team-a's page
+    loads, its script fetches data.json with the same credentials, team-a's query is listed and
+    team-b's is not. Without credentials the page is a 401."""
+    from playwright.sync_api import Error as PlaywrightError
+    from playwright.sync_api import sync_playwright
+
+    chromium = require_chromium()
+    t = str(prom.end_s)
+    mine = httpx.get(promaccel_auth.url + "/api/v1/query", params={"query": 'count(up{job!="team-a-browser"})',
+                     "time": t}, headers={"Authorization": f"Bearer {TOKEN_A}"}, timeout=60)
+    theirs = httpx.get(promaccel_auth.url + "/api/v1/query", params={"query": 'count(up{job!="team-b-private"})',
+                       "time": t}, headers={"Authorization": f"Bearer {TOKEN_B}"}, timeout=60)
+    assert [mine.status_code, theirs.status_code] == [200, 200]
+    problems: list[str] = []
+    with sync_playwright() as p:
+        args = ["--no-sandbox"] if os.geteuid() == 0 else []
+        browser = p.chromium.launch(executable_path=chromium, headless=True, args=args)
+        try:
+            # No credentials, or a wrong token: the browser is challenged and cannot sign in.
+            for creds in (None, {"username": "team-a", "password": TOKEN_A + "x"}):
+                anonymous = browser.new_context(http_credentials=creds).new_page()  # type: ignore[arg-type]
+                try:  # the 401 itself, or chromium giving up on the challenge
+                    r = anonymous.goto(promaccel_auth.url + "/ui")
+                    assert r is not None and r.status == 401, (creds is None, r and r.status)
+                    assert "unauthorized" in r.text() and "team-a-browser" not in r.text()
+                except PlaywrightError as exc:
+                    assert "ERR_INVALID_AUTH_CREDENTIALS" in str(exc)
+            context = browser.new_context(http_credentials={"username": "team-a", "password": TOKEN_A})
+            page = context.new_page()
+            page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
+                    if m.type in ("error", "warning") else None)
+            page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+            page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
+            page.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url}")
+                    if r.status >= 400 and r.status != 401 else None)  # 401: the challenge, answered
+            page.goto(promaccel_auth.url + "/ui")
+            page.wait_for_selector("body[data-loaded='1']", timeout=30_000)
+            rows = page.locator("#recent tr[data-query-id]")
+            listed = {rows.nth(i).get_attribute("data-query-id") for i in range(rows.count())}
+            assert listed == {mine.headers["x-promaccel-query-id"]}
+            text = page.locator("body").inner_text()
+            assert "team-a-browser" in text and "team-b-private" not in text
+            assert "tenant team-a" in page.locator("#meta").inner_text()
+            health = page.locator("#health").inner_text()
+            assert "Redis cache" in health and "address" not in health and "Backend default" in health
+            assert page.locator("#banner").is_hidden()
+        finally:
+            browser.close()
+    assert problems == []

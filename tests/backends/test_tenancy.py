@@ -231,3 +231,155 @@ def test_nothing_configured_client_headers_go_nowhere(prom: Any, tmp_path: Path)
     # Keys do not depend on client headers: the second "tenant" is served from the cache.
     assert answers[0].headers["X-Cache"] == "MISS" and answers[1].headers["X-Cache"] == "HIT"
     assert seen and all(ORG not in s.headers and "authorization" not in s.headers for s in seen)
+
+
+# --- auth on: each tenant's forwarded values are pinned (issue 26) -------------------------------
+
+TOKENS = {"team-a": "team-a-token-0f1e2d3c4b5a6978", "team-b": "team-b-token-8a7b6c5d4e3f2a1b",
+          "team-c": "team-c-token-13579bdf02468ace"}
+
+
+def _bearer(tenant: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {TOKENS[tenant]}"}
+
+
+def test_pin_unit() -> None:
+    names = (ORG, "x-extra")
+    allowed = {ORG: ("org-a", "org-shared")}
+    assert tenancy.pin(names, {}, allowed) == ((ORG, "org-a"),)  # the default; x-extra: none for it
+    assert tenancy.pin(names, {ORG: "org-shared"}, allowed) == ((ORG, "org-shared"),)
+    for bad in ({ORG: "org-b"}, {ORG: "org-a|org-b"}, {"x-extra": "e"}):
+        with pytest.raises(tenancy.HeaderNotAllowed) as err:
+            tenancy.pin(names, bad, allowed)
+        assert err.value.name in names and "org-b" not in str(err.value)
+    t = tenancy.Tenancy([ORG], pins={"team-a": {ORG: ("org-a",)}, "team-b": {ORG: ("org-b",)}})
+    a = t.of({}, "team-a")
+    assert a.headers == ((ORG, "org-a"),)
+    # A value the tenant may not use never gets through (the route wrapper refused it already).
+    assert t.of({ORG: "org-b"}, "team-a") == a
+    assert t.of({ORG: "org-b"}, "team-b").headers == ((ORG, "org-b"),) and t.of({}, "team-b").scope != a.scope
+    assert t.of({ORG: "org-a"}, "team-nobody").headers == ()  # a tenant without pins forwards nothing
+    # Auth off (no pins): the client's values, as before.
+    assert tenancy.Tenancy([ORG]).of({ORG: "org-b"}).headers == ((ORG, "org-b"),)
+
+
+def test_pinned_forward_headers_config() -> None:
+    from proxy.auth import sha256_hex
+
+    def cfg(pins: Any, forward: list[str] | None = None) -> Any:
+        return build_config({"backends": [{"name": "mimir", "url": "http://127.0.0.1:1"}],
+                             "tenancy": {"forward_headers": [ORG] if forward is None else forward},
+                             "auth": {"tenants": [{"name": "a", "tokens_sha256": [sha256_hex(TOKENS["team-a"])],
+                                                   "forward_headers": pins}]}})
+
+    assert cfg({"X-Scope-OrgID": "org-a"}).auth.pins() == {"a": {ORG: ("org-a",)}}
+    assert cfg({"X-Scope-OrgID": ["org-a", "org-s", "org-a"]}).auth.pins() == {"a": {ORG: ("org-a", "org-s")}}
+    for pins, forward, msg in (({"X-Other": "v"}, None, "that tenancy.forward_headers does not list"),
+                               ({ORG: "v"}, [], "that tenancy.forward_headers does not list"),
+                               ({ORG: []}, None, "non-empty list"), ({ORG: ""}, None, "not a header value"),
+                               ({ORG: "a\r\nX-Evil: 1"}, None, "not a header value"),
+                               ({"bad name": "v"}, None, "not an HTTP header name")):
+        with pytest.raises(ConfigError, match=msg):
+            cfg(pins, forward)
+
+
+@pytest.fixture(scope="module")
+def pinned(prom: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A real promaccel with auth on and three tenants over one recording backend in front of
+    the real Prometheus: team-a pinned to org-a, team-b to org-b, team-c to [org-c, org-shared]."""
+    from proxy.auth import sha256_hex
+
+    work = tmp_path_factory.mktemp("pinned")
+    with recording_backend(prom.url) as rec:
+        pins = {"team-a": "org-a", "team-b": "org-b", "team-c": ["org-c", "org-shared"]}
+        cfg = {"backends": [{"name": "mimir", "url": rec.url}], "tenancy": {"forward_headers": ["X-Scope-OrgID"]},
+               "auth": {"tenants": [{"name": n, "tokens_sha256": [sha256_hex(TOKENS[n])],
+                                     "forward_headers": {"X-Scope-OrgID": pins[n]}} for n in TOKENS]}}
+        path = work / "c.yaml"
+        path.write_text(orjson.dumps(cfg).decode())
+        proxy = Promaccel.start(None, ("--split-interval", "1h", "--shards", "2"), work, config=path)
+        try:
+            yield proxy, rec
+        finally:
+            proxy.stop()
+
+
+ENDPOINTS = ["/api/v1/query", "/api/v1/query_range", "/api/v1/series", "/api/v1/labels",
+             "/api/v1/label/job/values", "/api/v1/metadata", "/api/v1/explain"]
+GET_ONLY = ("/api/v1/label/job/values", "/api/v1/metadata")
+
+
+def _ask(proxy: Promaccel, method: str, path: str, form: dict[str, str], headers: dict[str, str]) -> httpx.Response:
+    if method == "GET" or path in GET_ONLY:
+        return httpx.get(proxy.url + path, params=form, headers=headers, timeout=60)
+    return httpx.post(proxy.url + path, data=form, headers=headers, timeout=60)
+
+
+def _form(prom: Any, path: str, query: str) -> dict[str, str]:
+    if path == "/api/v1/query":
+        return {"query": query, "time": str(prom.start_s + 3 * 3600)}
+    if path in ("/api/v1/query_range", "/api/v1/explain"):
+        return _range_form(prom, query)
+    if path == "/api/v1/series":
+        return {"match[]": "up"}
+    return {}
+
+
+@pytest.mark.prom
+def test_a_tenant_never_reaches_the_backend_with_another_tenants_org(pinned: Any, prom: Any) -> None:
+    """The finding: team-a sending team-b's X-Scope-OrgID reached the backend with it. Now a
+    403 before anything runs, on every endpoint; nothing reaches the backend for it."""
+    proxy, rec = pinned
+    rec.clear()
+    query = "sum by (Hostname) (DCGM_FI_DEV_GPU_UTIL)"
+    for path in ENDPOINTS:
+        for method in ("GET", "POST"):
+            r = _ask(proxy, method, path, _form(prom, path, query), {**_bearer("team-a"), ORG: "org-b"})
+            assert r.status_code == 403, (path, method, r.status_code, r.text)
+            body = r.json()
+            assert body["status"] == "error" and body["errorType"] == "forbidden", body
+            assert "x-scope-orgid" in body["error"] and "org-b" not in body["error"]
+            assert r.headers["content-type"] == "application/json"
+    assert rec.snapshot() == []  # not one call: no query, piece, relay or shard discovery
+
+
+@pytest.mark.prom
+def test_each_tenant_reaches_the_backend_with_its_own_org_only(pinned: Any, prom: Any) -> None:
+    """Without the header, and with its own value: every backend call made for team-a --
+    planned pieces, shard-value discovery, relays, metadata -- carries org-a; team-b's org-b."""
+    proxy, rec = pinned
+    for tenant, org in (("team-a", "org-a"), ("team-b", "org-b")):
+        for i, extra in enumerate(({}, {ORG: org})):
+            query = f'sum by (Hostname) (DCGM_FI_DEV_GPU_UTIL{{Hostname!="{tenant}-{i}"}})'  # never cached yet
+            rec.clear()
+            for path in ENDPOINTS:
+                r = _ask(proxy, "POST", path, _form(prom, path, query), {**_bearer(tenant), **extra})
+                assert r.status_code == 200, (tenant, path, r.text)
+            seen = rec.snapshot()
+            paths = {s.path for s in seen}
+            assert {"/api/v1/query", "/api/v1/query_range", "/api/v1/series", "/api/v1/labels",
+                    "/api/v1/label/job/values"} <= paths, paths
+            if not extra:  # the first query of each tenant discovers its shard values
+                assert "/api/v1/label/Hostname/values" in paths, paths
+            assert {s.headers.get(ORG) for s in seen} == {org}, (tenant, extra)
+            assert all("authorization" not in s.headers for s in seen)
+
+
+@pytest.mark.prom
+def test_a_tenant_chooses_among_its_own_values_and_they_key_the_cache(pinned: Any, prom: Any) -> None:
+    proxy, rec = pinned
+    form = _range_form(prom, "max by (Hostname) (DCGM_FI_DEV_GPU_TEMP)")
+
+    def ask(extra: dict[str, str]) -> tuple[httpx.Response, set[str | None]]:
+        rec.clear()
+        r = httpx.post(proxy.url + "/api/v1/query_range", data=form, headers={**_bearer("team-c"), **extra}, timeout=60)
+        return r, {s.headers.get(ORG) for s in rec.snapshot()}
+
+    first, orgs = ask({})
+    assert first.status_code == 200 and first.headers["X-Cache"] == "MISS" and orgs == {"org-c"}  # the default
+    again, orgs = ask({ORG: "org-c"})
+    assert again.headers["X-Cache"] == "HIT" and orgs == set()
+    shared, orgs = ask({ORG: "org-shared"})  # another value: its own cache entries and discovery
+    assert shared.status_code == 200 and shared.headers["X-Cache"] == "MISS" and orgs == {"org-shared"}
+    refused, orgs = ask({ORG: "org-a"})
+    assert refused.status_code == 403 and orgs == set()
