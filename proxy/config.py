@@ -172,6 +172,10 @@ class BackendConfig(_Strict):
     # answer wins); "p95": the backend's p95 over its last 256 answered calls; None: off.
     hedge_after: Annotated[int | Literal["p95"] | None, BeforeValidator(_hedge_after)] = None
     transport: Literal["aiohttp", "httpx"] = "aiohttp"
+    # Largest body promaccel reads from this backend (queries and relays alike), counted as it
+    # streams in: past it the read stops and the call fails (502 naming the backend, not
+    # retried). The heaviest legitimate answers measured are ~15 MB (6 h of 2,048 GPUs).
+    max_body_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
     # AMP only. Requests are SigV4-signed for `service` in `region` (taken from an
     # aps-workspaces.<region>.amazonaws.com URL when not given) with credentials from
     # botocore's default chain, in shared-config `profile` when set (None: $AWS_PROFILE or

@@ -12,7 +12,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import tracing
 from ..activity import ACTIVITY, CURRENT
-from ..backends.redaction import redact
+from ..backends.redaction import redact, redact_fields
 from ..metrics import METRICS
 
 access_log = logging.getLogger("promaccel.access")
@@ -45,11 +45,11 @@ _ANSWER_FIELDS = {b"x-promaccel-pieces": "pieces", b"x-cache": "cache", b"x-prom
 
 
 class AccessLog:
-    """Times each request, counts it by endpoint, gives it a query id (X-Promaccel-Query-Id),
-    and logs one line for it: method, path, status, duration, bytes sent, Grafana's headers,
-    and for queries their text, plan shape, pieces, cache status, backend calls and samples
-    (`log_format: json`: as fields of one JSON object). A query slower than
-    `slow_query_log` is logged again at WARNING."""
+    """Times each request, counts it by endpoint, gives it a query id (X-Promaccel-Query-Id)
+    and `X-Content-Type-Options: nosniff`, and logs one line for it: method, path, status,
+    duration, bytes sent, Grafana's headers, and for queries their text (redacted), plan
+    shape, pieces, cache status, backend calls and samples (`log_format: json`: as fields of
+    one JSON object). A query slower than `slow_query_log` is logged again at WARNING."""
 
     def __init__(self, app: ASGIApp, slow_query_s: float = 0.0) -> None:
         self.app = app
@@ -77,13 +77,17 @@ class AccessLog:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 headers = list(message.get("headers", []))
+                sniffing = True
                 for k, v in headers:
                     encoded = encoded or k.lower() == b"content-encoding"
+                    sniffing = sniffing and k.lower() != b"x-content-type-options"
                     name = _ANSWER_FIELDS.get(k.lower())
                     if name is not None:
                         text = v.decode("latin-1")
                         answer[name] = int(text) if text.isdigit() else text
                 headers.append((b"x-promaccel-query-id", query_id.encode()))
+                if sniffing:  # every answer is served as its own type only (issue 26)
+                    headers.append((b"x-content-type-options", b"nosniff"))
                 message = {**message, "headers": headers}
             elif message["type"] == "http.response.body":
                 body = message.get("body", b"")
@@ -182,16 +186,20 @@ def error_text(body: bytes, encoded: bool) -> str:
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per record: time, level, logger, message, and the record's `fields`."""
+    """One JSON object per record: time, level, logger, message, and the record's `fields`,
+    each text value redacted as the text lines and /ui are (a query's text once went out as
+    written, issue 26), whatever filters the handler has."""
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, object] = {
             "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(), "logger": record.name, "msg": record.getMessage(),
+            "level": record.levelname.lower(), "logger": record.name, "msg": redact(record.getMessage()),
         }
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
-            out.update(fields)
+            out.update(redact_fields(fields))
         if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
+            out["exception"] = redact(self.formatException(record.exc_info))
+        elif record.exc_text:  # pre-formatted (and redacted) by redaction.redact_record
+            out["exception"] = redact(record.exc_text)
         return orjson.dumps(out, default=str).decode()

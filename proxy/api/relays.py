@@ -5,6 +5,13 @@ Relays never put client text into a backend path unchecked (a double-encoded `..
 reached /debug/pprof through a backend's redirect): /api/v1/status/<what> relays only
 Prometheus 2.42's own pages (buildinfo has its own handler), and /api/v1/label/<name>/values
 only names Prometheus accepts (model.LabelNameRE), with the same 400 Prometheus gives.
+
+Relays run under the queries' limits (issue 26: twenty concurrent 6.5 MB series answers took
+RSS from 342 to 761 MB): admission (limits.max_queries_in_flight, max_queries_per_client,
+their queue) and the answer-bytes budget (limits.max_inflight_answer_bytes), reserving what
+the endpoint's last answer held and giving it back once the response is sent. Their answers
+are always `application/json` with `X-Content-Type-Options: nosniff` (responses.relay), and a
+backend's body is read at most up to `backends[].max_body_bytes` (transports.py).
 """
 
 from __future__ import annotations
@@ -12,23 +19,24 @@ from __future__ import annotations
 import re
 import time
 import urllib.parse
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
 from .. import __version__
+from ..backends.tenancy import scope as tenant_scope
 from ..errors import PromError
 from ..result.golang import go_quote
 from .access_log import endpoint_label
 from .forms import first_values, read_pairs
 from .metadata import fan_out, metric_names
 from .params import parse_optional_time
-from .responses import JSON, unknown_path
+from .responses import JSON, releasing, unknown_path
 from .responses import relay as relay_reply
 from .routing import Handler, Routes
-from .tenants import view_of
+from .tenants import View, view_of
 
 PROMETHEUS_COMPAT_VERSION = "2.42.0"
 STATUS_PAGES = frozenset({"config", "flags", "runtimeinfo", "tsdb", "walreplay"})
@@ -49,6 +57,43 @@ RELAYED: tuple[tuple[str, tuple[str, ...], str | None], ...] = (
 )
 
 
+# What a relay holds of its answer while it is made and sent, in bytes of its body: the body,
+# the parse of the soundness check (Backend.request_sound) and the response's copy.
+RELAY_HELD = 3
+# The least a relay reserves before its endpoint's answers are known.
+RELAY_MIN_BYTES = 64 * 1024
+# The last answer's body size by endpoint label: what the next relay reserves (x RELAY_HELD).
+_last_size: dict[str, int] = {}
+
+
+async def within_limits(request: Request, view: View, endpoint: str,
+                        run: Callable[[], Awaitable[Response]]) -> Response:
+    """`run()` under the queries' admission (the same client key: the tenant's forwarded
+    headers, else the address) and answer-bytes budget (shared by every tenant): a relay
+    waits, or gets the same 429 as a query, and holds its answer's bytes until it is sent."""
+    parts = view.service.parts
+    client = tenant_scope() or (request.client.host if request.client is not None else "") or "-"
+    await parts.admission.acquire(client)
+    held = None
+    try:
+        if parts.answers.limit:
+            guess = RELAY_HELD * max(RELAY_MIN_BYTES, _last_size.get(endpoint, 0))
+            held = await parts.answers.reserve(guess, view.service.config.limits.query_timeout / 1000)
+        response = await run()
+    except BaseException:
+        if held is not None:
+            held.release()
+        raise
+    finally:
+        parts.admission.release(client)
+    size = len(response.body)
+    _last_size[endpoint] = size
+    if held is None:
+        return response
+    held.resize(RELAY_HELD * size)
+    return releasing(response, held.release)
+
+
 def add_relay_routes(route: Routes, max_body: int) -> None:
     """Relays over the request's view (tenants.py): its backends only, its primary for what
     one backend answers."""
@@ -57,18 +102,24 @@ def add_relay_routes(route: Routes, max_body: int) -> None:
         pairs = await read_pairs(request, max_body)
         view = view_of(request)
         primary = view.primary
-        if kind is not None and view.service.hybrid:
-            form = first_values(pairs)
-            start_ms, end_ms = parse_optional_time(form, "start"), parse_optional_time(form, "end")
-            names: list[str | None] | None = (
-                [form["metric"]] if kind == "metadata" and form.get("metric") else metric_names(pairs))
-            return await fan_out(view.backends, request.method, path, pairs, kind, names,
-                                 start_ms, end_ms, int(time.time() * 1000), endpoint_label(path))
-        if request.method == "POST":
-            reply = await primary.request_sound("POST", path, form=pairs, endpoint=endpoint_label(path))
-        else:
-            reply = await primary.request_sound("GET", path, params=pairs, endpoint=endpoint_label(path))
-        return relay_reply(reply)
+        endpoint = endpoint_label(path)
+
+        async def run() -> Response:
+            if kind is not None and view.service.hybrid:
+                form = first_values(pairs)
+                start_ms, end_ms = parse_optional_time(form, "start"), parse_optional_time(form, "end")
+                names: list[str | None] | None = (
+                    [form["metric"]] if kind == "metadata" and form.get("metric") else metric_names(pairs))
+                return await fan_out(view.backends, request.method, path, pairs, kind, names,
+                                     start_ms, end_ms, int(time.time() * 1000), endpoint)
+            if request.method == "POST":
+                reply = await primary.request_sound("POST", path, form=pairs, endpoint=endpoint)
+            else:
+                reply = await primary.request_sound("GET", path, params=pairs, endpoint=endpoint)
+            reply.parsed = None  # the check's parse: relayed as it came, not needed any more
+            return relay_reply(reply)
+
+        return await within_limits(request, view, endpoint, run)
 
     def relaying(p: str, kind: str | None) -> Handler:
         async def handler(request: Request) -> Response:

@@ -65,12 +65,30 @@ def arrow_response(result: QueryResult, headers: dict[str, str], release: Callab
     return _held(_Body(encode_arrow_stream(result), media_type=ARROW_STREAM, headers=headers), release)
 
 
+# Every answer promaccel relays is Prometheus API JSON (a 200 only once its body parsed as JSON,
+# an error as Prometheus's error JSON): it is served as that, never with the backend's own
+# Content-Type -- a hostile backend's `<script>` was once served as text/html from promaccel's
+# origin (issue 26) -- and browsers are told not to sniff it.
+RELAY_HEADERS = {"Content-Type": JSON, "X-Content-Type-Options": "nosniff"}
+
+
 def relay(reply: BackendReply, headers: dict[str, str] | None = None,
           release: Callable[[], None] | None = None) -> Response:
-    """A backend's answer as it came (status, body, content type), plus `headers`."""
+    """A backend's answer (status, body) as application/json, plus `headers`."""
     body = reply.body if isinstance(reply.body, bytes) else bytes(reply.body)
-    return _held(_Body(content=body, status_code=reply.status,
-                       headers={"Content-Type": reply.content_type, **(headers or {})}), release)
+    return _held(_Body(content=body, status_code=reply.status, headers={**(headers or {}), **RELAY_HEADERS}),
+                 release)
+
+
+def releasing(response: Response, release: Callable[[], None]) -> Response:
+    """`response` (a whole body, not a stream), calling `release` once it has been sent."""
+    if isinstance(response, _Body) and response.release is None:
+        response.release = release
+        return response
+    out = _Body(content=response.body, status_code=response.status_code, background=response.background)
+    out.raw_headers = list(response.raw_headers)
+    out.release = release
+    return out
 
 
 def response_of(answer: Answer) -> Response:

@@ -8,7 +8,9 @@ retries and hedges (`retries.py`), behind the backend's circuit breaker (`circui
 Errors are translated here, once: connection failures -> PromError "unavailable" (503),
 timeouts -> PromError "timeout" (503). A backend's own HTTP answer, error or not, is returned
 as a `BackendReply` for the caller to relay (4xx/422 relayed as is), except a redirect, which
-is PromError "unavailable" (502).
+is PromError "unavailable" (502). An answer promaccel refuses to read (a body over
+`backends[].max_body_bytes`, a Content-Encoding it did not ask for: `BackendFault`) is the
+backend's failure, not retried, and PromError "unavailable" (502) naming the backend.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from ..config import BackendConfig
 from ..errors import PromError
 from ..metrics import METRICS
 from .circuit import BackendBreaker, LatencyWindow
-from .protocol import RETRY_STATUSES, BackendReply, check_path, parsed_json, sane_error
+from .protocol import RETRY_STATUSES, BackendFault, BackendReply, check_path, parsed_json, sane_error
 from .retries import Check, Hedge, RetryBudget, with_retries
 from .tenancy import current as forwarded_headers
 from .transports import CONNECTION_ERRORS, DirectAiohttp, is_timeout, make_client, send_httpx
@@ -87,6 +89,10 @@ class Backend:
             else:
                 self.breaker.release(probe)
             raise
+        except BackendFault as fault:  # the same answer would come again: not retried
+            message = f"backend {self.name!r} {fault.why} ({endpoint}); promaccel refused its answer"
+            self.breaker.failure(message, probe)
+            raise PromError("unavailable", message, status=502) from None
         except BaseException:  # cancelled: no outcome
             self.breaker.release(probe)
             raise

@@ -36,6 +36,18 @@ class BackendReply:
         return 200 <= self.status < 300
 
 
+class BackendFault(Exception):
+    """An answer promaccel refuses to read (issue 26): a body over `backends[].max_body_bytes`
+    (the read stops there) or a Content-Encoding it did not ask for (it asks for identity and
+    never inflates). Not retried (the same answer would come again): `Backend.request` counts
+    it as the backend's failure and raises it as PromError "unavailable" (502) naming the
+    backend. `why` completes "backend 'name' ..."; it carries no secret."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
 def retry_after_s(value: str | None) -> float | None:
     """Retry-After as seconds: delay-seconds or an HTTP-date (RFC 9110)."""
     if not value:

@@ -5,8 +5,11 @@ Authorization headers never go into a log line, an exception message or a metric
 scrubs any text that might hold them (`key: value`, `key=value` in query strings and forms,
 JSON and Python reprs, XML elements as in STS answers, JWTs anywhere, and every secret
 registered with `register_secret`). `install_log_redaction()` applies it to every log record
-of the process (a LogRecord factory), and `promaccel serve` pins the chatty HTTP/AWS
-libraries' loggers to WARNING unless PROMACCEL_DEBUG_LIBRARIES=1 (proxy/cli.py).
+of the process (a LogRecord factory), `redact_fields` to a record's structured fields (the
+`extra={"fields": ...}` that `log_format: json` writes: a query's text, Grafana's headers;
+redacted by the handlers' filter and again by the JSON formatter, proxy/api/access_log.py),
+and `promaccel serve` pins the chatty HTTP/AWS libraries' loggers to WARNING unless
+PROMACCEL_DEBUG_LIBRARIES=1 (proxy/cli.py).
 """
 
 from __future__ import annotations
@@ -64,8 +67,19 @@ def redact(text: str) -> str:
     return text
 
 
+def redact_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """Structured log fields with every text value redacted (numbers and flags as they are)."""
+    return {k: redact(v) if isinstance(v, str) else
+            [redact(x) if isinstance(x, str) else x for x in v] if isinstance(v, (list, tuple)) else v
+            for k, v in fields.items()}
+
+
 def redact_record(record: logging.LogRecord) -> None:
-    """Render `record`'s message once and replace it (and any traceback) by the redacted text."""
+    """Render `record`'s message once and replace it (and any traceback) by the redacted text;
+    its structured `fields` (set by `extra`, after the record factory ran) redacted too."""
+    fields = getattr(record, "fields", None)
+    if isinstance(fields, dict):
+        record.fields = redact_fields(fields)
     try:
         message = record.getMessage()
     except Exception:  # a broken format string is logging's problem, not ours
