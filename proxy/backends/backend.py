@@ -26,7 +26,7 @@ from ..config import BackendConfig
 from ..errors import PromError
 from ..metrics import METRICS
 from .circuit import BackendBreaker, LatencyWindow
-from .protocol import RETRY_STATUSES, BackendFault, BackendReply, check_path, parsed_json, sane_error
+from .protocol import BackendFault, BackendReply, check_path, parsed_json, sane_error
 from .retries import Check, Hedge, RetryBudget, with_retries
 from .tenancy import current as forwarded_headers
 from .transports import CONNECTION_ERRORS, DirectAiohttp, is_timeout, make_client, send_httpx
@@ -84,10 +84,7 @@ class Backend:
         try:
             reply = await with_retries(attempt, self.cfg, endpoint, timeout_s, self.retry_budget, check, hedge)
         except PromError as exc:
-            if exc.kind in ("unavailable", "timeout"):
-                self.breaker.failure(exc.message, probe)
-            else:
-                self.breaker.release(probe)
+            self.breaker.settle_error(exc, probe)  # counts only faults the backend caused
             raise
         except BackendFault as fault:  # the same answer would come again: not retried
             message = f"backend {self.name!r} {fault.why} ({endpoint}); promaccel refused its answer"
@@ -96,10 +93,7 @@ class Backend:
         except BaseException:  # cancelled: no outcome
             self.breaker.release(probe)
             raise
-        if reply.status in RETRY_STATUSES:
-            self.breaker.failure(f"HTTP {reply.status} ({endpoint})", probe)
-        else:
-            self.breaker.success(probe)
+        self.breaker.settle_reply(reply, endpoint, probe)  # a query's own timeout: no outcome
         return reply
 
     def _hedge_delay(self) -> float | None:

@@ -9,6 +9,21 @@ failure opens it for another cooldown. Any answer from the backend (a 200, a 4xx
 counts as success and resets the count. A call cancelled before it ended (its query was
 cancelled, a hedge lost) counts neither way. Counting whole calls rather than tries keeps a
 backend that fails one try in five -- retried to a good answer -- from ever tripping it.
+
+Only faults the backend caused count (issue 26: five queries with `timeout=5ms` opened the
+breaker, and every other client got 503 "circuit breaker is open"). A call that ran out of
+its *caller's* time is the query's outcome, not the backend's: a call whose deadline was
+shorter than the backend's own call timeout (`backends[].timeout`) -- the query's `timeout`
+parameter or `limits.query_timeout` -- ends in a `ClientDeadline`, and a backend's 503 with
+errorType "timeout" (its query timed out: Prometheus honours the `timeout` passed along) is an
+answer about that query. Both count neither way, like a cancellation. A call that ran past the
+backend's own call timeout still counts (set `backends[].timeout` below `limits.query_timeout`
+for a hung backend to open the breaker before queries give up on it).
+
+One breaker per backend, shared by every tenant: what it counts now (connection errors,
+502/503/504 other than a query's timeout, the backend's own timeout) is the backend's health,
+the same for every tenant; a breaker per tenant would make each tenant learn a dead backend
+on its own (`failures` failed calls each) and send its own probes.
 """
 
 from __future__ import annotations
@@ -17,13 +32,47 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+import orjson
+
 from ..errors import PromError
 from ..metrics import METRICS
+from .protocol import RETRY_STATUSES, BackendReply
 
-__all__ = ["BackendBreaker", "LatencyWindow", "CLOSED", "OPEN", "HALF_OPEN"]
+__all__ = ["BackendBreaker", "ClientDeadline", "LatencyWindow", "backend_fault", "deadline_answer",
+           "CLOSED", "OPEN", "HALF_OPEN"]
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 _GAUGE = {CLOSED: 0, OPEN: 1, HALF_OPEN: 2}
+# A backend's error JSON is small; a larger 503 body is not read for its errorType.
+_DEADLINE_BODY_MAX = 4096
+
+
+class ClientDeadline(PromError):
+    """A backend call's timeout that was its caller's deadline (shorter than the backend's own
+    call timeout): answered like any timeout (503, errorType "timeout", the same message), not
+    counted by the breaker."""
+
+    def __init__(self, exc: PromError) -> None:
+        super().__init__(exc.kind, exc.message, status=exc.status, headers=exc.headers)
+
+
+def backend_fault(exc: PromError) -> bool:
+    """Did the backend cause the error a call ended in? Connection errors, broken answers, a
+    redirect and the backend's own timeout did; the caller's deadline and anything else did not."""
+    return exc.kind in ("unavailable", "timeout") and not isinstance(exc, ClientDeadline)
+
+
+def deadline_answer(reply: BackendReply) -> bool:
+    """A backend's 503 saying the query timed out (Prometheus: errorType "timeout", for its
+    `-query.timeout` or the `timeout` parameter passed along): an answer about the query, not a
+    failure of the backend, and asking again gets the same answer."""
+    if reply.status != 503 or not reply.body or len(reply.body) > _DEADLINE_BODY_MAX:
+        return False
+    try:
+        body = orjson.loads(reply.body)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(body, dict) and body.get("errorType") == "timeout"
 
 
 class BackendBreaker:
@@ -83,6 +132,23 @@ class BackendBreaker:
         """The call ended without an outcome (cancelled): another call may probe."""
         if probe:
             self._probing = False
+
+    def settle_error(self, exc: PromError, probe: bool) -> None:
+        """A call ended in `exc`: a failure only when the backend caused it (`backend_fault`)."""
+        if backend_fault(exc):
+            self.failure(exc.message, probe)
+        else:
+            self.release(probe)
+
+    def settle_reply(self, reply: BackendReply, endpoint: str, probe: bool) -> None:
+        """A call was answered: 502/503/504 fail (except a query's own timeout, no outcome),
+        any other answer succeeds."""
+        if deadline_answer(reply):
+            self.release(probe)
+        elif reply.status in RETRY_STATUSES:
+            self.failure(f"HTTP {reply.status} ({endpoint})", probe)
+        else:
+            self.success(probe)
 
 
 class LatencyWindow:

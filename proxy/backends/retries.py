@@ -1,7 +1,8 @@
 """Retries and throttling of one backend call, within its deadline.
 
 Connection errors and 502/503/504 are retried up to `backends[].retries` times with
-exponential backoff and full jitter (never a 4xx/422, never a timeout). AMP's throttling
+exponential backoff and full jitter (never a 4xx/422, never a timeout, nor a 503 saying the
+query timed out at the backend: asking again gets the same answer). AMP's throttling
 answers (429, and 503) are retried on their own budget (`throttle_retries`) after
 Retry-After plus jittered backoff, never past the call's deadline; when the budget or the
 deadline runs out, the 429/503 is returned for the caller to relay. A try may be hedged
@@ -9,6 +10,11 @@ deadline runs out, the 429/503 is returned for the caller to relay. A try may be
 wins. A redirect is an error
 naming the backend, never its URL: a backend's 301 for a path with `..` once led a relay to
 /debug/pprof.
+
+A try runs at most the backend's own call timeout (`backends[].timeout`), and within the
+caller's deadline (the query's `timeout` parameter or `limits.query_timeout`). A try cut short
+by the caller's deadline, shorter than the backend's own timeout, times out as a
+`ClientDeadline` (circuit.py), which the breaker does not count (issue 26).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Awaitable, Callable
 from ..config import BackendConfig
 from ..errors import PromError
 from ..metrics import METRICS
+from .circuit import ClientDeadline, deadline_answer
 from .protocol import RETRY_STATUSES, THROTTLE_STATUSES, BackendReply, broken_answer, retry_after_s
 
 THROTTLE_BACKOFF_S = 0.1
@@ -99,16 +106,23 @@ async def with_retries(attempt_once: Attempt, cfg: BackendConfig, endpoint: str,
     if budget is not None:
         budget.earn()
     throttle = cfg.kind == "amp"
-    budget_s = timeout_s if timeout_s is not None else cfg.timeout / 1000
+    own_s = cfg.timeout / 1000  # a try runs at most the backend's own call timeout
+    budget_s = timeout_s if timeout_s is not None else own_s
     deadline = time.monotonic() + budget_s
     attempt = 0
     throttled = 0
-    call_timeout = timeout_s
+    call_timeout = None if timeout_s is None else min(timeout_s, own_s)
 
     async def one(t: float | None, sent: asyncio.Event | None) -> _Try:
         try:
             reply = await attempt_once(t, sent)
         except PromError as exc:
+            # A try cut short by its caller's deadline (shorter than the backend's own timeout).
+            if (timeout_s is not None and t is not None and t < own_s and exc.kind == "timeout"
+                    and not isinstance(exc, ClientDeadline)):
+                client = ClientDeadline(exc)
+                client.__cause__ = exc.__cause__
+                return _Try(error=client)
             return _Try(error=exc)
         if check is None or not reply.ok:
             return _Try(reply)
@@ -138,6 +152,8 @@ async def with_retries(attempt_once: Attempt, cfg: BackendConfig, endpoint: str,
                 raise PromError(
                     "unavailable", f"backend {name!r} answered {endpoint} with a redirect (HTTP "
                     f"{reply.status}); promaccel does not follow backend redirects", status=502)
+            if deadline_answer(reply):
+                return reply  # the query timed out at the backend: the same again if asked again
             if throttle and reply.status in THROTTLE_STATUSES:
                 delay = throttle_delay(throttled, reply)
                 left = deadline - time.monotonic()
@@ -150,7 +166,7 @@ async def with_retries(attempt_once: Attempt, cfg: BackendConfig, endpoint: str,
                 METRICS.backend_throttle_wait.labels(name).inc(delay)
                 await asyncio.sleep(delay)
                 # The next try gets what is left of the deadline, not a fresh timeout.
-                call_timeout = max(0.001, deadline - time.monotonic())
+                call_timeout = min(own_s, max(0.001, deadline - time.monotonic()))
                 continue
             if outcome.broken is not None:
                 METRICS.backend_errors.labels(name, "BrokenAnswer").inc()
@@ -187,7 +203,8 @@ async def _hedged(one: Callable[[float | None, asyncio.Event | None], Awaitable[
             METRICS.backend_hedges.labels(name, "denied").inc()
             return await first
         METRICS.backend_hedges.labels(name, "sent").inc()
-        second = asyncio.ensure_future(one(max(0.001, deadline - time.monotonic()), None))
+        left = max(0.001, deadline - time.monotonic())
+        second = asyncio.ensure_future(one(left if call_timeout is None else min(left, call_timeout), None))
         tasks.append(second)
         pending: set[asyncio.Future[_Try]] = {first, second}
         bad: _Try | None = None

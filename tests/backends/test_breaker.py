@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,41 @@ def test_breaker_config_defaults_and_errors() -> None:
         BackendConfig(url="http://127.0.0.1:9", breaker={"failures": -1})
     with pytest.raises(ValueError, match="hedge_after"):
         BackendConfig(url="http://127.0.0.1:9", hedge_after="p99")
+
+
+def test_only_faults_the_backend_caused_count() -> None:
+    """issue 26: the caller's deadline (ClientDeadline) and a backend's 503 errorType "timeout"
+    (a query's own timeout) count neither way; a probe ending so lets another call probe."""
+    from proxy.backends.circuit import ClientDeadline, backend_fault, deadline_answer
+    from proxy.backends.protocol import BackendReply
+
+    own = PromError("timeout", "backend 'amp' did not answer in time (/api/v1/query)")
+    client = ClientDeadline(own)
+    assert client.kind == "timeout" and client.status == 503 and client.body() == own.body()
+    assert backend_fault(own) and not backend_fault(client)
+    assert backend_fault(PromError("unavailable", "backend 'amp' is unreachable (ConnectError)"))
+    assert not backend_fault(PromError("execution", "too many samples"))
+    timed_out = BackendReply(503, b'{"status":"error","errorType":"timeout","error":"query timed out in query '
+                                  b'execution"}', "application/json")
+    assert deadline_answer(timed_out)
+    assert not deadline_answer(BackendReply(503, b'{"message":"Service Unavailable"}', "application/json"))
+    assert not deadline_answer(BackendReply(504, b'{"errorType":"timeout"}', "application/json"))
+    assert not deadline_answer(BackendReply(503, b"<html>timeout</html>", "text/html"))
+
+    b = BackendBreaker("amp", failures=2, cooldown_ms=10_000)
+    for _ in range(10):
+        b.settle_error(client, b.admit())
+        b.settle_reply(timed_out, "/api/v1/query", b.admit())
+    assert b.state == CLOSED and b.failures == 0
+    b.settle_error(own, b.admit())
+    b.settle_reply(BackendReply(502, b"<html/>", "text/html"), "/api/v1/query", b.admit())
+    assert b.state == OPEN
+    b._open_until = 0.0  # cooldown over
+    assert b.admit() is True
+    b.settle_reply(timed_out, "/api/v1/query", True)  # the probe's query timed out: no outcome
+    assert b.state == HALF_OPEN and b.admit() is True
+    b.settle_reply(BackendReply(200, b"{}", "application/json"), "/api/v1/query", True)
+    assert b.state == CLOSED
 
 
 # --------------------------------------------------------------------------- real processes
@@ -309,3 +345,138 @@ def test_no_hedge_by_default_nor_beyond_max_backend_calls(prom: Any, backend: fa
         backend.set(None)
         for s in servers.values():
             s.stop()
+
+
+# --------------------------------------------------------------------------- issue 26: whose fault
+
+
+def _heavy(prom: Any, i: int, timeout: str) -> dict[str, str]:
+    """A range query over the whole data set at a 15 s step (~100 ms at Prometheus): with
+    `timeout=5ms` it cannot finish in time, at promaccel or at the backend (the parameter is
+    passed along)."""
+    return {"query": f"sum by (Hostname) (rate(DCGM_FI_DEV_GPU_UTIL[5m])) + 0 * {i}", "start": str(prom.start_s),
+            "end": str(prom.end_s), "step": "15", "timeout": timeout}
+
+
+@pytest.mark.prom
+def test_client_deadlines_do_not_open_the_breaker_for_other_clients(prom: Any, backend: faulty.FaultyBackend,
+                                                                    tmp_path: Path) -> None:
+    """issue 26: five queries with timeout=5ms opened the shared breaker, and other clients got
+    503 "circuit breaker is open". A client's deadline (promaccel's timer, or the backend
+    answering 503 errorType "timeout" to the `timeout` passed along) is not a backend fault."""
+    server = _serve(backend, tmp_path, "    breaker: {failures: 2, cooldown: 30s}\n")
+    try:
+        backend.set(None)
+        for i in range(8):
+            r = httpx.post(server.url + "/api/v1/query_range", data=_heavy(prom, i, "5ms"), timeout=60)
+            assert r.status_code == 503 and r.json()["errorType"] == "timeout", r.text
+        assert _metric(server, "promaccel_backend_breaker_state", 'backend="default"') == 0
+        with httpx.Client(timeout=60) as other:  # another client
+            for i in range(5):
+                form = _form(prom, 600 + i)
+                r = other.post(server.url + "/api/v1/query", data=form)
+                assert _exact(prom, form, r), r.text
+        text = httpx.get(server.url + "/metrics", timeout=10).text
+        assert 'promaccel_backend_breaker_transitions_total{backend="default",state="open"}' not in text
+    finally:
+        backend.set(None)
+        server.stop()
+
+
+class _TimingOut:
+    """A fake backend on a loopback port answering every query with Prometheus's 503 for a
+    query that timed out (what it answers to a `timeout` passed along); label values and
+    `vector(1)` (promaccel's warm-up) are answered."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from tests.servers import free_port
+
+        outer = self
+        self.queries = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _answer(self, body: bytes) -> None:
+                if "/label/" in self.path:
+                    self._send(200, b'{"status":"success","data":[]}')
+                elif b"DCGM" in body or b"DCGM" in self.path.encode():
+                    outer.queries += 1
+                    self._send(503, b'{"status":"error","errorType":"timeout",'
+                                    b'"error":"query timed out in query execution"}')
+                else:
+                    self._send(200, b'{"status":"success","data":{"resultType":"vector","result":[]}}')
+
+            def _send(self, status: int, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:  # noqa: N802
+                self._answer(b"")
+
+            def do_POST(self) -> None:  # noqa: N802
+                self._answer(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.prom
+def test_a_backends_query_timeout_answer_is_relayed_not_retried_nor_counted(prom: Any, tmp_path: Path) -> None:
+    """Prometheus answers 503 errorType "timeout" when the `timeout` a client passed along (or
+    its own -query.timeout) runs out: that is the query's outcome. It is relayed once (asking
+    again gets the same), and the breaker stays closed."""
+    fake = _TimingOut()
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    cfg = tmp_path / "promaccel.yaml"
+    cfg.write_text(f"cache:\n  enabled: false\nbackends:\n  - name: default\n    url: {fake.url}\n"
+                   "    breaker: {failures: 2, cooldown: 30s}\n")
+    server = Promaccel.start(None, ("--config", str(cfg), "--split-interval", "none"), tmp_path)
+    try:
+        for i in range(6):
+            r, _ = _ask(server, {**_form(prom, 700 + i), "timeout": "30s"})
+            assert r.status_code == 503 and r.json()["errorType"] == "timeout", r.text
+            assert "circuit breaker" not in r.text
+        assert fake.queries == 6  # one call each: not retried
+        assert _metric(server, "promaccel_backend_breaker_state", 'backend="default"') == 0
+    finally:
+        server.stop()
+        fake.stop()
+
+
+@pytest.mark.prom
+def test_the_backends_own_timeout_still_opens_the_breaker(prom: Any, backend: faulty.FaultyBackend,
+                                                          tmp_path: Path) -> None:
+    """A backend that stalls (3 s) past its own call timeout (backends[].timeout: 1s) fails the
+    call: two such calls open the breaker. The same stall under a client's shorter deadline
+    (timeout=500ms, the backend's timeout 60 s) does not."""
+    own = _serve(backend, tmp_path / "own", "    timeout: 1s\n    breaker: {failures: 2, cooldown: 30s}\n")
+    callers = _serve(backend, tmp_path / "callers", "    timeout: 60s\n    breaker: {failures: 2, cooldown: 30s}\n")
+    try:
+        backend.set("stall", first=None)
+        for i in range(3):
+            r, took = _ask(callers, {**_form(prom, 800 + i), "timeout": "500ms"})
+            assert r.status_code == 503 and r.json()["errorType"] == "timeout" and took < 2.5, r.text
+        assert _metric(callers, "promaccel_backend_breaker_state", 'backend="default"') == 0
+        for i in range(2):
+            r, _ = _ask(own, _form(prom, 810 + i))
+            assert r.status_code == 503 and not _is_breaker_error(r), r.text
+        assert _metric(own, "promaccel_backend_breaker_state", 'backend="default"') == 1
+        r, took = _ask(own, _form(prom, 812))
+        assert _is_breaker_error(r) and took < 1.0, r.text
+        assert "did not answer in time" in r.json()["error"]
+    finally:
+        backend.set(None)
+        own.stop()
+        callers.stop()
