@@ -100,6 +100,7 @@ _MATCH_OPS: list[tuple[Any, MatchOp]] = [
 _DECIMAL = re.compile(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _OCTAL = frozenset("01234567")
 _OPERATOR_CHARS = frozenset("+-*/%^=!<>~")
+_OPERATOR_PAIR_FIRST = frozenset("=!<>")  # `==`, `!=`, `<=`, `>=`, `=~`, `!~`: one token
 _KEYWORD_OPERATORS = frozenset({"and", "or", "unless", "atan2"})
 _HEX = frozenset("0123456789abcdefABCDEF")
 
@@ -176,16 +177,25 @@ def _prelex(query: str) -> str:
     depth = 0  # open (, {, [
     operators = 0
     last = ""  # last significant character outside strings and comments
+    unary = 0  # unary +/- in a row: each one is a level of the parser's recursion
     while i < n:
         c = query[i]
         if c in _OPERATOR_CHARS:
-            if last not in _OPERATOR_CHARS:
+            # Every operator character is a token of its own, whitespace or not (`- - -x` and
+            # `---x` are three), except the second character of `==`, `!=`, `>=`, `<=`, `=~`
+            # and `!~`. Counting a run as one let 10,000 spaced unary minus signs through, and
+            # promql-parser overflowed its stack (SIGSEGV).
+            if not (c in "=~" and i and query[i - 1] in _OPERATOR_PAIR_FIRST):
                 operators += 1
                 if operators > MAX_OPERATORS:
                     raise TooComplex(f"more than {MAX_OPERATORS} operators")
+            if c in "+-" and (not last or last in _OPERATOR_CHARS or last in "([{,"):
+                unary += 1
+                if depth + unary > MAX_NESTING:
+                    raise TooComplex(f"nested more than {MAX_NESTING} deep (unary operators count as nesting)")
         elif c in "({[":
             depth += 1
-            if depth > MAX_NESTING:
+            if depth + unary > MAX_NESTING:
                 raise TooComplex(f"nested more than {MAX_NESTING} deep")
         elif c in ")}]":
             depth = max(0, depth - 1)
@@ -193,6 +203,7 @@ def _prelex(query: str) -> str:
             j = i + 1
             while j < n and _is_word_char(query[j]):
                 j += 1
+            unary = 0
             if query[i:j].lower() in _KEYWORD_OPERATORS:
                 operators += 1
                 if operators > MAX_OPERATORS:
@@ -201,6 +212,8 @@ def _prelex(query: str) -> str:
             last = query[j - 1]
             i = j
             continue
+        if not c.isspace() and c not in "+-(":
+            unary = 0
         if c == "#":
             j = query.find("\n", i)
             j = n if j < 0 else j
@@ -208,6 +221,7 @@ def _prelex(query: str) -> str:
             i = j
             continue
         if c in "\"'`":
+            unary = 0
             if brace_depth and last not in ("=", "~"):
                 raise CannotParse("quoted label or metric name (Prometheus 3 syntax)")
             if c == "`":

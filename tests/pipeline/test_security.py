@@ -13,6 +13,7 @@ test Prometheus (bounded in size and time), plus the pure guards behind the fixe
 
 from __future__ import annotations
 
+import json
 import re
 import statistics
 import threading
@@ -28,7 +29,7 @@ from shardplanner import promql
 from shardplanner.explain import REASON_CODES, reason_code
 from shardplanner.promql import CannotParse, TooComplex, parse
 from shardplanner.regex import RegexError, fullmatch, matcher
-from tests.servers import Promaccel
+from tests.servers import Promaccel, free_port
 
 EVIL_REGEX = "(.*)*(.*)*(.*)*(.*)*X"
 
@@ -279,3 +280,125 @@ def test_metrics_labels_come_from_a_fixed_vocabulary(prom: Any, sharded16: Proma
     assert marker not in text
     reasons = set(re.findall(r'^promaccel_queries_planned_total\{[^}]*reason="([^"]*)"', text, re.M))
     assert reasons and reasons <= REASON_CODES, reasons
+
+
+# --- round 3: no request may crash the parser -------------------------------------------------
+
+
+def _chain(kind: str, n: int) -> str:
+    """Queries the review sent to kill the process (SIGSEGV in promql-parser's recursion):
+    unary minus signs separated by spaces, a binary chain, and a nest of parentheses."""
+    if kind == "unary_spaced":
+        return "- " * n + "up"
+    if kind == "unary_tight":
+        return "-" * n + "up"
+    if kind == "binary":
+        return " - ".join(["up"] * (n // 2 + 1))
+    return "(" * (n // 2) + "up" + ")" * (n // 2)
+
+
+@pytest.mark.parametrize("kind", ["unary_spaced", "unary_tight", "binary", "parens"])
+@pytest.mark.parametrize("n", [10_000, 50_000, 200_000])
+def test_operator_chains_never_reach_the_parser(kind: str, n: int) -> None:
+    with pytest.raises(TooComplex):
+        parse(_chain(kind, n))
+
+
+def test_every_operator_character_counts() -> None:
+    # Spaced or not, each operator is a token; two-character operators count once.
+    with pytest.raises(TooComplex, match="operators"):
+        parse(" * ".join(["up"] * (promql.MAX_OPERATORS + 2)))
+    parse('x{a!~"b", c=~"d", e!="f"} >= 1 <= 2 == 3 != 4')
+    # Unary chains are nesting: each sign is one more level of the parser's recursion.
+    with pytest.raises(TooComplex, match="nested"):
+        parse("- " * (promql.MAX_NESTING + 1) + "up")
+    with pytest.raises(TooComplex, match="nested"):
+        parse("-(" * 40 + "up" + ")" * 40)
+    parse("- " * (promql.MAX_NESTING - 1) + "up")
+    parse(" - ".join(["-up"] * 100))  # 100 unary signs, none nested in another
+
+
+class _RefusingBackend:
+    """A stand-in backend on 127.0.0.1 that refuses every query at once (400 bad_data) and
+    answers metadata with an empty list: what promaccel does with a query too complex to plan
+    is the subject here, not how long a real Prometheus takes to parse 200,000 operators
+    (minutes)."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                size = int(self.headers.get("Content-Length") or 0)
+                if size:
+                    self.rfile.read(size)
+                if self.path.startswith("/api/v1/query"):
+                    code, body = 400, {"status": "error", "errorType": "bad_data", "error": "refused"}
+                else:
+                    code, body = 200, {"status": "success", "data": []}
+                raw = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture(scope="module")
+def over_refusing(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    fake = _RefusingBackend()
+    proxy = Promaccel.start(fake.url, (), tmp_path_factory.mktemp("refusing"))
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+        fake.server.shutdown()
+
+
+def test_operator_chains_through_every_endpoint_leave_the_process_alive(over_refusing: Promaccel) -> None:
+    url = over_refusing.url
+    with HealthProbe(url) as probe:
+        for n in (10_000, 50_000, 200_000):
+            for kind in ("unary_spaced", "unary_tight", "binary", "parens"):
+                query = _chain(kind, n)
+                calls = [
+                    ("/api/v1/query", {"query": query}),
+                    ("/api/v1/query_range", {"query": query, "start": "1700000000", "end": "1700003600",
+                                             "step": "60"}),
+                    ("/api/v1/series", {"match[]": query}),
+                ]
+                for path, form in calls:
+                    proxied = _post(url, path, form)  # a form POST of up to 400 KB
+                    assert proxied.status_code < 500, (path, kind, n, proxied.text[:300])
+                    body = proxied.json()
+                    assert body["status"] in ("success", "error"), body
+                    if body["status"] == "error":
+                        assert body["errorType"] == "bad_data" and body["error"], body
+                explained = _post(url, "/api/v1/explain", {"query": query})
+                assert explained.status_code == 200, explained.text[:300]
+                assert "too complex to plan" in explained.json()["data"]["notes"][0]
+                assert over_refusing.proc.poll() is None, (kind, n)  # still running
+        # A GET of the review's size (20 KB) as well.
+        got = httpx.get(url + "/api/v1/query", params={"query": _chain("unary_spaced", 10_000)}, timeout=60)
+        assert got.status_code == 400 and got.json()["errorType"] == "bad_data"
+    probe.check()
+    assert httpx.get(url + "/-/healthy", timeout=5).status_code == 200
+
+
+@pytest.mark.prom
+def test_spaced_unary_chain_answers_as_prometheus(prom: Any, sharded16: Promaccel) -> None:
+    form = {"query": _chain("unary_spaced", 10_000), "time": str(prom.end_s - 60)}
+    direct = _post(prom.url, "/api/v1/query", form)
+    proxied = _post(sharded16.url, "/api/v1/query", form)
+    assert proxied.status_code == direct.status_code == 200
+    assert diff_answers(direct.json(), proxied.json()) == []
+    assert sharded16.proc.poll() is None
