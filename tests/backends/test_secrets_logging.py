@@ -228,6 +228,23 @@ def test_redact_leaves_ordinary_lines_alone() -> None:
         assert redact(line) == line
 
 
+def test_json_log_fields_are_redacted() -> None:
+    """`log_format: json` writes a record's structured fields (the access line's `query`):
+    redacted like the message, even for a record no factory or filter saw (issue 26)."""
+    from proxy.api.access_log import JsonFormatter
+
+    query = f'up{{password="hunter2-json", job="node"}} * on() vector({WEB_IDENTITY_TOKEN!r})'
+    record = logging.makeLogRecord({"name": "promaccel.access", "levelno": logging.INFO, "levelname": "INFO",
+                                    "msg": "GET /api/v1/query 200",
+                                    "fields": {"query": query, "status": 200, "range": False,
+                                               "dashboard_uid": "abc", "tags": [f"Token={STS_TOKEN}"]}})
+    line = JsonFormatter().format(record)
+    out = orjson.loads(line)
+    assert "hunter2-json" not in line and _leaks(line) == [], line
+    assert "<redacted>" in str(out["query"]) and 'job="node"' in str(out["query"]), out
+    assert out["status"] == 200 and out["range"] is False and out["dashboard_uid"] == "abc"
+
+
 def _serve(sts_url: str, token_file: Path, amp_url: str, work: Path, *flags: str,
            env: dict[str, str] | None = None) -> tuple[Promaccel, str]:
     work.mkdir(parents=True, exist_ok=True)
