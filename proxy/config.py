@@ -308,6 +308,16 @@ class CacheConfig(_Strict):
     # the Redis; the others wait for it to land (pipeline/leases.py). The lease lives this
     # long unless its owner renews it (it does while it fetches and stores). 0: off.
     fetch_lease: DurationMs = Field(default=5_000, ge=0)
+    # Values in Redis are authenticated (HMAC-SHA256, proxy/cache/frame.py) with this secret,
+    # the same for every promaccel sharing the Redis: `secret_file` (a mounted secret) or
+    # `secret` (>= 16 bytes), else env PROMACCEL_CACHE_SECRET; without one, a key derived
+    # from the Redis URL's password, else a built-in one (a warning at start-up either way).
+    secret: SecretStr | None = None
+    secret_file: str | None = None
+    # Bounds of what a cached value may decode to, checked before it is decompressed (a miss
+    # beyond them; pieces beyond them are not stored): samples, and bytes of its label list.
+    max_piece_samples: int = Field(default=16_000_000, ge=1)
+    max_piece_label_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     revalidate_interval: DurationMs = 0
     revalidate_max_age: DurationMs = 3_600_000
     revalidate_max_entries: int = Field(default=10_000, ge=1)
@@ -332,6 +342,34 @@ class CacheConfig(_Strict):
         if scheme != "unix" and not v.partition("://")[2].rpartition("@")[2].split("/")[0]:
             raise ValueError("the redis URL names no host")
         return v
+
+    @model_validator(mode="after")
+    def _secret(self) -> "CacheConfig":
+        if self.secret is not None and self.secret_file is not None:
+            raise ValueError("give at most one of cache.secret and cache.secret_file")
+        if self.secret is not None and len(self.secret.get_secret_value().encode()) < 16:
+            raise ValueError("cache.secret must hold at least 16 bytes")
+        if self.secret_file is not None:
+            self.frame_secret()  # a clear error now rather than at the first lookup
+        return self
+
+    def frame_secret(self) -> tuple[bytes | None, str]:
+        """The shared secret of the cache's frames and where it came from (secret_file,
+        secret, env), or (None, "none"): proxy/cache/factory.py decides then."""
+        if self.secret_file is not None:
+            try:
+                data = Path(self.secret_file).read_bytes().strip()
+            except OSError as exc:
+                raise ValueError(f"cannot read cache.secret_file {self.secret_file!r}: {exc.strerror}") from None
+            if len(data) < 16:
+                raise ValueError(f"cache.secret_file {self.secret_file!r} must hold at least 16 bytes")
+            return data, "secret_file"
+        if self.secret is not None:
+            return self.secret.get_secret_value().encode(), "secret"
+        env = os.environ.get("PROMACCEL_CACHE_SECRET", "").strip()
+        if env:
+            return env.encode(), "env"
+        return None, "none"
 
 
 class PlannerConfig(_Strict):

@@ -2,7 +2,8 @@
 
     keys.py          CacheKey (what changes a piece's answer), PieceMeta, CacheItem
     ttl.py           freshness policy: ttl_for
-    frame.py         stored value format: header, checksum, key check
+    frame.py         stored value format: header, MAC (shared secret), key check
+    bound.py         what a stored payload may decode to, checked before decoding
     store.py         PieceStore, the interface every store implements
     memory.py        the in-process LRU store
     redis_store.py   the Redis / Redis Cluster store

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..metrics import METRICS
+from .bound import PayloadLimits
 from .frame import encode_value
 from .keys import CacheItem, CacheKey, Payload, PieceMeta
 from .store import ANY_METRIC, PieceStore, wall_ms
@@ -33,10 +34,12 @@ _ENTRY_OVERHEAD = 200
 class MemoryStore(PieceStore):
     """In-process LRU bounded in bytes (`cache.max_bytes`; 0 disables it), TTLs honoured.
 
-    Values are framed as in Redis and checked the same way, except for the checksum."""
+    Values are framed as in Redis and checked the same way, except for the MAC: they never
+    leave process memory (no MAC is computed either). Pieces over `limits` are not stored."""
 
     kind = "memory"
-    verify_checksum = False
+    verify_mac = False
+    mac_key = None
 
     def __init__(
         self,
@@ -45,8 +48,10 @@ class MemoryStore(PieceStore):
         clock: Callable[[], int] = wall_ms,
         sweep_interval_ms: int = 1_000,
         skew_ms: int = 0,
+        limits: PayloadLimits | None = None,
     ) -> None:
         super().__init__()
+        self.limits = limits
         self.max_bytes = max_bytes
         self._clock = clock
         self._sweep_interval_ms = sweep_interval_ms
@@ -101,8 +106,11 @@ class MemoryStore(PieceStore):
             if self._raced(item.meta):
                 self._count_put("raced")
                 continue
+            if not self._fits(item):
+                self._count_put("too_large")
+                continue
             skey = self.storage_key(item.key)
-            value = encode_value(item.key, item.payload)
+            value = encode_value(item.key, item.payload, mac_key=None, skey=skey)
             size = len(value) + len(skey) + _ENTRY_OVERHEAD
             if size > self.max_bytes:
                 self._count_put("too_large")

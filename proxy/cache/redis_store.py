@@ -30,9 +30,10 @@ from urllib.parse import urlsplit
 
 from ..errors import PromError
 from ..metrics import METRICS
+from .bound import PayloadLimits
 from .breaker import CircuitBreaker
 from .deadline import idle_timeout
-from .frame import encode_value
+from .frame import DEFAULT_KEY, encode_value
 from .keys import KEY_PREFIX, CacheItem, CacheKey, Payload
 from .leases import RedisLeases
 from .redis_client import connect, redact_url
@@ -73,6 +74,9 @@ class RedisStore(PieceStore):
     breaker_*             see CircuitBreaker
     index_ttl_ms          lifetime of the invalidation indexes: at least the longest entry TTL
     skew_ms               clock skew allowed between proxies for the invalidation marker
+    mac_key               the MAC key of frames (frame.frame_key of the shared cache secret)
+    limits                bounds of payloads, checked before they are decoded (bound.py);
+                          None: not checked
     """
 
     kind = "redis"
@@ -95,9 +99,13 @@ class RedisStore(PieceStore):
         skew_ms: int = 5_000,
         log_interval_s: float = 30.0,
         clock: Callable[[], int] = wall_ms,
+        mac_key: bytes = DEFAULT_KEY,
+        limits: PayloadLimits | None = None,
     ) -> None:
         super().__init__(log_interval_s)
         self.url = url
+        self.mac_key = mac_key
+        self.limits = limits
         # Connect timeout: wall clock inside redis-py, so not the read deadline (a loop that
         # lags under load would fail healthy connects); reads and writes stay bounded by
         # their own deadlines, and a refused connection fails at once anyway.
@@ -266,6 +274,9 @@ class RedisStore(PieceStore):
     async def put_many(self, items: Sequence[CacheItem]) -> None:
         keep = [it for it in items if it.ttl_ms is not None and it.ttl_ms > 0]
         self._count_put("not_cached", len(items) - len(keep))
+        fit = [it for it in keep if self._fits(it)]
+        self._count_put("too_large", len(keep) - len(fit))
+        keep = fit
         if keep:
             await self._guarded("put", self._put_timeout_s, lambda: self._put(keep), idle_deadline=True,
                                 max_wall_s=max(self._max_wait_s, 5 * self._put_timeout_s))
@@ -302,7 +313,7 @@ class RedisStore(PieceStore):
         written = 0
         for it in items:
             skey = it.key.redis_key(gen)
-            value = encode_value(it.key, it.payload)
+            value = encode_value(it.key, it.payload, mac_key=self.mac_key, skey=skey)
             pipe.set(skey, value, px=it.ttl_ms)
             skeys.append(skey)
             written += len(value)

@@ -10,6 +10,12 @@ unknown, so any invalidation matches it) and the time range of samples it reads.
 range; `bump_generation()` makes every existing key unreachable. Both record the time of the
 invalidation; a put whose piece was fetched before that (allowing `skew_ms` of clock skew
 between proxies) is dropped, so a piece fetched before an invalidation never survives it.
+
+Integrity (issue 26). Values are authenticated frames (frame.py: an HMAC keyed by the shared
+cache secret, over the storage key, the canonical key and the payload) whose payloads are
+bounded before they are decoded (bound.py, `limits`): a forged, foreign or oversized value is
+a miss (`promaccel_cache_corrupt_entries_total{reason}`) and is deleted, never served and
+never an error. A piece over the bounds is not stored either (`puts_total{result="too_large"}`).
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..metrics import METRICS
-from .frame import CorruptValue, decode_value
+from .bound import PayloadLimits, check_payload
+from .frame import DEFAULT_KEY, CorruptValue, decode_value
 from .keys import CacheItem, CacheKey, Payload
 
 if TYPE_CHECKING:
@@ -66,7 +73,11 @@ class PieceStore(ABC):
     """Where finished pieces live. Reads and writes never raise; admin calls may."""
 
     kind: str
-    verify_checksum = True
+    verify_mac = True
+    # The MAC key of frames (frame.frame_key of the shared secret; None: no MAC, the
+    # in-process store) and the bounds of payloads (None: not checked, tests' raw bytes).
+    mac_key: bytes | None = DEFAULT_KEY
+    limits: PayloadLimits | None = None
     # Fetch leases shared by every process using the store (Redis); None: this store is
     # private to one process, whose own coalescing is all there is.
     leases: RedisLeases | None = None
@@ -138,7 +149,10 @@ class PieceStore(ABC):
                 out.append(None)
                 continue
             try:
-                payload = decode_value(key, value, verify_checksum=self.verify_checksum)
+                payload = decode_value(key, value, verify_mac=self.verify_mac, mac_key=self.mac_key or DEFAULT_KEY,
+                                       skey=skey)
+                if self.limits is not None:
+                    check_payload(key, payload, self.limits)
             except CorruptValue as exc:
                 METRICS.cache_corrupt.labels(self.kind, exc.reason).inc()
                 self._n["corrupt"] += 1
@@ -148,6 +162,17 @@ class PieceStore(ABC):
                 continue
             out.append(payload)
         return out, bad
+
+    def _fits(self, item: CacheItem) -> bool:
+        """Whether a piece is within the bounds its readers hold it to (a piece they would
+        refuse is not stored)."""
+        if self.limits is None:
+            return True
+        try:
+            check_payload(item.key, item.payload, self.limits)
+        except CorruptValue:
+            return False
+        return True
 
     def _count_lookups(self, hits: int, misses: int, read: int = 0) -> None:
         self._n["hits"] += hits

@@ -85,6 +85,10 @@ KEEP_LABEL_BLOCK_BYTES = 64 << 10
 # size field is checked against both before anything is allocated; label JSON packs ~14x).
 UNPACK_LABELS_MAX_BYTES = 1 << 30
 UNPACK_MAX_RATIO = 1024
+# A payload's label list names at most this many series more than it has rows (a series
+# without float samples): a forged list of millions of `{}` is refused before it is split
+# (issue 26; proxy/cache/bound.py bounds the rows and the list's bytes before decoding).
+SERIES_WITHOUT_SAMPLES = 65_536
 
 
 class _PackedLabels:
@@ -133,7 +137,7 @@ def from_table(table: pa.Table, *, values: bool = True) -> QueryResult:
         if meta.get(b"promaccel.version") != b"1":
             raise MalformedAnswer("not a promaccel result table (version)")
         rtype = meta[b"promaccel.result_type"].decode()
-        labels, block = _label_list(meta)
+        labels, block = _label_list(meta, table.num_rows + SERIES_WITHOUT_SAMPLES)
         warnings = orjson.loads(meta.get(b"promaccel.warnings", b"[]"))
         infos = orjson.loads(meta.get(b"promaccel.infos", b"[]"))
         sv = meta.get(b"promaccel.string_value")
@@ -430,7 +434,7 @@ def _offsets_of_series(series, offsets):  # type: ignore[no-untyped-def]
     return True
 
 
-def _label_list(meta: dict[bytes, bytes]) -> tuple[list[dict[str, str]] | None, Any]:
+def _label_list(meta: dict[bytes, bytes], max_series: int) -> tuple[list[dict[str, str]] | None, Any]:
     """A cache table's labels and None, or (when the list was written as Prometheus writes
     label sets) None and (keys, label block): the dicts are parsed from the keys if anyone
     asks for them. The same list as an earlier piece's (one per hour of a 24 h panel) is
@@ -443,24 +447,30 @@ def _label_list(meta: dict[bytes, bytes]) -> tuple[list[dict[str, str]] | None, 
         if hit is not None:
             return None, hit
     raw = stored if packed is None else _PACKED.unpack(packed, meta.get(b"promaccel.labels_size"))
-    block = _canonical_label_list(raw, stored) if canonical else None
+    block = _canonical_label_list(raw, stored, max_series) if canonical else None
     if block is None:
         labels = orjson.loads(raw)
         if not isinstance(labels, list):
             raise ValueError("labels are not a list")
+        if len(labels) > max_series:
+            raise ValueError("more label sets than the table's rows allow")
         return labels, None
     return None, block
 
 
-def _canonical_label_list(raw: bytes, stored: bytes) -> Any:
+def _canonical_label_list(raw: bytes, stored: bytes, max_series: int) -> Any:
     """The label list `raw`, written as Prometheus label JSON (to_arrow_table): (keys, the
     process's shared ones, and label block), else None. `stored`: the list as the payload
-    holds it (packed or `raw`), what `_LABEL_LISTS` is keyed by."""
+    holds it (packed or `raw`), what `_LABEL_LISTS` is keyed by. More than `max_series`
+    label sets: ValueError."""
     buf = np.frombuffer(raw, dtype=np.uint8)
-    n_max = len(raw) // 3 + 1  # `{},` per label set at least (untouched pages stay unmapped)
+    n_fit = len(raw) // 3 + 1  # `{},` per label set at least (untouched pages stay unmapped)
+    n_max = min(n_fit, max_series + 1)
     starts = np.empty(n_max, dtype=np.int64)
     ends = np.empty(n_max, dtype=np.int64)
     n = _array_element_spans(buf, starts, ends) if len(raw) > 2 else 0
+    if n > max_series or (n < 0 and n_max < n_fit):
+        raise ValueError("more label sets than the table's rows allow")
     if n < 0:
         return None
     starts, ends = starts[:n].copy(), ends[:n].copy()

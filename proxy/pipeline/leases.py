@@ -14,8 +14,14 @@ for the leases of its storable units before it calls the backend, and reads them
 - lost: another process is fetching it. This one polls Redis (the lease and the piece in one
   round trip, every 5 ms doubling to 50 ms) until the piece lands, and fetches it itself when
   the lease went without a piece (its owner failed, stored nothing, or died and the lease
-  expired), after half the query's deadline, or when Redis fails or its breaker is open.
-  Waiting never lasts past that, and an answer is never anything but a backend's.
+  expired), after half the query's deadline or twice `cache.fetch_lease`, whichever comes
+  first, or when Redis fails or its breaker is open. Waiting never lasts past that, and an
+  answer is never anything but a backend's.
+
+A lease key without a TTL, or with a TTL longer than `cache.fetch_lease`, is ignored (issue
+26: one planted by hand stalled queries for half their deadline and stayed forever): taking
+the lease deletes it (`promaccel_cache_leases_total{result="ignored"}`), and a waiter reads it
+as gone and fetches for itself.
 
 Units that are not stored (the live edge newer than `cache.max_freshness`) get no lease:
 there would be nothing to wait for, so every process fetches them.
@@ -84,7 +90,10 @@ class Leases:
             return None
         keys = [u.key for u in units if u.key is not None]
         tokens = [f"{self.owner}:{next(self._seq)}" for _ in keys]
+        ignored = table.ignored
         got = await table.acquire(keys, tokens, self.ttl_ms)
+        if table.ignored > ignored:
+            METRICS.cache_leases.labels("ignored").inc(table.ignored - ignored)
         if got is None:
             METRICS.cache_leases.labels("error").inc(len(keys))
             return None
@@ -116,9 +125,10 @@ class Leases:
 
     async def wait(self, units: Sequence[Unit], timeout_s: float) -> tuple[dict[str, QueryResult], list[Unit]]:
         """Wait for units another process holds the leases of. Returns the ones that landed
-        (by key digest) and the ones to fetch here."""
+        (by key digest) and the ones to fetch here. Never longer than half `timeout_s`, nor
+        than twice the lease time (a lease renewed forever by a stuck owner, or planted)."""
         loop = asyncio.get_running_loop()
-        give_up = loop.time() + timeout_s / 2
+        give_up = loop.time() + min(timeout_s / 2, 2 * self.ttl_ms / 1000)
         pending = {u.key.digest: u for u in units if u.key is not None}
         landed: dict[str, QueryResult] = {}
         here: list[Unit] = []
@@ -126,7 +136,8 @@ class Leases:
         while pending:
             table = self.table()
             items = list(pending.items())
-            polled = await table.poll([u.key for _, u in items if u.key is not None]) if table is not None else None
+            polled = (await table.poll([u.key for _, u in items if u.key is not None], self.ttl_ms)
+                      if table is not None else None)
             if polled is None:
                 METRICS.cache_leases.labels("error").inc(len(pending))
                 break

@@ -24,6 +24,7 @@ from proxy.cache import (
     make_store,
     ttl_for,
 )
+from proxy.cache.frame import frame_key
 from proxy.config import CacheConfig
 from proxy.metrics import METRICS
 from shardplanner.plan import Piece, ShardSpec, Span
@@ -175,28 +176,32 @@ def test_frame_detects_every_kind_of_damage() -> None:
     frame = encode_value(BASE, payload)
     assert decode_value(BASE, frame) == payload
 
-    def reason(value: bytes, k: CacheKey = BASE) -> str:
+    def reason(value: bytes, k: CacheKey = BASE, **kw: Any) -> str:
         with pytest.raises(CorruptValue) as info:
-            decode_value(k, value)
+            decode_value(k, value, **kw)
         return info.value.reason
 
     assert reason(b"") == "truncated"
     assert reason(frame[:10]) == "truncated"
-    assert reason(frame[:20]) == "truncated"  # header says the canonical key is longer
+    assert reason(frame[:50]) == "truncated"  # header says the canonical key is longer
     assert reason(b"XXXX" + frame[4:]) == "magic"
     assert reason(frame[:4] + b"\x09" + frame[5:]) == "version"
-    assert reason(frame[:-1]) == "checksum"
-    assert reason(frame + b"\x00") == "checksum"
-    for pos in (13, len(frame) // 2, len(frame) - 1):  # in the key, in the payload
+    assert reason(frame[:4] + b"\x01" + frame[5:]) == "version"  # a version 1 (CRC only) frame
+    assert reason(frame[:-1]) == "mac"
+    assert reason(frame + b"\x00") == "mac"
+    for pos in (6, 13, 45, len(frame) // 2, len(frame) - 1):  # in the length, the MAC, the key, the payload
         flipped = bytearray(frame)
         flipped[pos] ^= 0x40
-        assert reason(bytes(flipped)) == "checksum"
+        assert reason(bytes(flipped)) in ("mac", "truncated")
+    # Another key, another storage key (generation) or another secret: not authentic.
+    assert reason(frame, skey="promaccel:v1:g1:x") == "mac"
+    assert reason(frame, mac_key=frame_key(b"another secret of 16+ bytes")) == "mac"
     other = dataclasses.replace(BASE, tenant="team-b")
     assert reason(frame, other) == "collision"
-    # Without the checksum (in-process store) the frame and the key are still checked.
-    assert decode_value(BASE, frame[:-1] + b"X", verify_checksum=False) == payload[:-1] + b"X"
+    # Without the MAC (in-process store) the frame and the key are still checked.
+    assert decode_value(BASE, frame[:-1] + b"X", verify_mac=False) == payload[:-1] + b"X"
     with pytest.raises(CorruptValue):
-        decode_value(other, frame, verify_checksum=False)
+        decode_value(other, frame, verify_mac=False)
 
 
 # --------------------------------------------------------------------------------------

@@ -371,14 +371,16 @@ def test_corrupt_value_under_a_real_key(prom: Any, redis_server: RedisServer, la
     corrupt, collide = keys[0], keys[1]
     good = r.get(corrupt)
     assert good is not None
-    r.set(corrupt, good[:-7] + b"garbage")  # checksum mismatch
+    r.set(corrupt, good[:-7] + b"garbage")  # MAC mismatch
     foreign = CacheKey(query="up", span=Span.range(0, 60_000, 60_000))
-    r.set(collide, encode_value(foreign, b"not arrow at all"))  # a sound frame for another key
+    # A sound frame for another key (made with this promaccel's key: no secret is configured
+    # and the Redis URL has no password, so frames are keyed by the built-in secret).
+    r.set(collide, encode_value(foreign, b"not arrow at all", skey=collide.decode()))
     time.sleep(2.5)  # the landing zone has let go of the fetched pieces
     warm = post(proxy.url, "/api/v1/query_range", params)
     assert_same(direct, warm, "after planting")
     assert warm.headers["X-Cache"] == "PARTIAL"
-    assert metric(proxy, "promaccel_cache_corrupt_entries_total", 'reason="checksum"') >= 1
+    assert metric(proxy, "promaccel_cache_corrupt_entries_total", 'reason="mac"') >= 1
     assert metric(proxy, "promaccel_cache_corrupt_entries_total", 'reason="collision"') >= 1
     time.sleep(0.5)
     for k in (corrupt, collide):  # deleted, then stored again from the backend

@@ -30,6 +30,7 @@ from proxy.cache import (
 )
 from proxy.cache.redis_store import GENERATION_KEY, INVALIDATED_AT_KEY
 from proxy.config import CacheConfig
+from proxy.result import QueryResult
 from shardplanner.plan import Span
 from tests.redis_cluster import LocalCluster, RedisNode, redis_cli
 from tests.servers import free_port
@@ -300,8 +301,11 @@ def test_make_store_uses_redis(server: RedisNode, r: redis.Redis) -> None:
         store = make_store(CacheConfig(redis_url=server.url))
         try:
             assert isinstance(store, RedisStore)
-            await store.put_many([item(key(0), b"v")])
-            assert await store.get_many([key(0)]) == [b"v"]
+            # Its payloads are bounded (cache.max_piece_samples): Arrow IPC, not any bytes.
+            payload = QueryResult.from_series("matrix", [({"a": "1"}, [key(0).span.start_ms], [1.0])]).to_ipc_bytes()
+            await store.put_many([item(key(0), payload), item(key(1), b"v")])
+            assert await store.get_many([key(0), key(1)]) == [payload, None]
+            assert store.stats()["too_large"] == 1
         finally:
             await store.aclose()
 
