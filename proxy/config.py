@@ -510,13 +510,17 @@ class ListenConfig(_Strict):
     # request's first byte; its body complete within body_timeout of the headers (else 408 and
     # close). Idle keep-alive connections close after keep_alive_timeout (longer than Grafana's
     # Go client keeps them idle, 90 s, so promaccel never closes one about to be reused).
-    # max_concurrency: uvicorn's limit_concurrency, open connections (idle ones included) or
-    # running requests beyond which a request gets 503.
+    # max_concurrency: requests running at once beyond which a request gets 503 (never
+    # /-/healthy, /-/ready); idle sockets do not count (issue 26). first_byte_timeout: a new
+    # connection that sends nothing this long is closed. max_connections: open client sockets;
+    # beyond it the connection idle longest is closed (kept below the open-files limit).
     max_header_bytes: int = Field(default=64 * 1024, ge=1024, le=64 * 1024 * 1024)
+    first_byte_timeout: DurationMs = Field(default=10_000, gt=0)
     header_timeout: DurationMs = Field(default=30_000, gt=0)
     body_timeout: DurationMs = Field(default=60_000, gt=0)
     keep_alive_timeout: DurationMs = Field(default=120_000, gt=0)
     max_concurrency: int = Field(default=1024, ge=1)
+    max_connections: int = Field(default=4096, ge=16)
     # A client that takes none of its answer for this long while promaccel has more to send
     # (the socket's send buffer full) is cut off: a client that never reads holds neither
     # the answer nor its share of limits.max_inflight_answer_bytes longer than this.

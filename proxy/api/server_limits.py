@@ -1,4 +1,5 @@
-"""Limits of the HTTP server (uvicorn with httptools): header size, read deadlines, concurrency.
+"""Limits of the HTTP server (uvicorn with httptools): header size, read deadlines, concurrency,
+open sockets.
 
 uvicorn bounds neither the size of a request's headers nor the time a client may take to
 send them or its body: a 64 MB header was accepted (+108 MB RSS), and connections sending a
@@ -10,9 +11,12 @@ connection (`listen:` in the config):
   exact size is only computed when the chunks say the limit may be passed. A request that
   starts inside a chunk with the end of the previous one (pipelining) is counted from the
   next chunk, so the bound may be passed by at most one read (256 KiB).
+- `first_byte_timeout`: a new connection that sends nothing this long is closed silently
+  (issue 26: 1,030 connections that never sent a byte held every slot for header_timeout).
 - `header_timeout`: the headers must be complete this long after the connection opened or
   the request's first byte arrived; else 408 (when any byte came; silently when none did)
-  and close. An idle connection between requests is uvicorn's keep-alive timeout.
+  and close. An idle connection between requests is uvicorn's keep-alive timeout
+  (`keep_alive_timeout`).
 - `body_timeout`: the body must be complete this long after the headers; else 408 when the
   app has not answered yet, and close. The app's `receive` then reports a disconnect, which
   it answers as a client that went away (proxy/api/forms.py: 499, no traceback).
@@ -21,8 +25,15 @@ connection (`listen:` in the config):
   is cut off: the connection is aborted, dropping what was buffered, and the app's
   streaming response stops (it sees a disconnect). Without it a client that never reads
   kept its answer in memory for as long as it kept the connection.
-- `max_concurrency` is uvicorn's `limit_concurrency` (open connections or running requests,
-  idle keep-alive connections included); over it a request gets Prometheus-style 503 JSON.
+- `max_concurrency`: requests running at once (uvicorn's `limit_concurrency` counted open
+  connections too, so idle sockets filled it: issue 26); over it a request gets
+  Prometheus-style 503 JSON -- except `/-/healthy` and `/-/ready`, which are always answered.
+- `max_connections`: open client sockets. A connection over it closes the connection that has
+  waited longest for a request (a new one sending nothing yet, or one idle between requests);
+  only when every connection has a request in progress is the new one closed instead. So idle
+  sockets cannot keep a health probe or a query out while any connection is idle. The
+  process's soft limit of open files is raised to its hard limit at start, and the cap is kept
+  below it (`effective_max_connections`) so that accepting never fails for want of a file.
 
 The hot path pays a few attribute checks per received chunk, one overridden callback per
 request, and a timer only when a request's headers or body do not arrive in one read.
@@ -31,6 +42,8 @@ request, and a timer only when a request's headers or body do not arrive in one 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from typing import Any
 
 import httptools
@@ -43,6 +56,16 @@ from ..config import ListenConfig
 _IDLE = 0  # between requests (and before a connection's first byte, with the head timer armed)
 _HEAD = 1  # request line and headers
 _BODY = 2  # body
+
+
+# Files kept for everything but client sockets (backend and Redis pools, logs, the listening
+# socket): the socket cap stays this far below the open-files limit.
+_FILES_RESERVE = 512
+# Connections waiting for a request (a new one before its first request, or one idle between
+# requests), oldest first: the first to close when the socket cap is reached.
+_waiting: dict["LimitedHttpToolsProtocol", None] = {}
+_HEALTH_PATHS = (b"/-/healthy", b"/-/ready")
+_log = logging.getLogger("promaccel.server")
 
 
 class _Refused(Exception):
@@ -75,14 +98,18 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     # Set once per process by `configure` (the serving process, or each worker of
     # `serve --workers N`), before the first connection.
     max_header_bytes = 64 * 1024
+    first_byte_timeout_s = 10.0
     header_timeout_s = 30.0
     body_timeout_s = 60.0
     send_timeout_s = 60.0
+    max_connections = 4096  # effective: below the open-files limit
+    _evicted = 0  # connections closed for the cap since the last warning
+    _evicted_logged = 0.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # uvicorn's limit_concurrency, checked in on_headers_complete: uvicorn's own check
-        # answers text/plain, ours Prometheus-style JSON.
+        # uvicorn's limit_concurrency, checked in on_headers_complete against running requests
+        # only (uvicorn's own check counts open connections too, and answers text/plain).
         self.max_concurrency, self.limit_concurrency = self.limit_concurrency, None
         self._phase = _IDLE
         self._head_bytes = 0
@@ -90,16 +117,44 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._send_deadline: asyncio.TimerHandle | None = None
         self._refused = False
+        self._first_byte = True  # nothing received on this connection yet
 
     # --- connection ----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        # A connection that sends nothing is closed at header_timeout.
+        if len(self.connections) > self.max_connections and not self._make_room():
+            self._count_evicted()
+            transport.close()  # every other connection has a request in progress
+            return
+        _waiting[self] = None
+        # A connection that sends nothing is closed at first_byte_timeout.
         self._start_head()
-        self._arm(self._head_t0 + self.header_timeout_s)
+        self._arm(self._head_t0 + min(self.first_byte_timeout_s, self.header_timeout_s))
+
+    def _make_room(self) -> bool:
+        """Close the connection that has waited longest for a request; False: none waits."""
+        while _waiting:
+            oldest = next(iter(_waiting))
+            del _waiting[oldest]
+            if not oldest.transport.is_closing():
+                oldest._disarm()
+                oldest.transport.close()
+                self._count_evicted()
+                return True
+        return False
+
+    @classmethod
+    def _count_evicted(cls) -> None:
+        cls._evicted += 1
+        now = time.monotonic()
+        if now - cls._evicted_logged >= 10.0:
+            _log.warning("%d connection(s) closed: %d sockets open (listen.max_connections)", cls._evicted,
+                         cls.max_connections)
+            cls._evicted, cls._evicted_logged = 0, now
 
     def connection_lost(self, exc: Exception | None) -> None:
+        _waiting.pop(self, None)
         self._disarm()
         self._send_resumed()
         super().connection_lost(exc)
@@ -133,6 +188,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if self._phase != _BODY:
             if self._phase == _IDLE:
                 self._start_head()
+            elif self._first_byte and self._phase == _HEAD:
+                # The first byte came: the first-byte deadline becomes the header deadline.
+                self._first_byte = False
+                self._disarm()
             self._head_bytes += len(data)
         self._unset_keepalive_if_required()
         try:
@@ -169,9 +228,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self._refuse_header_size()
             raise _Refused
         self._phase = _BODY
+        self._first_byte = False
         self._disarm()
+        _waiting.pop(self, None)  # a request in progress: not closed for the socket cap
         limit = self.max_concurrency
-        if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
+        if limit is not None and len(self.tasks) >= limit and not self._is_health():
             self.logger.warning("Exceeded concurrency limit (listen.max_concurrency).")
             app, self.app = self.app, _busy
             try:
@@ -185,6 +246,19 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._phase = _IDLE
         self._disarm()
         super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and not self.pipeline and self.cycle is not None \
+                and self.cycle.keep_alive:
+            _waiting[self] = None  # idle until its next request (or keep_alive_timeout)
+
+    def _is_health(self) -> bool:
+        """Is the request /-/healthy or /-/ready (never refused for concurrency)?"""
+        try:
+            return httptools.parse_url(self.url).path in _HEALTH_PATHS
+        except httptools.HttpParserInvalidURLError:
+            return False
 
     # --- limits ----------------------------------------------------------------------------
 
@@ -250,9 +324,39 @@ def configure(listen: ListenConfig) -> dict[str, Any]:
     """Apply `listen:`'s limits to this process's protocol class; uvicorn.run's arguments."""
     cls = LimitedHttpToolsProtocol
     cls.max_header_bytes = listen.max_header_bytes
+    cls.first_byte_timeout_s = listen.first_byte_timeout / 1000
     cls.header_timeout_s = listen.header_timeout / 1000
     cls.body_timeout_s = listen.body_timeout / 1000
     cls.send_timeout_s = listen.send_timeout / 1000
+    cls.max_connections = effective_max_connections(listen.max_connections)
     return {"http": cls, "timeout_keep_alive": listen.keep_alive_timeout / 1000,
             "limit_concurrency": listen.max_concurrency,
             "timeout_graceful_shutdown": listen.shutdown_timeout / 1000}
+
+
+def effective_max_connections(configured: int) -> int:
+    """`listen.max_connections`, kept below the open-files limit (raised to its hard limit
+    first) by a reserve for everything else, so that accepting a connection never fails for
+    want of a file (an accept that fails is retried by asyncio a second later, and meanwhile
+    not even a health probe gets in)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = hard if hard != resource.RLIM_INFINITY else 1 << 20
+        want = min(want, 1 << 20)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+                soft = want
+            except (ValueError, OSError):
+                pass
+    except (ImportError, OSError, ValueError):  # not POSIX: the configured cap as it is
+        return configured
+    if soft == resource.RLIM_INFINITY:
+        return configured
+    room = max(16, soft - _FILES_RESERVE)
+    if room < configured:
+        _log.warning("listen.max_connections %d is above what %d open files allow: %d client sockets at most",
+                     configured, soft, room)
+    return min(configured, room)

@@ -1,11 +1,17 @@
 """Server limits (proxy/api/server_limits.py, `listen:`), against a real promaccel served by uvicorn on a
 loopback port with 1 s deadlines: slow or unfinished headers, slow bodies, idle connections
 and oversized headers are cut off; a client that leaves mid-body costs no 500 and no traceback;
-more connections than max_concurrency get a Prometheus-style 503."""
+more running requests than max_concurrency get a Prometheus-style 503 (idle sockets take no
+slot, health is always answered); idle sockets close at first_byte_timeout and over
+max_connections."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import resource
 import select
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -181,23 +187,128 @@ def test_disconnect_mid_body_is_no_500_and_no_traceback(limited: Promaccel) -> N
     _log_is_clean(limited)
 
 
-def test_concurrency_limit_gets_503(prom: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_concurrency_limit_counts_running_requests_not_sockets(prom: Any, backend: Any,
+                                                               tmp_path_factory: pytest.TempPathFactory) -> None:
+    """issue 26: idle sockets filled max_concurrency. Now 10 idle connections take no slot;
+    two requests running (the backend stalls 3 s) fill max_concurrency: 2, and a third gets
+    Prometheus-style 503 JSON, while /-/healthy and /-/ready are still answered."""
     work = tmp_path_factory.mktemp("concurrency")
     config = work / "concurrency.yaml"
-    config.write_text("listen:\n  max_concurrency: 3\n")
-    p = Promaccel.start(prom.url, ("--split-interval", "none", "--shards", "1"), work, config=config)
+    config.write_text("listen:\n  max_concurrency: 2\n")
+    p = Promaccel.start(backend.url, ("--split-interval", "none", "--shards", "1"), work, config=config)
+    idle = []
     try:
-        idle = [connect(p.url), connect(p.url)]
-        time.sleep(0.3)  # both accepted
-        ans = raw_request(p.url, "/api/v1/query?query=vector(1)&time=1000")  # 3rd connection
-        assert ans.status == 503, ans
-        body = orjson.loads(ans.body)
-        assert body["errorType"] == "unavailable" and "listen.max_concurrency" in body["error"]
-        for s in idle:
-            s.close()
-        time.sleep(0.3)
+        backend.set(None)
+        idle = [connect(p.url) for _ in range(10)]
+        time.sleep(0.3)  # all accepted
         assert raw_request(p.url, "/api/v1/query?query=vector(1)&time=1000").status == 200
+        backend.set("stall", first=None)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            running = [pool.submit(raw_request, p.url, f"/api/v1/query?query=vector({i})&time=1000")
+                       for i in (2, 3)]
+            time.sleep(0.8)  # both on their way to the backend
+            ans = raw_request(p.url, "/api/v1/query?query=vector(4)&time=1000")
+            assert ans.status == 503, ans
+            body = orjson.loads(ans.body)
+            assert body["errorType"] == "unavailable" and "listen.max_concurrency" in body["error"]
+            t0 = time.monotonic()
+            healthy = raw_request(p.url, "/-/healthy")
+            assert healthy.status == 200 and time.monotonic() - t0 < 0.5, healthy
+            ready = raw_request(p.url, "/-/ready")  # asks the (stalling) backend: answered either way
+            assert b"max_concurrency" not in ready.body, ready
+            assert [f.result().status for f in running] == [200, 200]
+        backend.set(None)
+        assert raw_request(p.url, "/api/v1/query?query=vector(5)&time=1000").status == 200
     finally:
+        backend.set(None)
+        for sock in idle:
+            sock.close()
+        p.stop()
+
+
+@contextlib.contextmanager
+def _open_files(at_least: int) -> Iterator[None]:
+    """This test process's soft limit of open files raised to `at_least` (within the hard
+    limit), restored afterwards."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = at_least if hard == resource.RLIM_INFINITY else min(at_least, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) == b""
+    except BlockingIOError:
+        return False  # still open, nothing sent
+    except ConnectionResetError:
+        return True
+
+
+def test_idle_sockets_neither_block_requests_nor_stay(prom: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """issue 26: 1,030 idle TCP connections filled max_concurrency (1,024) and every request,
+    /-/healthy included, got 503 for header_timeout (30 s). With the default limits, 1,100
+    connections that never send a byte: /-/healthy answers within 100 ms, a query answers 200,
+    and the idle sockets are closed at first_byte_timeout (2 s here), not header_timeout."""
+    work = tmp_path_factory.mktemp("idle-sockets")
+    config = work / "idle.yaml"
+    config.write_text("listen:\n  first_byte_timeout: 2s\n")
+    p = Promaccel.start(prom.url, ("--split-interval", "none", "--shards", "1"), work, config=config)
+    idle: list[socket.socket] = []
+    try:
+        with _open_files(4096):
+            t_open = time.monotonic()
+            idle = [connect(p.url) for _ in range(1100)]
+            time.sleep(0.3)  # accepted
+            took = []
+            for _ in range(5):
+                t0 = time.monotonic()
+                ans = raw_request(p.url, "/-/healthy")
+                took.append(time.monotonic() - t0)
+                assert ans.status == 200, ans
+            assert sorted(took)[2] < 0.1, took
+            ans = raw_request(p.url, "/api/v1/query?query=vector(1)&time=1000")
+            assert ans.status == 200 and orjson.loads(ans.body)["status"] == "success", ans
+            assert not any(_closed_by_server(s) for s in idle[-100:])  # younger than 2 s: open
+            while time.monotonic() - t_open < 2.0 + CUT_OFF_S and not all(_closed_by_server(s) for s in idle):
+                time.sleep(0.2)
+            assert all(_closed_by_server(s) for s in idle), sum(not _closed_by_server(s) for s in idle)
+            assert time.monotonic() - t_open < 2.0 + CUT_OFF_S
+            assert raw_request(p.url, "/-/healthy").status == 200
+    finally:
+        for sock in idle:
+            sock.close()
+        p.stop()
+
+
+def test_socket_cap_closes_the_connection_idle_longest(prom: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """listen.max_connections: 20. Thirty idle connections (the first-byte timeout is long):
+    each one over the cap closes the one idle longest, and a health probe and a query still
+    get in (each closing one more idle connection); the youngest idle ones stay open."""
+    work = tmp_path_factory.mktemp("socket-cap")
+    config = work / "cap.yaml"
+    config.write_text("listen:\n  max_connections: 20\n  first_byte_timeout: 60s\n  header_timeout: 60s\n")
+    p = Promaccel.start(prom.url, ("--split-interval", "none", "--shards", "1"), work, config=config)
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(30):
+            idle.append(connect(p.url))
+            time.sleep(0.02)  # accepted in this order
+        time.sleep(0.3)
+        assert raw_request(p.url, "/-/healthy").status == 200
+        assert raw_request(p.url, "/api/v1/query?query=vector(1)&time=1000").status == 200
+        time.sleep(0.3)
+        closed = [_closed_by_server(s) for s in idle]
+        assert all(closed[:10]) and not any(closed[-15:]), closed
+        assert "listen.max_connections" in p.log.read_text(errors="replace")
+    finally:
+        for sock in idle:
+            sock.close()
         p.stop()
 
 
