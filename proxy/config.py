@@ -425,6 +425,13 @@ class LimitsConfig(_Strict):
     # stores (fetched from each and evaluated by promaccel); over it: 422 naming the limit.
     # 0: no limit.
     max_window_samples: int = Field(default=20_000_000, ge=0)
+    # In-process evaluation (cross-store queries) runs in worker threads, under the query's
+    # deadline. Its work (samples visited: series x steps x samples in a window for a range
+    # function; input and output samples for an operator) is estimated before each node runs;
+    # over max_eval_work: 422 naming the limit (~1-2.5 ns a unit on one core). A node giving
+    # more than max_eval_series series (count_values over a wide expression): 422. 0: no limit.
+    max_eval_work: int = Field(default=4_000_000_000, ge=0)
+    max_eval_series: int = Field(default=200_000, ge=0)
     # Admission: queries (query, query_range) running at once, in all and per client (the
     # tenant's forwarded headers when tenancy.forward_headers is set, else the client's
     # address -- behind Grafana every viewer has Grafana's address, hence off by default);

@@ -18,8 +18,12 @@ operator -- never a guess."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import os
 import re
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -42,6 +46,7 @@ from ..result.aggregate import AGGREGATIONS, evaluate_aggregation
 from ..result.binop import BinopError, evaluate_binary
 from ..result.functions import INSTANT_FUNCTIONS, evaluate_call
 from ..result.windows import RANGE_FUNCTIONS, eval_range_function
+from ..result.work import WorkBudget
 from .ask import Asker
 from .local_ops import _absent_or_scalar, _restamp, as_answer, check_distinct, grid_of, joined
 from .names import MetricNames
@@ -54,6 +59,24 @@ from .values import Answer, PieceFailed, Query
 _ABSENT_LIKE = ABSENT_LIKE
 # `[5m:]`: Prometheus's default evaluation interval (global.evaluation_interval, 1m).
 DEFAULT_SUBQUERY_STEP_MS = 60_000
+# Evaluation runs in these threads, never on the event loop (the window kernels release the
+# GIL; numpy mostly does). A node whose inputs hold fewer samples than INLINE_SAMPLES is
+# evaluated in place: a thread hop costs more than the work.
+_POOL = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="promaccel-eval")
+INLINE_SAMPLES = 20_000
+
+
+async def off_loop(budget: WorkBudget, fn: Callable[[], Any], inline: bool = False) -> Any:
+    """`fn()` in an evaluation thread; a cancellation (the query's deadline, a client gone)
+    cancels the budget, so the thread stops at its next check."""
+    if inline:
+        budget.check()
+        return fn()
+    try:
+        return await asyncio.get_running_loop().run_in_executor(_POOL, fn)
+    except asyncio.CancelledError:
+        budget.cancel()
+        raise
 
 
 @dataclass(frozen=True)
@@ -114,15 +137,19 @@ class CrossStore:
             if not reply.ok:
                 return Answer(reply=reply, headers={"X-Promaccel-Pieces": "1"})
         pieces = "0"
+        limits = self.planner.config.limits
+        budget = WorkBudget(time.monotonic() + q.timeout_s, limits.max_eval_work, limits.max_eval_series)
         try:
             async with asyncio.timeout(q.timeout_s):
                 tree = await self.tree(q)
                 pieces = str(piece_count(tree))
-                result = await self._execute(tree, q)
-        except TimeoutError:
+                result = await self._execute(tree, q, budget)
+        except TimeoutError:  # EvalCancelled too
             raise PromError("timeout", f"query timed out after {q.timeout_s:g}s") from None
         except PieceFailed as failed:
             return Answer(reply=failed.reply, headers={"X-Promaccel-Pieces": pieces})
+        finally:
+            budget.cancel()  # threads of branches still running stop at their next check
         assert isinstance(result, QueryResult)  # tree() refuses a number at the top
         METRICS.planned.labels("cross_store", "").inc()
         return Answer(result=result, headers={"X-Promaccel-Pieces": pieces, "X-Cache": "MISS"},
@@ -271,6 +298,13 @@ class CrossStore:
             first = int(grid[0]) - arg.offset_ms - arg.range_ms
             start = -(-first // step) * step  # the first multiple of the step at or after it
             end = int(grid[-1]) - arg.offset_ms
+            inner_steps = (end - start) // step + 1 if start <= end else 0
+            max_points = self.planner.config.limits.max_points
+            if inner_steps > max_points:
+                # The inner grid is a range query of its own: the same bound as a client's.
+                raise PromError("execution", f"the subquery {to_promql(arg)} would evaluate its inner expression at "
+                                f"{inner_steps:,} steps, more than {max_points:,} (limits.max_points): "
+                                "raise the subquery's step or shorten its range")
             if start <= end:
                 inner_req = QueryRequest.range(to_promql(arg.expr), start, end, step, req.lookback_ms)
                 inner = await self._tree(arg.expr, inner_req, router, reason)
@@ -278,7 +312,7 @@ class CrossStore:
                     return Op("subquery", node, (inner,), req)
         raise PromError("execution", reason)
 
-    async def _execute(self, step: Step, q: Query) -> QueryResult | float | str:
+    async def _execute(self, step: Step, q: Query, budget: WorkBudget) -> QueryResult | float | str:
         if isinstance(step, (float, str)):
             return step
         if isinstance(step, Sub):
@@ -287,26 +321,57 @@ class CrossStore:
             assert answer.result is not None
             return answer.result
         if step.kind == "window":
-            return await self._window(step, q)
-        args = await asyncio.gather(*(self._execute(a, q) for a in step.args))
-        try:
-            return self._evaluate(step, args)
-        except BinopError as exc:
-            raise PromError("execution", exc.message) from None
+            return await self._window(step, q, budget)
+        args = await asyncio.gather(*(self._execute(a, q, budget) for a in step.args))
+        if step.kind == "subquery":
+            inner = args[0]
+            bound = self.max_window_samples
+            if isinstance(inner, QueryResult) and bound and inner.n_samples > bound:
+                raise PromError("execution", f"the subquery {to_promql(_range_arg(step.node))} gathers "
+                                f"{inner.n_samples:,} samples, more than the query may gather ({bound:,}: "
+                                "limits.max_window_samples, or limits.max_samples if lower)")
+        size = sum(a.n_samples for a in args if isinstance(a, QueryResult))
+        out: QueryResult | float = await off_loop(budget, functools.partial(self._evaluate_within, step, args, budget),
+                              inline=size < INLINE_SAMPLES)
+        return out
 
-    async def _window(self, step: Op, q: Query) -> QueryResult:
+    async def _window(self, step: Op, q: Query, budget: WorkBudget) -> QueryResult:
         node: Call = step.node
         arg = _range_arg(node)
         assert isinstance(arg, MatrixSel)
         by_name = {b.name: b for b in self.backends}
         cache = self.raw_cache if q.cache is not None else None  # the query may use the cache
         raw = await fetch_raw(arg.selector, step.reads, by_name, q.timeout_s, self.max_window_samples, cache)
-        out = eval_range_function(node.func, _params(node), raw, grid_of(step.req), arg.range_ms,
-                                  offset_ms=arg.selector.offset_ms)
-        return as_answer(out, step.req)
+
+        def evaluate() -> QueryResult:
+            out = eval_range_function(node.func, _params(node), raw, grid_of(step.req), arg.range_ms,
+                                      offset_ms=arg.selector.offset_ms, budget=budget)
+            budget.series(out.n_series, to_promql(node))
+            return as_answer(out, step.req)
+
+        return await off_loop(budget, evaluate, inline=raw.n_samples < INLINE_SAMPLES)  # type: ignore[no-any-return]
+
+    @classmethod
+    def _evaluate_within(cls, step: Op, args: list[QueryResult | float | str],
+                         budget: WorkBudget) -> QueryResult | float:
+        """`_evaluate` charged to `budget`: its input samples before it runs (a 422 over
+        limits.max_eval_work), its output's after (and its series against max_eval_series)."""
+        what = operator_text(step)
+        steps = len(grid_of(step.req))
+        work = sum(a.n_samples if a.result_type == "matrix" else a.n_series * steps
+                   for a in args if isinstance(a, QueryResult))
+        budget.charge(work, what)
+        try:
+            out = cls._evaluate(step, args, budget)
+        except BinopError as exc:
+            raise PromError("execution", exc.message) from None
+        if isinstance(out, QueryResult):
+            budget.series(out.n_series, what)
+            budget.charge(out.n_samples, what)
+        return out
 
     @staticmethod
-    def _evaluate(step: Op, args: list[QueryResult | float | str]) -> QueryResult | float:
+    def _evaluate(step: Op, args: list[QueryResult | float | str], budget: WorkBudget | None = None) -> QueryResult | float:
         node, req = step.node, step.req
         if step.kind == "binary":
             lhs, rhs = args
@@ -326,7 +391,7 @@ class CrossStore:
             sub = _range_arg(node)
             assert isinstance(sub, Subquery)
             out = eval_range_function(node.func, _params(node), inner, grid_of(req), sub.range_ms,
-                                      offset_ms=sub.offset_ms)
+                                      offset_ms=sub.offset_ms, budget=budget)
             return as_answer(out, req)
         if step.kind == "pinned":
             return _restamp(inner, req)

@@ -138,19 +138,39 @@ async def fetch_raw(selector: Selector, parts: Sequence[tuple[str, int, int]], b
             raise PromError("execution", f"backend {name!r} answered {texts[i]} with a {got.result_type}, not a matrix")
         return slice_time(got, a, b) if got.n_samples else got
 
-    missing = [i for i, r in enumerate(results) if r is None]
-    fetched = await asyncio.gather(*(one(i) for i in missing))
-    for i, r in zip(missing, fetched):
-        results[i] = r
-    if cache is not None and missing:
-        cache.keep([(keys[i], r, selector.metric_name, parts[i][1], parts[i][2]) for i, r in zip(missing, fetched)],
-                   fetched_at)
-    done = [r for r in results if r is not None]
-    total = sum(r.n_samples for r in done)
+    def over(total: int) -> PromError:
+        return PromError("execution", f"the raw samples of {to_promql(bare)} over the window straddling the stores "
+                         f"number {total} or more, more than the query may gather ({max_samples}: "
+                         "limits.max_window_samples, or limits.max_samples if lower)")
+
+    total = sum(r.n_samples for r in results if r is not None)
     if max_samples and total > max_samples:
-        raise PromError("execution", f"the raw samples of {to_promql(bare)} over the window straddling the stores "
-                        f"number {total}, more than the query may gather ({max_samples}: limits.max_window_samples, "
-                        "or limits.max_samples if lower)")
+        raise over(total)  # the cached chunks alone: nothing fetched
+    missing = [i for i, r in enumerate(results) if r is None]
+    # The running total is checked as each chunk lands: over the bound, the chunks still in
+    # flight are cancelled and nothing more is fetched or decoded.
+    tasks = {asyncio.ensure_future(one(i)): i for i in missing}
+    try:
+        pending = set(tasks)
+        while pending:
+            done_now, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done_now:
+                r = task.result()
+                results[tasks[task]] = r
+                total += r.n_samples
+            if max_samples and total > max_samples:
+                raise over(total)
+    finally:
+        for task in tasks:
+            if not task.done():
+                task.cancel()
+        # Gathered with their errors kept: none is left "never retrieved".
+        await asyncio.gather(*tasks, return_exceptions=True)
+    fetched = [results[i] for i in missing]
+    if cache is not None and missing:
+        cache.keep([(keys[i], r, selector.metric_name, parts[i][1], parts[i][2])
+                    for i, r in zip(missing, fetched) if r is not None], fetched_at)
+    done = [r for r in results if r is not None]
     nonempty = [r for r in done if r.n_samples]
     if not nonempty:
         return QueryResult.empty("matrix")

@@ -42,6 +42,7 @@ import numpy.typing as npt
 
 from proxy.errors import PromError
 from proxy.result.query_result import QueryResult
+from proxy.result.work import WorkBudget
 
 __all__ = ["RANGE_FUNCTIONS", "eval_range_function", "go_duration_seconds", "subquery_times"]
 
@@ -95,11 +96,16 @@ def eval_range_function(
     range_ms: int,
     *,
     offset_ms: int = 0,
+    budget: WorkBudget | None = None,
 ) -> QueryResult:
     """`func(sel[range_ms] offset offset_ms)` at each of `eval_ms`, from `raw`: the samples
     of every series of `sel` (a "matrix" answer) covering [eval_ms[0] - offset - range,
     eval_ms[-1] - offset]. Samples outside that span are ignored. Raises PromError
-    ("execution") where Prometheus answers an error, ValueError for a misuse."""
+    ("execution") where Prometheus answers an error, ValueError for a misuse.
+
+    `budget`: the work is estimated (`window_work`) and charged before any kernel runs (a 422
+    over `limits.max_eval_work`), and the series are evaluated a chunk at a time with
+    `budget.check()` between chunks (the deadline, a cancellation)."""
     from proxy.result import window_kernels, window_lanes
 
     if func not in _PARAMS:
@@ -118,16 +124,64 @@ def eval_range_function(
     while len(p) < 2:
         p.append(np.zeros(n_steps, dtype=np.float64))
     code = window_kernels.CODES[func]
-    columns = (np.ascontiguousarray(raw.offsets), np.ascontiguousarray(raw.t_ms), np.ascontiguousarray(raw.value),
-               times, int(range_ms), int(offset_ms))
-    if code in window_lanes.SERIAL:
-        state, out = window_lanes.run_serial(code, *columns, p[0], p[1])
+    offsets = np.ascontiguousarray(raw.offsets, dtype=np.int64)
+    t_ms, value = np.ascontiguousarray(raw.t_ms), np.ascontiguousarray(raw.value)
+    per_series = window_work(offsets, times, range_ms)
+    if budget is not None:
+        budget.charge(int(per_series.sum()), f"{func} over a window of {range_ms // 1000}s")
+    states, outs = [], []
+    for a, b in _chunks(per_series):
+        if budget is not None:
+            budget.check()
+        lo, hi = int(offsets[a]), int(offsets[b])
+        columns = (offsets[a : b + 1] - lo, t_ms[lo:hi], value[lo:hi], times, int(range_ms), int(offset_ms))
+        if code in window_lanes.SERIAL:
+            st, o = window_lanes.run_serial(code, *columns, p[0], p[1])
+        else:
+            st, o = window_kernels.run(code, *columns, go_duration_seconds(range_ms), p[0], p[1])
+        states.append(st)
+        outs.append(o)
+    if len(states) == 1:
+        state, out = states[0], outs[0]
+    elif states:
+        state, out = np.concatenate(states), np.concatenate(outs)
     else:
-        state, out = window_kernels.run(code, *columns, go_duration_seconds(range_ms), p[0], p[1])
+        state, out = np.zeros(0, dtype=np.int8), np.zeros(0, dtype=np.float64)
     state = state.reshape(raw.n_series, n_steps)
     if func == "holt_winters":
         _check_factors(state, p[0], p[1])
     return _assemble(func, raw, times, state, out)
+
+
+# Work per chunk of series between two budget checks: ~50-120 ms of a kernel on one core.
+CHUNK_WORK = 50_000_000
+
+
+def window_work(offsets: I64, eval_ms: I64, range_ms: int) -> I64:
+    """An upper estimate of each series' work (samples visited) for a range function at
+    `eval_ms`: steps x samples in one window, the samples taken as spread evenly over the span
+    the steps' windows cover, plus one per step (the walk itself)."""
+    counts = np.diff(offsets)
+    n_steps = len(eval_ms)
+    if n_steps == 0 or len(counts) == 0:
+        return np.zeros(len(counts), dtype=np.int64)
+    span = int(eval_ms[-1]) - int(eval_ms[0]) + range_ms
+    frac = min(1.0, range_ms / span) if span > 0 else 1.0
+    per_window = np.minimum(counts, np.ceil(counts * frac).astype(np.int64) + 1)
+    return (per_window + 1) * n_steps
+
+
+def _chunks(work: I64) -> list[tuple[int, int]]:
+    """Consecutive series ranges [a, b) of about CHUNK_WORK each (at least one series)."""
+    n = len(work)
+    if n == 0:
+        return []
+    total = int(work.sum())
+    if total <= CHUNK_WORK:
+        return [(0, n)]
+    bounds = np.searchsorted(np.cumsum(work), np.arange(CHUNK_WORK, total, CHUNK_WORK), side="left")
+    cuts = sorted({0, n, *(min(n, int(x) + 1) for x in bounds)})
+    return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
 
 
 def _go_f(x: float) -> str:

@@ -400,3 +400,65 @@ def test_subquery_times(times: list[int], rng: int, step: int, off: int) -> None
     assert grid[0] >= low > grid[0] - step
     assert grid[-1] <= high < grid[-1] + step
     assert subquery_times(times[0], rng, step, off)[0] == grid[0]
+
+
+# --- the work budget: chunks, deadline, bound (issue 26) ---------------------------------------
+
+
+def _wide(n_series: int = 12, per: int = 2880) -> QueryResult:
+    rng = np.random.default_rng(7)
+    t = np.tile(np.arange(per, dtype=np.int64) * 30_000, n_series)
+    v = rng.random(n_series * per) * 100
+    offsets = np.arange(n_series + 1, dtype=np.int64) * per
+    return QueryResult("matrix", [{"__name__": "x", "i": f"{i:02d}"} for i in range(n_series)], offsets, t, v, [], [])
+
+
+@pytest.mark.parametrize("func,params", [("max_over_time", []), ("rate", []), ("holt_winters", [0.3, 0.6]),
+                                         ("quantile_over_time", [0.9]), ("changes", [])])
+def test_chunked_evaluation_is_the_same_answer(func: str, params: list[float], monkeypatch: pytest.MonkeyPatch) -> None:
+    from proxy.result import windows
+    from proxy.result.work import WorkBudget
+
+    raw = _wide()
+    times = np.arange(3_600_000, 86_400_000, 60_000, dtype=np.int64)
+    whole = eval_range_function(func, params, raw, times, 3_600_000)
+    monkeypatch.setattr(windows, "CHUNK_WORK", 100_000)  # a chunk of one or two series
+    assert len(windows._chunks(windows.window_work(raw.offsets, times, 3_600_000))) >= 6
+    chunked = eval_range_function(func, params, raw, times, 3_600_000, budget=WorkBudget())
+    assert chunked.labels == whole.labels
+    assert np.array_equal(chunked.offsets, whole.offsets) and np.array_equal(chunked.t_ms, whole.t_ms)
+    assert np.array_equal(chunked.value, whole.value, equal_nan=True)
+
+
+def test_the_budget_stops_between_chunks_and_refuses_over_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from proxy.errors import PromError
+    from proxy.result import windows
+    from proxy.result.work import EvalCancelled, WorkBudget
+
+    raw = _wide()
+    times = np.arange(3_600_000, 86_400_000, 1_000, dtype=np.int64)
+    monkeypatch.setattr(windows, "CHUNK_WORK", 1_000_000)
+    checks = []
+    budget = WorkBudget(deadline=time.monotonic() + 60)
+    original = budget.check
+
+    def counting() -> None:
+        checks.append(1)
+        if len(checks) == 3:
+            budget.cancel()  # a client gone, or the deadline, after two chunks
+        original()
+
+    budget.check = counting  # type: ignore[method-assign]
+    with pytest.raises(EvalCancelled):
+        eval_range_function("max_over_time", [], raw, times, 3_600_000, budget=budget)
+    assert len(checks) == 3  # stopped at the third chunk, not after the last
+    with pytest.raises(EvalCancelled):
+        eval_range_function("max_over_time", [], raw, times, 3_600_000, budget=WorkBudget(deadline=time.monotonic() - 1))
+    bound = WorkBudget(max_work=10_000_000)
+    with pytest.raises(PromError) as refused:
+        eval_range_function("max_over_time", [], raw, times, 3_600_000, budget=bound)
+    assert refused.value.status == 422 and "limits.max_eval_work" in refused.value.message
+    with pytest.raises(PromError, match="limits.max_eval_series"):
+        WorkBudget(max_series=10).series(11, "count_values")
