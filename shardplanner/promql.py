@@ -317,7 +317,10 @@ def _convert(node: Any) -> Expr:
     if isinstance(node, _pp.ParenExpr):
         return Paren(_convert(node.expr))
     if isinstance(node, _pp.Call):
-        return Call(node.func.name, tuple(_convert(a) for a in node.args))
+        call = Call(node.func.name, tuple(_convert(a) for a in node.args))
+        if call.func == "label_replace" and len(call.args) == 5 and isinstance(call.args[4], String):
+            _check_go_regex(call.args[4].value)
+        return call
     if isinstance(node, _pp.NumberLiteral):
         return Number(float(node.val))
     if isinstance(node, _pp.StringLiteral):
@@ -345,8 +348,34 @@ def _selector(node: Any) -> Selector:
 def _matcher(m: Any) -> Matcher:
     for native, op in _MATCH_OPS:
         if m.op == native:
+            if op in ("=~", "!~"):
+                _check_go_regex(m.value)
             return Matcher(_label(m.name), op, m.value)
     raise CannotParse(f"unknown match operator {m.op!r}")
+
+
+def _check_go_regex(regex: str) -> None:
+    """Prometheus 2.42 is built with Go 1.19, whose regexp rejects the named group `(?<name>`
+    (Go 1.22 added it; RE2 here accepts it): such a query is not planned, so the backend's
+    own answer stands -- its parse error (400), or label_replace's "invalid regular
+    expression" (422)."""
+    i, n = 0, len(regex)
+    in_class = False
+    while i < n:
+        c = regex[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            if regex.startswith("]", i + 1) or regex.startswith("^]", i + 1):
+                i += 2 if regex[i + 1] == "]" else 3
+                continue
+        elif regex.startswith("(?<", i) and not regex.startswith(("(?<=", "(?<!"), i):
+            raise CannotParse("named group (?<name>...): Go 1.19's regexp (Prometheus 2.42) rejects it")
+        i += 1
 
 
 def _label(name: str) -> str:

@@ -27,9 +27,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from shardplanner.analysis import ABSENT_LIKE, absent_like, pinned_at
 from shardplanner.ast import Agg, Binary, Call, MatrixSel, Number, Paren, Selector, String, Subquery, Unary, transform
 from shardplanner.explain import reason_code
+from shardplanner.functions import AT_UNSAFE, unknown_names
 from shardplanner.holdings import ALL_METRICS, BackendHolding
 from shardplanner.names import NO_METRIC, fixed_names, needs_names, per_series_selector, resolve_names, with_names
 from shardplanner.plan import Plan, QueryRequest, Span
@@ -45,9 +48,11 @@ from ..result import QueryResult
 from ..result.aggregate import AGGREGATIONS, evaluate_aggregation
 from ..result.binop import BinopError, evaluate_binary
 from ..result.functions import INSTANT_FUNCTIONS, evaluate_call
+from ..result.stepwise import scalar_steps
 from ..result.windows import RANGE_FUNCTIONS, eval_range_function
 from ..result.work import WorkBudget
 from .ask import Asker
+from .eval_interval import EvaluationIntervals
 from .local_ops import _absent_or_scalar, _restamp, as_answer, check_distinct, grid_of, joined
 from .names import MetricNames
 from .planning import Planner
@@ -57,8 +62,6 @@ from .stage import Stage
 from .values import Answer, PieceFailed, Query
 
 _ABSENT_LIKE = ABSENT_LIKE
-# `[5m:]`: Prometheus's default evaluation interval (global.evaluation_interval, 1m).
-DEFAULT_SUBQUERY_STEP_MS = 60_000
 # Evaluation runs in these threads, never on the event loop (the window kernels release the
 # GIL; numpy mostly does). A node whose inputs hold fewer samples than INLINE_SAMPLES is
 # evaluated in place: a thread hop costs more than the work.
@@ -124,15 +127,18 @@ class CrossStore:
         self.backends = backends
         self.run = run  # the planned path (merge and below) for each subquery
         self.max_window_samples = max_window_samples
+        self.intervals = EvaluationIntervals()
         self.raw_cache = raw_cache
 
     async def __call__(self, q: Query) -> Answer:
         assert q.plan is not None
-        if q.plan.expr is None and reason_code(q.plan.notes) == "unparsable":
-            # The planner cannot read the query: most often it is invalid, and Prometheus's own
-            # error (400 bad_data, its exact text) is the answer. The primary is asked as the
-            # client asked; if it does answer, that answer cannot be shown to hold every
-            # backend's data, so the query is refused as before.
+        unparsable = q.plan.expr is None and reason_code(q.plan.notes) == "unparsable"
+        if unparsable or (q.plan.expr is not None and unknown_names(q.plan.expr)):
+            # The planner cannot read the query, or it uses a function Prometheus 2.42 does not
+            # know (a Prometheus 3 one): most often it is invalid, and Prometheus's own error
+            # (400 bad_data, its exact text) is the answer. The primary is asked as the client
+            # asked; if it does answer, that answer cannot be shown to hold every backend's
+            # data, so the query is refused as before.
             reply, _ = await Asker().sound(self.backends[0], q.path, q.pairs, q.timeout_s)
             if not reply.ok:
                 return Answer(reply=reply, headers={"X-Promaccel-Pieces": "1"})
@@ -195,8 +201,9 @@ class CrossStore:
     async def _tree(self, node: Any, req: QueryRequest, router: Router, reason: str) -> Step:
         while isinstance(node, Paren):
             node = node.expr
-        if isinstance(node, Number):
-            return node.value
+        folded = constant(node)
+        if folded is not None:
+            return folded
         if isinstance(node, String):
             return node.value
         if isinstance(node, Unary):  # -v: v * -1, the metric name dropped, as Prometheus does
@@ -253,11 +260,16 @@ class CrossStore:
         if isinstance(node, Call) and node.func in INSTANT_FUNCTIONS and not _stamps_samples(node):
             args = await asyncio.gather(*(self._tree(a, req, router, reason) for a in node.args))
             return Op("function", node, tuple(args), req)
-        if isinstance(node, Agg) and (node.param is None or isinstance(node.param, (Number, String))):
-            if node.op in AGGREGATIONS:
-                inner = await self._tree(node.expr, req, router, reason)
-                if not isinstance(inner, (float, str)):
-                    return Op("aggregate", node, (inner,), req)
+        if isinstance(node, Agg) and node.op in AGGREGATIONS:
+            # The parameter may be any expression (`topk(2 * 3, ...)`, `quantile(scalar(y), ...)`):
+            # evaluated as its own tree, a scalar per step (engine.go aggregation()).
+            parts = await asyncio.gather(self._tree(node.expr, req, router, reason),
+                                         *([self._tree(node.param, req, router, reason)] if node.param else []))
+            if not isinstance(parts[0], (float, str)):
+                return Op("aggregate", node, tuple(parts), req)
+        if isinstance(node, (MatrixSel, Subquery)) and not span.is_range:
+            # A bare range vector at the top of an instant query: its samples, as they are.
+            return await self._range_function(Call("__range__", (node,)), req, router, reason)
         raise PromError("execution", reason)
 
     @staticmethod
@@ -287,17 +299,21 @@ class CrossStore:
         subquery's grid (`subquery`); the other arguments must be number literals."""
         arg = _range_arg(node)
         grid = grid_of(req)
-        if (isinstance(arg, MatrixSel) and arg.selector.at is None
+        params = tuple(await asyncio.gather(*(self._tree(a, req, router, reason) for a in _param_args(node))))
+        if (isinstance(arg, MatrixSel) and isinstance(arg.selector.at, (int, type(None)))
                 and any(h.holds_metric(arg.selector.metric_name) for h in router.holdings)):
             sel = arg.selector
-            lo = int(grid[0]) - sel.offset_ms - arg.range_ms
-            hi = int(grid[-1]) - sel.offset_ms
-            return Op("window", node, (), req, tuple(window_parts(router.holdings, sel, lo, hi)), (lo, hi))
-        if isinstance(arg, Subquery) and arg.at is None:
-            step = arg.step_ms or DEFAULT_SUBQUERY_STEP_MS
-            first = int(grid[0]) - arg.offset_ms - arg.range_ms
+            first_t, last_t = _read_times(node.func, sel.at, grid)
+            lo = first_t - sel.offset_ms - arg.range_ms
+            hi = last_t - sel.offset_ms
+            return Op("window", node, params, req, tuple(window_parts(router.holdings, sel, lo, hi)), (lo, hi))
+        if isinstance(arg, Subquery) and isinstance(arg.at, (int, type(None))):
+            # `[5m:]`: the primary's global.evaluation_interval, as Prometheus steps it.
+            step = arg.step_ms or await self.intervals.of(self.backends[0])
+            first_t, last_t = _read_times(node.func, arg.at, grid)
+            first = first_t - arg.offset_ms - arg.range_ms
             start = -(-first // step) * step  # the first multiple of the step at or after it
-            end = int(grid[-1]) - arg.offset_ms
+            end = last_t - arg.offset_ms
             inner_steps = (end - start) // step + 1 if start <= end else 0
             max_points = self.planner.config.limits.max_points
             if inner_steps > max_points:
@@ -309,7 +325,7 @@ class CrossStore:
                 inner_req = QueryRequest.range(to_promql(arg.expr), start, end, step, req.lookback_ms)
                 inner = await self._tree(arg.expr, inner_req, router, reason)
                 if not isinstance(inner, (float, str)):
-                    return Op("subquery", node, (inner,), req)
+                    return Op("subquery", node, (inner, *params), req)
         raise PromError("execution", reason)
 
     async def _execute(self, step: Step, q: Query, budget: WorkBudget) -> QueryResult | float | str:
@@ -320,9 +336,9 @@ class CrossStore:
                                             router=router_for(self.backends, step.req, step.plan, step.extra)))
             assert answer.result is not None
             return answer.result
-        if step.kind == "window":
-            return await self._window(step, q, budget)
         args = await asyncio.gather(*(self._execute(a, q, budget) for a in step.args))
+        if step.kind == "window":
+            return await self._window(step, q, budget, args)
         if step.kind == "subquery":
             inner = args[0]
             bound = self.max_window_samples
@@ -335,7 +351,7 @@ class CrossStore:
                               inline=size < INLINE_SAMPLES)
         return out
 
-    async def _window(self, step: Op, q: Query, budget: WorkBudget) -> QueryResult:
+    async def _window(self, step: Op, q: Query, budget: WorkBudget, params: list[Any]) -> QueryResult:
         node: Call = step.node
         arg = _range_arg(node)
         assert isinstance(arg, MatrixSel)
@@ -344,10 +360,10 @@ class CrossStore:
         raw = await fetch_raw(arg.selector, step.reads, by_name, q.timeout_s, self.max_window_samples, cache)
 
         def evaluate() -> QueryResult:
-            out = eval_range_function(node.func, _params(node), raw, grid_of(step.req), arg.range_ms,
-                                      offset_ms=arg.selector.offset_ms, budget=budget)
+            out = range_call(node, raw, params, step.req, arg.range_ms, arg.selector.offset_ms, arg.selector.at,
+                             budget)
             budget.series(out.n_series, to_promql(node))
-            return as_answer(out, step.req)
+            return out
 
         return await off_loop(budget, evaluate, inline=raw.n_samples < INLINE_SAMPLES)  # type: ignore[no-any-return]
 
@@ -371,7 +387,7 @@ class CrossStore:
         return out
 
     @staticmethod
-    def _evaluate(step: Op, args: list[QueryResult | float | str], budget: WorkBudget | None = None) -> QueryResult | float:
+    def _evaluate(step: Op, args: list[QueryResult | float | str], budget: WorkBudget) -> QueryResult | float:
         node, req = step.node, step.req
         if step.kind == "binary":
             lhs, rhs = args
@@ -390,30 +406,114 @@ class CrossStore:
         if step.kind == "subquery":
             sub = _range_arg(node)
             assert isinstance(sub, Subquery)
-            out = eval_range_function(node.func, _params(node), inner, grid_of(req), sub.range_ms,
-                                      offset_ms=sub.offset_ms, budget=budget)
-            return as_answer(out, req)
+            return range_call(node, inner, args[1:], req, sub.range_ms, sub.offset_ms, sub.at, budget)
         if step.kind == "pinned":
             return _restamp(inner, req)
         if step.kind == "absent":
             return _absent_or_scalar(node, inner, req)
-        param = node.param.value if node.param is not None else None
+        param = args[1] if len(args) > 1 else None
+        assert not isinstance(param, str) or node.op == "count_values"
         return evaluate_aggregation(node, inner, param, grid_of(req), req.is_range)
 
 
+# The argument of each range function that is its range vector (functions.go's signatures);
+# the others are its scalar parameters, in call order. `__range__`: a bare range vector at the
+# top of an instant query (its samples are the answer).
+_MATRIX_ARG = {"quantile_over_time": 1}
+
+
+def _read_times(func: str, at: Any, grid: Any) -> tuple[int, int]:
+    """The first and last times whose windows a range function reads: the steps' own; with
+    `@ T`, T alone. An AtModifierUnsafeFunction with `@ T` is evaluated at every step with the
+    window shifted by the step (engine.go setOffsetForAtModifier turns `@` into an offset fixed
+    at the query's start), but the series and samples it sees are those of the selector's
+    time range, which `@ T` fixes at T (getTimeRangesForSelector; the TSDB querier trims
+    chunks to it): the window at T is all that is read."""
+    if not isinstance(at, int):
+        return int(grid[0]), int(grid[-1])
+    return at, at
+
+
 def _range_arg(node: Call) -> Any:
-    """The one argument of a range function that is not a number literal (its range vector),
-    parentheses off; None when there is not exactly one."""
-    ranged = [a for a in node.args if not isinstance(a, Number)]
-    arg: Any = ranged[0] if len(ranged) == 1 else None
+    """A range function's range-vector argument, parentheses off."""
+    i = _MATRIX_ARG.get(node.func, 0)
+    arg: Any = node.args[i] if i < len(node.args) else None
     while isinstance(arg, Paren):
         arg = arg.expr
     return arg
 
 
-def _params(node: Call) -> list[float]:
-    """A range function's number arguments, in call order (quantile, predict_linear's t, ...)."""
-    return [a.value for a in node.args if isinstance(a, Number)]
+def _param_args(node: Call) -> list[Any]:
+    """A range function's scalar parameters (quantile, predict_linear's t, holt_winters's
+    factors): expressions, evaluated per step."""
+    i = _MATRIX_ARG.get(node.func, 0)
+    return [a for j, a in enumerate(node.args) if j != i]
+
+
+def _fold(op: str, a: float, b: float) -> float | None:
+    """Prometheus's scalarBinop for the arithmetic operators (Go float64 arithmetic)."""
+    with np.errstate(all="ignore"):
+        x, y = np.float64(a), np.float64(b)
+        if op == "+":
+            return float(x + y)
+        if op == "-":
+            return float(x - y)
+        if op == "*":
+            return float(x * y)
+        if op == "/":
+            return float(x / y)
+        if op == "%":
+            return float(np.fmod(x, y))  # Go's math.Mod
+        if op == "^":
+            return float(np.power(x, y))  # Go's math.Pow
+        if op == "atan2":
+            return float(np.arctan2(x, y))
+    return None  # comparisons: the backend says what they mean between scalars
+
+
+def constant(node: Any) -> float | None:
+    """The value of a number-only expression (`2 * 3`, `(3)`, `-1`, `99/100`), folded here
+    instead of asking a backend; None for anything else."""
+    while isinstance(node, Paren):
+        node = node.expr
+    if isinstance(node, Number):
+        return node.value
+    if isinstance(node, Unary):
+        v = constant(node.expr)
+        return None if v is None else -v
+    if isinstance(node, Binary) and not node.return_bool:
+        a = constant(node.lhs)
+        b = constant(node.rhs) if a is not None else None
+        return None if a is None or b is None else _fold(node.op, a, b)
+    return None
+
+
+def range_call(node: Call, samples: QueryResult, params: Sequence[Any], req: QueryRequest, range_ms: int,
+               offset_ms: int, at: Any, budget: WorkBudget) -> QueryResult:
+    """`node.func` over a range vector whose samples are `samples` (a window's raw samples, or
+    a subquery's inner answer), at every step of `req`, as engine.go evaluates it:
+    - `__range__` (a bare range vector at the top of an instant query): the samples themselves;
+    - without `@`: the window walks with the steps;
+    - with `@ T`: every step reads the same window, ending at T - offset; the function is
+      evaluated once at T and its answer restamped at every step (step invariant), except for
+      the AtModifierUnsafeFunctions (predict_linear), which are evaluated at each step."""
+    grid = grid_of(req)
+    if node.func == "__range__":
+        return samples
+    steps = [scalar_steps(p, grid) for p in params]
+    if at is None:
+        out = eval_range_function(node.func, steps, samples, grid, range_ms, offset_ms=offset_ms, budget=budget)
+        return as_answer(out, req)
+    if node.func in AT_UNSAFE:
+        # engine.go setOffsetForAtModifier: `@ T` becomes the offset (start - T) at every step.
+        out = eval_range_function(node.func, steps, samples, grid, range_ms, offset_ms=offset_ms + int(grid[0]) - at,
+                                  budget=budget)
+        return as_answer(out, req)
+    # Step invariant (engine.go wraps it in a StepInvariantExpr): evaluated once, at the start
+    # (the parameters' values there), and its answer stamped at every step.
+    once = eval_range_function(node.func, [p[:1] for p in steps], samples, [at], range_ms,
+                               offset_ms=offset_ms, budget=budget)
+    return _restamp(as_answer(once, QueryRequest.instant("", at, req.lookback_ms)), req)
 
 
 def _stamps_samples(node: Call) -> bool:

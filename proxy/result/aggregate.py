@@ -52,7 +52,10 @@ F64 = npt.NDArray[np.float64]
 
 _OPS = {"sum": 0, "avg": 1, "min": 2, "max": 3, "count": 4, "group": 5, "stddev": 6, "stdvar": 7}
 AGGREGATIONS: frozenset[str] = frozenset(_OPS) | {"topk", "bottomk", "quantile", "count_values"}
-_MAX_I64_F = 9223372036854775807.0  # float64(math.MaxInt64) == 2**63
+# engine.go (v2.42) convertibleToInt64: `v <= maxInt64 && v >= minInt64` with
+# maxInt64 = 9223372036854774784 (the largest float64 below 2**63) and minInt64 = -2**63.
+_MAX_I64_F = 9223372036854774784.0
+_MIN_I64_F = -9223372036854775808.0
 
 
 @njit(cache=True, error_model="numpy")
@@ -282,7 +285,7 @@ def _group_labels(d: dict[str, str], by: tuple[str, ...], without: bool,
 def _k_per_step(param: F64) -> I64:
     """topk's k at every step, with Prometheus's check (the first failing step raises)."""
     for f in param.tolist():
-        if not (f <= _MAX_I64_F and f >= -_MAX_I64_F):
+        if not (f <= _MAX_I64_F and f >= _MIN_I64_F):
             raise EvalError(f"Scalar value {go.go_format_v(f)} overflows int64")
     return go.go_float_to_int64(param)
 

@@ -197,3 +197,30 @@ def test_a_raw_window_over_the_bound_is_refused(bounded: Promaccel) -> None:
     r = _post(bounded.url, "/api/v1/query", form)
     body = r.json()
     assert r.status_code == 422 and "limits.max_window_samples" in body["error"], r.text[:300]
+
+
+# --- pure pieces ------------------------------------------------------------------------------
+
+
+def test_number_expressions_fold_with_go_arithmetic() -> None:
+    from proxy.pipeline.crossstore import constant
+    from shardplanner.promql import parse
+
+    assert constant(parse("2 * 3")) == 6.0
+    assert constant(parse("(3)")) == 3.0
+    assert constant(parse("99/100")) == 0.99
+    assert constant(parse("-1 / 0")) == float("-inf")
+    assert constant(parse("5 % 3 ^ 2")) == 5.0
+    assert constant(parse("1 > bool 0")) is None  # comparisons: the backend's business
+    assert constant(parse("scalar(x) * 2")) is None
+
+
+def test_evaluation_interval_from_a_prometheus_config() -> None:
+    from proxy.pipeline.eval_interval import evaluation_interval_ms
+
+    config = "global:\n  scrape_interval: 30s\n  scrape_timeout: 10s\n  evaluation_interval: 30s\nscrape_configs: []\n"
+    assert evaluation_interval_ms(config) == 30_000
+    assert evaluation_interval_ms("global:\n  evaluation_interval: 1m30s\n") == 90_000
+    # Only the global block's key counts.
+    assert evaluation_interval_ms("global:\n  scrape_interval: 1m\nrule_files:\n  evaluation_interval: 5s\n") is None
+    assert evaluation_interval_ms("global:\n  evaluation_interval: soon\n") is None

@@ -144,8 +144,6 @@ def test_explain_of_a_join_is_the_tree() -> None:
 
 
 @pytest.mark.parametrize("query, pairs", [
-    # a range function whose parameter is an expression over another store
-    ("quantile_over_time(scalar(sum(DCGM_FI_DEV_GPU_UTIL)), node_load1[5m])", []),
     ("sum(DCGM_FI_DEV_GPU_UTIL) / sum(node_load1)", [("stats", "all")]),  # stats needs one backend
 ])
 def test_explain_says_why_the_query_is_refused(query: str, pairs: list[tuple[str, str]]) -> None:

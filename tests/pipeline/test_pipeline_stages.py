@@ -340,8 +340,8 @@ def test_route_sends_a_join_across_stores_to_cross_store_which_evaluates_above_t
     assert answer.result is not None and answer.result.to_pylist() == [({}, [T0], [5.0])]
     assert answer.headers["X-Promaccel-Pieces"] == "2"
     # What promaccel cannot evaluate above the stores is a 422 naming them, never a guess.
-    q2 = Query(req=QueryRequest.instant("quantile_over_time(scalar(sum(DCGM_FI_DEV_GPU_UTIL)), node_load1[5m])",
-                                        T0), pairs=[], path="/api/v1/query", timeout_s=5)
+    q2 = Query(req=QueryRequest.instant("sum(DCGM_FI_DEV_GPU_UTIL) / sum(node_load1)", T0), pairs=[("stats", "all")],
+               path="/api/v1/query", timeout_s=5)  # query stats need one backend
     q2 = replace(q2, plan=run(planner.plan(q2.req)))
     with pytest.raises(PromError) as err:
         run(Route(backends, planned, cross)(q2))

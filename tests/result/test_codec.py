@@ -738,14 +738,14 @@ def test_cached_label_lists_keep_no_large_json() -> None:
     stored = table.schema.metadata[b"promaccel.labels_zstd"]
     raw = arrow._PACKED.unpack(stored, table.schema.metadata[b"promaccel.labels_size"])
     assert len(raw) > arrow.KEEP_LABEL_BLOCK_BYTES
-    keys, block = arrow._canonical_label_list(raw, stored)
+    keys, block = arrow._canonical_label_list(raw, stored, 1 << 20)
     lists.put(stored, keys, block)
     got = lists.get(stored)
     assert got is not None and got[1] is None and got[0] == big.canonical_keys()
     small = _fleet_hour(4, pod="small-list")
     t2 = arrow.to_table(small)
     s_raw = t2.schema.metadata[b"promaccel.labels"]
-    s_keys, s_block = arrow._canonical_label_list(s_raw, s_raw)
+    s_keys, s_block = arrow._canonical_label_list(s_raw, s_raw, 1 << 20)
     lists.put(s_raw, s_keys, s_block)
     hit = lists.get(s_raw)
     assert hit is not None and hit[1] is not None and hit[1][0] == s_raw

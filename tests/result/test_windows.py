@@ -462,3 +462,13 @@ def test_the_budget_stops_between_chunks_and_refuses_over_the_bound(monkeypatch:
     assert refused.value.status == 422 and "limits.max_eval_work" in refused.value.message
     with pytest.raises(PromError, match="limits.max_eval_series"):
         WorkBudget(max_series=10).series(11, "count_values")
+
+
+def test_topk_k_bound_is_engine_go_convertible_to_int64() -> None:
+    from proxy.result.aggregate import _k_per_step
+    from proxy.result.stepwise import EvalError
+
+    assert _k_per_step(np.array([9223372036854774784.0])).tolist() == [9223372036854774784]
+    with pytest.raises(EvalError, match="overflows int64"):
+        _k_per_step(np.array([9223372036854775807.0]))  # float64(2**63 - 1) == 2**63
+    assert _k_per_step(np.array([-9223372036854775808.0])).tolist() == [-9223372036854775808]
