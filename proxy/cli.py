@@ -13,15 +13,28 @@ worker that answered it).
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
+import socket
 import sys
+from collections.abc import Callable
 from typing import Any
+
+import uvicorn
+from uvicorn.supervisors.multiprocess import Process as UvicornWorker
 
 from .config import Config, ConfigError, load_config
 
 WORKER_ARGV_ENV = "PROMACCEL_WORKER_ARGV"
+# Exit codes of `serve`: 2 a bad command line or configuration; 3 it could not start (the
+# address cannot be bound, e.g. the port is in use, or the app failed to start).
+EXIT_USAGE = 2
+EXIT_STARTUP = 3
+log = logging.getLogger("promaccel")
+# The app this process serves (each worker's own), for the shutdown line's cache counts.
+_APP: Any = None
 # Libraries that log requests, answers or credentials at DEBUG/INFO (botocore logs the STS
 # answer with the temporary secret key and session token, and the web identity token it
 # sends): kept at WARNING unless PROMACCEL_DEBUG_LIBRARIES=1 (or --debug-libraries).
@@ -97,25 +110,103 @@ def worker_app() -> Any:
     from .api.app import create_app
     from .api.server_limits import configure
 
+    global _APP
     args = _parser().parse_args(json.loads(os.environ[WORKER_ARGV_ENV]))
     cfg = _config(args)
     configure(cfg.listen)  # this worker's server limits (its protocol class is its own)
     _setup(args, cfg)
-    return create_app(cfg)
+    _APP = create_app(cfg)
+    return _APP
+
+
+def version() -> str:
+    """The installed distribution's version (pyproject.toml's), else the source tree's."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("promaccel")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        from . import __version__
+
+        return __version__
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound and listening before anything is announced (as uvicorn
+    binds: SO_REUSEADDR, IPv6 when the host has a colon); raises OSError."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)  # connections wait in the backlog until the app is up
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)  # the workers of --workers N share it
+    return sock
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, announcing once it serves and logging what its shutdown drained."""
+
+    announce: Callable[[], None] | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and not self.should_exit and self.announce is not None:
+            self.announce()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # uvicorn: stop accepting, let the requests in flight finish (cancelled after
+        # listen.shutdown_timeout), then the app's shutdown (QueryService.aclose).
+        running = list(self.server_state.tasks)
+        log.info("promaccel stopping [pid %d]: no new connections; %d requests in flight, given up "
+                 "to listen.shutdown_timeout (%gs) to finish", os.getpid(), len(running),
+                 self.config.timeout_graceful_shutdown or 0)
+        await super().shutdown(sockets)
+        finished = sum(1 for t in running if t.done() and not t.cancelled())
+        drained = getattr(getattr(getattr(_APP, "state", None), "executor", None), "drained", None)
+        cache = "" if drained is None else (
+            f"; {drained.cache_writes_flushed} background cache writes flushed, "
+            f"{drained.cache_writes_dropped} dropped at the 2 s bound; "
+            f"{drained.leases_released} fetch leases released")
+        log.info("promaccel stopped [pid %d]: %d requests in flight finished, %d cancelled at "
+                 "listen.shutdown_timeout%s; backend connections closed",
+                 os.getpid(), finished, len(running) - finished, cache)
+
+
+class _WorkerProcess(UvicornWorker):
+    """A worker of `serve --workers N`: runs `_Server` (its shutdown line) instead of uvicorn's."""
+
+    @property
+    def server(self) -> uvicorn.Server:
+        if self._server is None:
+            self._server = _Server(config=self.config)
+        return self._server
 
 
 def _serve(args: argparse.Namespace, argv: list[str]) -> int:
+    global _APP
     try:
         cfg = _config(args)
     except (ConfigError, ValueError) as exc:
         print(f"promaccel: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if args.workers < 1:
         print("promaccel: --workers must be at least 1", file=sys.stderr)
-        return 2
-    import uvicorn
-
+        return EXIT_USAGE
     host, port = cfg.listen.host, cfg.listen.port
+    # Bound first: a busy port fails in a moment, before compiling or announcing anything.
+    try:
+        sock = _bind(host, port)
+    except OSError as exc:
+        why = ("the port is in use by another process: stop it, or choose another port with --port N"
+               if exc.errno == errno.EADDRINUSE else "choose another address with --host or port with --port N")
+        print(f"promaccel: cannot listen on {host}:{port} ({exc.strerror or exc}): {why} "
+              "(listen.host, listen.port in a config file)", file=sys.stderr)
+        return EXIT_STARTUP
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     # Never a credential: URLs cannot hold any (config), and basic_auth shows as a marker.
     backends = ", ".join(f"{b.name}={b.display_url}{' (basic auth)' if b.basic_auth else ''}"
@@ -123,6 +214,12 @@ def _serve(args: argparse.Namespace, argv: list[str]) -> int:
     cache = cfg.cache.redis_url and "redis" or "in-process"
     if cfg.auth.enabled:  # tenant names only, never a credential
         cache += f"; auth: {len(cfg.auth.tenants)} tenants ({', '.join(t.name for t in cfg.auth.tenants)})"
+
+    def announce() -> None:
+        print(f"promaccel serving on http://{shown}:{port}  (backends: {backends}; cache: {cache}"
+              f"{f'; {args.workers} workers' if args.workers > 1 else ''})", flush=True)
+        print(f"Grafana: add a Prometheus data source with URL http://{shown}:{port}", flush=True)
+
     from .api.server_limits import configure
 
     # http: uvicorn's httptools protocol with header size and read deadlines (proxy/api/server_limits.py);
@@ -130,16 +227,22 @@ def _serve(args: argparse.Namespace, argv: list[str]) -> int:
     common: dict[str, Any] = dict(
         host=host, port=port, log_level="warning", access_log=False, loop="auto", **configure(cfg.listen),
     )
-    if args.workers == 1:
-        from .api.app import create_app
+    try:
+        if args.workers == 1:
+            from .api.app import create_app
 
-        _setup(args, cfg)
-        app = create_app(cfg)
-    else:
+            _setup(args, cfg)
+            _APP = create_app(cfg)
+            server = _Server(uvicorn.Config(_APP, workers=1, **common))
+            server.announce = announce  # once the app has started and the socket accepts
+            server.run(sockets=[sock])
+            return 0 if server.started else EXIT_STARTUP
         # Compile the codec once (numba's on-disk cache) in a short-lived process, so that
         # the workers load it instead of compiling it N times at once, and this supervising
         # process stays small (it only forwards signals and restarts workers).
         import subprocess
+
+        from uvicorn.supervisors import multiprocess
 
         subprocess.run([sys.executable, "-c", "from proxy.codec.warmup import warm_up; warm_up(); "
                         "from proxy.result.warmup import warm_up as w; w()"], check=False)
@@ -147,25 +250,28 @@ def _serve(args: argparse.Namespace, argv: list[str]) -> int:
         if cfg.cache.enabled and not cfg.cache.redis_url:
             print(f"promaccel: {args.workers} workers without Redis: each worker has its own "
                   "in-process cache (cache.max_bytes each) and they share nothing", flush=True)
-    print(f"promaccel serving on http://{shown}:{port}  (backends: {backends}; cache: {cache}"
-          f"{f'; {args.workers} workers' if args.workers > 1 else ''})", flush=True)
-    print(f"Grafana: add a Prometheus data source with URL http://{shown}:{port}", flush=True)
-    if args.workers == 1:
-        uvicorn.run(app, workers=1, **common)
-    else:
-        uvicorn.run("proxy.cli:worker_app", factory=True, workers=args.workers, **common)
-    return 0
+        config = uvicorn.Config("proxy.cli:worker_app", factory=True, workers=args.workers, **common)
+        # The supervisor starts (and restarts) its workers as this class: each logs its drain.
+        multiprocess.Process = _WorkerProcess  # type: ignore[misc]
+        announce()  # the socket is bound and listening; the workers accept as they come up
+        multiprocess.Multiprocess(config, sockets=[sock]).run()
+        return 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        sock.close()
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="promaccel", description="PromQL query acceleration proxy")
+    parser.add_argument("--version", action="version", version=f"promaccel {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="serve the Prometheus HTTP API in front of the backends")
     s.add_argument("--config", help="YAML config file (default: $PROMACCEL_CONFIG)")
     s.add_argument("--backend", action="append", help="backend URL (repeatable); overrides the file")
     s.add_argument("--redis", help="Redis URL for the results cache (default: in-process cache)")
     s.add_argument("--host", help="listen address (default 127.0.0.1)")
-    s.add_argument("--port", type=int, help="listen port (default 9091)")
+    s.add_argument("--port", type=int, help="listen port (default 9091); a port in use exits 3 at once")
     s.add_argument("--split-interval", help="time-split interval, e.g. 1h (0 or none: off)")
     s.add_argument("--shards", help="node shards per query: a number or 'auto'")
     s.add_argument("--shard-label", action="append", help="METRIC_REGEX=LABEL (repeatable)")
@@ -191,4 +297,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m proxy.cli`: run as the module proxy.cli, whose classes and state the workers of
+    # --workers N (which import proxy.cli) share, not as a second copy named __main__.
+    from proxy import cli
+
+    sys.exit(cli.main())

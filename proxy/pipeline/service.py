@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from shardplanner.explain import explain as explain_plan
@@ -28,6 +28,21 @@ from .units import coalesce_units
 from .values import ARROW_STREAM, Answer, Pairs, Query
 
 
+@dataclass(frozen=True)
+class Drained:
+    """What a service's shutdown drained: background cache writes that landed and that were
+    cancelled at the 2 s bound, fetch leases let go."""
+
+    cache_writes_flushed: int = 0
+    cache_writes_dropped: int = 0
+    leases_released: int = 0
+
+    def __add__(self, other: Drained) -> Drained:
+        return Drained(self.cache_writes_flushed + other.cache_writes_flushed,
+                       self.cache_writes_dropped + other.cache_writes_dropped,
+                       self.leases_released + other.leases_released)
+
+
 class QueryService:
     """The query path over `backends` (backends[0] the primary). With `shared` (auth: one
     service per tenant, over the tenant's backends), the store, admission and cache
@@ -45,6 +60,7 @@ class QueryService:
         self._ready_cache: dict[str, tuple[float, bool]] = {}
         self.root: QueryService = shared.root if shared is not None else self
         self.children: list[QueryService] = []
+        self.drained = Drained()  # set by aclose
         self.run: Stage[Query, Answer]
         self.parts: Parts
         self.run, self.parts = build(config, backends, self.store,
@@ -80,6 +96,12 @@ class QueryService:
             self.revalidator.start()
 
     async def aclose(self) -> None:
+        """Shutdown, once the requests in flight are done: revalidation stopped, fetches nobody
+        waits for any more cancelled, background cache writes given up to 2 s to land (then
+        cancelled), fetch leases let go, the store closed. What it drained is counted in
+        `self.drained` (the root's: with its children's, which close first); the CLI logs it."""
+        writes = [t for t in self.parts.writer.tasks if not t.done()]
+        leases = len(self.parts.leases.held)
         if self.revalidator is not None:
             await self.revalidator.aclose()
         self.parts.fetcher.flight.cancel_all()
@@ -87,6 +109,10 @@ class QueryService:
         await self.parts.leases.aclose()
         if self._store is not None:  # the root's only
             await self._store.aclose()
+        flushed = sum(1 for t in writes if t.done() and not t.cancelled())
+        self.drained = Drained(flushed, len(writes) - flushed, leases)
+        for child in self.children:
+            self.drained = self.drained + child.drained
 
     def _timeout_s(self, timeout_ms: int | None) -> float:
         limit = self.config.limits.query_timeout
