@@ -15,12 +15,16 @@ explain(plan) -> {
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from shardplanner.ast import Expr
+from shardplanner.holdings import BackendHolding, fmt_time
 from shardplanner.plan import Piece, Plan, ShardSpec
+from shardplanner.routing import DEFAULT_LOOKBACK_MS, Route, partition_window, reads
 from shardplanner.serialize import quote_string
 
-__all__ = ["REASON_CODES", "explain", "explain_text", "reason_code"]
+__all__ = ["REASON_CODES", "explain", "explain_text", "reason_code", "unheld_reads"]
 
 # Why a query was planned as it was, as a short code from this fixed list: the `reason` label
 # of promaccel_queries_planned_total. A note's text can hold a client's metric names or
@@ -151,3 +155,56 @@ def explain_text(plan: Plan, max_pieces: int = 20) -> str:
     if len(d["pieces"]) > max_pieces:
         lines.append(f"  ... {len(d['pieces']) - max_pieces} more")
     return "\n".join(lines)
+
+
+# --- routes: what a chosen store does not hold ---------------------------------------------
+
+
+def unheld_reads(
+    expr: Expr,
+    route: Route,
+    holdings: Sequence[BackendHolding],
+    start_ms: int,
+    end_ms: int,
+    lookback_ms: int = DEFAULT_LOOKBACK_MS,
+) -> list[dict[str, Any]]:
+    """The reads a routed store holds nothing of, for explain: each `{"backend", "metric",
+    "from_ms", "to_ms", "held_by", "note"}` (the closed sample window of one selector, evaluated
+    over `[start_ms, end_ms]` or the route's part of it; `held_by`: the stores that hold any
+    of it). A store is sent a read that it holds nothing of when nobody holds that time:
+    routing then picks the preferred store whose patterns name the metric (its answer is the
+    right one, empty there, as past retention). With local holding node_* for the last 6 h:
+
+        node_load1 over [now-24h, now-23h]  ->  local, node_load1, [now-24h-5m, now-23h],
+            held_by [], "no store holds node_load1 at ... : local answers empty there"
+
+    `[]` for an unroutable route, or when every routed store holds some of each read."""
+    if route.kind == "unroutable":
+        return []
+    if route.kind == "split_time":
+        spans = [(p.start_ms, p.end_ms, p.backends) for p in route.parts]
+    else:
+        spans = [(start_ms, end_ms, route.backends)]
+    out: list[dict[str, Any]] = []
+    seen: set[tuple[str, str | None, int, int]] = set()
+    for a, b, backends in spans:
+        for r in reads(expr, a, b, lookback_ms):
+            held_by = [n for n in dict.fromkeys(h.name for h in holdings)
+                       if partition_window([h for h in holdings if h.name == n], r.metric, r.from_ms, r.to_ms)]
+            for name in backends:
+                key = (name, r.metric, r.from_ms, r.to_ms)
+                if name in held_by or key in seen:
+                    continue
+                seen.add(key)
+                what = r.metric if r.metric is not None else "a selector without a fixed metric name"
+                when = f"{fmt_time(r.from_ms)}..{fmt_time(r.to_ms)}"
+                own = "; ".join(h.describe() for h in holdings if h.name == name) or f"{name} holds nothing"
+                if held_by:
+                    note = (f"{name} holds no samples of {what} in {when} ({own}); "
+                            f"{', '.join(held_by)} hold some of them")
+                else:
+                    note = (f"no store holds {what} in {when} ({own}): "
+                            f"{name} answers empty there, as past retention")
+                out.append({"backend": name, "metric": r.metric, "from_ms": r.from_ms, "to_ms": r.to_ms,
+                            "held_by": held_by, "note": note})
+    return out

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from shardplanner.explain import explain as explain_plan
+from shardplanner.explain import unheld_reads
 from shardplanner.plan import Plan, QueryRequest
 from shardplanner.routing import Route as PieceRoute
 
@@ -145,7 +146,7 @@ class QueryService:
         router = router_for(self.backends, req, plan) if self.hybrid else None
         if router is not None:
             whole = whole_route(router, req)
-            data["route"] = _route_data(whole)
+            data["route"] = _route_data(whole, _unheld(router, whole, plan.expr, req))
             q = replace(q, router=router, whole=whole)
             try:
                 if goes_cross_store(whole, plan.expr):
@@ -196,7 +197,8 @@ class QueryService:
             sub_q = replace(q, req=sub.req, plan=sub.plan, whole=None)
             sub_router = router_for(self.backends, sub.req, sub.plan, sub.extra)
             d = explain_plan(sub.plan)
-            info = {"query": sub.req.query, "route": _route_data(sub.route),
+            info = {"query": sub.req.query, "route": _route_data(sub.route, _unheld(sub_router, sub.route,
+                                                                                  sub.plan.expr, sub.req)),
                     **{k: d[k] for k in ("type", "time_ms", "sharded", "time_split", "merge", "piece_count", "pieces")}}
             info.update(await self._pieces(sub_q, sub.plan, sub_router, info["pieces"]))
             described[id(sub)] = info
@@ -287,10 +289,21 @@ class QueryService:
         return ok
 
 
-def _route_data(route: PieceRoute) -> dict[str, Any]:
+def _route_data(route: PieceRoute, unheld: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """`unheld`: the reads a routed store holds nothing of (`unheld_reads`), each also a note."""
+    unheld = unheld or []
     return {"kind": route.kind, "backends": list(route.backends),
             "parts": [[p.start_ms, p.end_ms, list(p.backends)] for p in route.parts],
-            "reason": route.reason or None, "notes": list(route.notes)}
+            "reason": route.reason or None, "notes": [*route.notes, *(u["note"] for u in unheld)],
+            "unheld": unheld}
+
+
+def _unheld(router: Router, route: PieceRoute, expr: Any, req: QueryRequest) -> list[dict[str, Any]]:
+    """The reads of `req` that a store `route` sends them to holds nothing of (explain only:
+    the answer is right, empty there, and carries no warning)."""
+    if expr is None:  # not parsed: its reads are unknown
+        return []
+    return unheld_reads(expr, route, router.holdings, req.span.start_ms, req.span.end_ms, router.lookback_ms)
 
 
 def _tree_data(step: Step, described: dict[int, dict[str, Any]]) -> dict[str, Any]:
