@@ -40,6 +40,7 @@ import numpy.typing as npt
 from numba import njit
 
 from proxy.result import golang as go
+from proxy.result.aggops import AVG, CODES, COUNT, GROUP, MAX, MIN, STDDEV, STDVAR, SUM
 from proxy.result.gosort import go_sort
 from proxy.result.query_result import QueryResult
 from proxy.result.stepwise import EvalError, Interner, Samples, as_grid, build, notes, scalar_steps
@@ -50,8 +51,7 @@ __all__ = ["AGGREGATIONS", "EvalError", "evaluate_aggregation"]
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
-_OPS = {"sum": 0, "avg": 1, "min": 2, "max": 3, "count": 4, "group": 5, "stddev": 6, "stdvar": 7}
-AGGREGATIONS: frozenset[str] = frozenset(_OPS) | {"topk", "bottomk", "quantile", "count_values"}
+AGGREGATIONS: frozenset[str] = frozenset(CODES) | {"topk", "bottomk", "quantile", "count_values"}
 # engine.go (v2.42) convertibleToInt64: `v <= maxInt64 && v >= minInt64` with
 # maxInt64 = 9223372036854774784 (the largest float64 below 2**63) and minInt64 = -2**63.
 _MAX_I64_F = 9223372036854774784.0
@@ -67,15 +67,15 @@ def _reduce(op, v, starts):  # type: ignore[no-untyped-def]
         value = v[s]
         mean = v[s]
         cnt = 1.0
-        if op == 6 or op == 7:
+        if op == STDDEV or op == STDVAR:
             value = 0.0
-        elif op == 5:
+        elif op == GROUP:
             value = 1.0
         for i in range(s + 1, e):
             x = v[i]
-            if op == 0:
+            if op == SUM:
                 value += x
-            elif op == 1:
+            elif op == AVG:
                 cnt += 1.0
                 if math.isinf(mean):
                     if math.isinf(x) and (mean > 0) == (x > 0):
@@ -83,26 +83,26 @@ def _reduce(op, v, starts):  # type: ignore[no-untyped-def]
                     if not math.isinf(x) and not math.isnan(x):
                         continue
                 mean += x / cnt - mean / cnt
-            elif op == 2:
+            elif op == MIN:
                 if value > x or math.isnan(value):
                     value = x
-            elif op == 3:
+            elif op == MAX:
                 if value < x or math.isnan(value):
                     value = x
-            elif op == 4:
+            elif op == COUNT:
                 cnt += 1.0
-            elif op == 6 or op == 7:
+            elif op == STDDEV or op == STDVAR:
                 cnt += 1.0
                 delta = x - mean
                 mean += delta / cnt
                 value += delta * (x - mean)
-        if op == 1:
+        if op == AVG:
             value = mean
-        elif op == 4:
+        elif op == COUNT:
             value = cnt
-        elif op == 7:
+        elif op == STDVAR:
             value = value / cnt
-        elif op == 6:
+        elif op == STDDEV:
             value = math.sqrt(value / cnt)
         out[r] = value
     return out
@@ -269,7 +269,7 @@ def evaluate_aggregation(node: Agg, inner: QueryResult, param: QueryResult | flo
         assert q is not None
         out = _quantile_cells(q[cells % n_steps], v_o, starts)
     else:
-        out = _reduce(_OPS.get(op, 4), v_o, starts)  # count_values counts
+        out = _reduce(CODES.get(op, COUNT), v_o, starts)  # count_values counts
     return build(rtype, g, interner, (cells // n_steps)[appear], (cells % n_steps)[appear], out[appear],
                  warnings, infos)
 

@@ -53,6 +53,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
+from proxy.result.aggops import AVG, CODES, COUNT, GROUP, MAX, MIN, SUM
 from proxy.result.concat import MergeConflict, _notes, _order_by_labels, _result_type, concat
 from proxy.result.query_result import QueryResult
 from shardplanner.plan import MergeRecipe
@@ -66,7 +67,8 @@ I64 = npt.NDArray[np.int64]
 # Dense (group x timestamp) accumulators up to this many cells, else compact the cells.
 DENSE_CELLS_LIMIT = 1 << 23
 
-_OPS = {"sum": 0, "count": 1, "min": 2, "max": 3, "group": 4, "avg": 5}
+# The ops whose partials re-aggregate (aggops.py holds the codes the kernels share).
+_OPS = frozenset({"sum", "count", "min", "max", "group", "avg"})
 
 
 def merge(
@@ -172,7 +174,7 @@ def _accumulate(cell, v, role, op, n_cells):  # type: ignore[no-untyped-def]
     for i in range(len(cell)):
         c = cell[i]
         x = v[i]
-        if op == 5:
+        if op == AVG:
             if role[i] == 0:
                 if state[c] & 1:
                     acc[c] += x
@@ -187,17 +189,17 @@ def _accumulate(cell, v, role, op, n_cells):  # type: ignore[no-untyped-def]
                 state[c] |= 2
             continue
         if state[c] == 0:
-            acc[c] = 1.0 if op == 4 else x
+            acc[c] = 1.0 if op == GROUP else x
             state[c] = 3
-        elif op == 0 or op == 1:
+        elif op == SUM or op == COUNT:
             acc[c] += x
-        elif op == 2:
+        elif op == MIN:
             if acc[c] > x or acc[c] != acc[c]:
                 acc[c] = x
-        elif op == 3:
+        elif op == MAX:
             if acc[c] < x or acc[c] != acc[c]:
                 acc[c] = x
-    if op == 5:
+    if op == AVG:
         for c in range(n_cells):
             if state[c] == 3:
                 acc[c] = acc[c] / acc2[c]
@@ -306,7 +308,7 @@ def aggregate(
     else:
         cell_key, inv = np.unique(key, return_inverse=True)
         cell, n_cells = inv.astype(np.int64), len(cell_key)
-    acc, state = _accumulate(cell, flat.v, flat.role, _OPS[op], n_cells)
+    acc, state = _accumulate(cell, flat.v, flat.role, CODES[op], n_cells)
     present = np.flatnonzero(state == 3)
     keys_out = present if cell_key is None else cell_key[present]
     out_rank = keys_out // n_slots
