@@ -27,8 +27,32 @@ COPY pyproject.toml README* ./
 COPY proxy ./proxy
 COPY shardplanner ./shardplanner
 COPY loadtests ./loadtests
-# Compile the numba hot path into the image so the first query does not pay for it.
-RUN pip install . && cd / && python -m proxy.codec.warmup
+# The numba kernels compiled into the image, so that a pod does not compile them at start
+# (tens of seconds; docs/SCALE.md "Pod start"). numba loads compiled code only from a cache
+# directory it can write to, and keys each entry on the source file's path and content and
+# on the CPU it was compiled for:
+# - NUMBA_CACHE_DIR: the seeded cache, owned by the user promaccel runs as, so that it is
+#   usable as is with a writable root (docker run, docker-compose.yml). With a read-only root
+#   (deploy/base/deployment.yaml) an init container copies it into an emptyDir mounted at the
+#   same path.
+# - NUMBA_CPU_NAME/NUMBA_CPU_FEATURES: code for a named CPU instead of the build machine's, so
+#   that the cache matches on every node (numba's default, the host CPU, would miss on any
+#   node whose CPU differs from the builder's, and every pod would compile again). "generic"
+#   runs on every x86-64 (or arm64) node; e.g. --build-arg NUMBA_CPU_NAME=x86-64-v3 for a
+#   fleet of AVX2 nodes.
+# The compile runs as that user, from / so that the installed package is what is compiled
+# (the cache's entries name the installed files).
+ARG NUMBA_CPU_NAME=generic
+ARG NUMBA_CPU_FEATURES=""
+ENV NUMBA_CACHE_DIR=/var/cache/promaccel/numba \
+    NUMBA_CPU_NAME=${NUMBA_CPU_NAME} \
+    NUMBA_CPU_FEATURES=${NUMBA_CPU_FEATURES}
+RUN pip install . \
+    && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin promaccel \
+    && install -d -o promaccel -g promaccel -m 0755 /var/cache/promaccel /var/cache/promaccel/numba
+USER promaccel
+RUN cd / && python -m proxy.codec.warmup && python -m proxy.result.warmup
+USER root
 
 FROM base AS generator
 COPY --from=prometheus /bin/promtool /usr/local/bin/promtool
@@ -36,7 +60,6 @@ ENTRYPOINT ["python", "-m", "loadtests.load"]
 CMD ["build", "--help"]
 
 FROM base AS promaccel
-RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin promaccel
 USER promaccel
 EXPOSE 9091
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \

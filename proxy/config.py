@@ -261,6 +261,10 @@ class CacheConfig(_Strict):
 
     enabled: bool = True
     redis_url: str | None = None
+    # The Redis password (AUTH; with an ACL user, the user goes in the URL: redis://promaccel@host)
+    # kept out of the URL and this file: `redis_password_file` (a mounted secret), else env
+    # PROMACCEL_REDIS_PASSWORD. A password in the URL itself excludes redis_password_file.
+    redis_password_file: str | None = None
     max_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
     # Buffer compression of the cached Arrow IPC pieces. lz4 reads back ~3x faster than zstd
     # (a warm refresh decodes hundreds of pieces) for ~35% more bytes; entries written with
@@ -351,7 +355,29 @@ class CacheConfig(_Strict):
             raise ValueError("cache.secret must hold at least 16 bytes")
         if self.secret_file is not None:
             self.frame_secret()  # a clear error now rather than at the first lookup
+        if self.redis_password_file is not None:
+            if self.redis_url and urlsplit(self.redis_url).password:
+                raise ValueError("cache.redis_url holds a password: give it there or in "
+                                 "cache.redis_password_file, not both")
+            self.redis_password()  # unreadable or empty: an error at start-up
         return self
+
+    def redis_password(self) -> str | None:
+        """The Redis password kept outside the URL: `redis_password_file` (its content without
+        a trailing newline), else env PROMACCEL_REDIS_PASSWORD; None when the URL holds one
+        (redis-py reads it there) or neither is set."""
+        if self.redis_url and urlsplit(self.redis_url).password:
+            return None
+        if self.redis_password_file is not None:
+            try:
+                data = Path(self.redis_password_file).read_text().rstrip("\r\n")
+            except (OSError, UnicodeDecodeError) as exc:
+                why = getattr(exc, "strerror", None) or "not UTF-8 text"
+                raise ValueError(f"cannot read cache.redis_password_file {self.redis_password_file!r}: {why}") from None
+            if not data:
+                raise ValueError(f"cache.redis_password_file {self.redis_password_file!r} is empty")
+            return data
+        return os.environ.get("PROMACCEL_REDIS_PASSWORD") or None
 
     def frame_secret(self) -> tuple[bytes | None, str]:
         """The shared secret of the cache's frames and where it came from (secret_file,

@@ -5,8 +5,8 @@ key, so it cannot be a per-process random one. In order:
 
 1. `cache.secret_file`, `cache.secret` or `PROMACCEL_CACHE_SECRET`: the intended setup (the
    same secret on every replica); forged values are refused.
-2. None of them: a key derived from the credentials in `cache.redis_url` (user and
-   password). Every replica sharing the Redis holds them, and they are a secret against
+2. None of them: a key derived from the Redis credentials (the user in `cache.redis_url`
+   and its password, or the one from `cache.redis_password_file` / PROMACCEL_REDIS_PASSWORD). Every replica sharing the Redis holds them, and they are a secret against
    whoever reaches Redis without them (a passwordless listener shared with other
    applications, a replica or backup reader turned writer, another ACL user). Someone who
    holds the password can forge values: a warning at start-up says so.
@@ -40,10 +40,10 @@ def frame_secret(cfg: CacheConfig) -> tuple[bytes, str]:
     if secret is not None:
         return secret, source
     parts = urlsplit(cfg.redis_url or "")
-    password = parts.password
+    password = unquote(parts.password) if parts.password else cfg.redis_password()
     if password:
         user = unquote(parts.username or "")
-        return b"promaccel redis url credentials\0" + user.encode() + b"\0" + unquote(password).encode(), "redis_url"
+        return b"promaccel redis url credentials\0" + user.encode() + b"\0" + password.encode(), "redis_url"
     return DEFAULT_SECRET, "default"
 
 
@@ -90,4 +90,5 @@ def make_store(cfg: CacheConfig) -> PieceStore:
         index_ttl_ms=max(cfg.ttl, cfg.recent_ttl, int(getattr(cfg, "out_of_order_ttl", 0) or 0)),
         mac_key=frame_key(secret),
         limits=limits_of(cfg),
+        password=cfg.redis_password(),
     )

@@ -1,7 +1,8 @@
 """Redis connections: the only module of promaccel that imports `redis`.
 
 URLs: `redis://`, `rediss://`, `unix://` for one server; `redis+cluster://host:port` (or
-`rediss+cluster://`, several seed nodes comma-separated) for Redis Cluster.
+`rediss+cluster://`, several seed nodes comma-separated) for Redis Cluster. A password kept
+outside the URL (cache.redis_password_file, PROMACCEL_REDIS_PASSWORD) is passed as `password`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from redis.backoff import NoBackoff
 __all__ = ["connect", "redact_url"]
 
 
-def connect(url: str, connect_timeout_s: float, max_connections: int = 64) -> tuple[Any, bool]:
+def connect(url: str, connect_timeout_s: float, max_connections: int = 64,
+            password: str | None = None) -> tuple[Any, bool]:
     """A redis.asyncio client for `url`, and whether it is a cluster client.
 
     One server: a *blocking* pool of `max_connections` (a caller waits for a free
@@ -25,7 +27,10 @@ def connect(url: str, connect_timeout_s: float, max_connections: int = 64) -> tu
     MaxConnectionsError as soon as 100 commands are in flight, which 50 dashboard users (300
     concurrent panel requests) hit at once: every such read was a cache error, three in a row
     opened the breaker, and the whole cache was bypassed. Cluster: `max_connections` per node
-    (redis-py's cluster pool does not block; reads are coalesced, so few are in flight)."""
+    (redis-py's cluster pool does not block; reads are coalesced, so few are in flight).
+
+    `password`: AUTH with it (and the URL's user, if any) when the URL holds none; a password
+    in the URL wins (redis-py lets the URL's options override keyword arguments)."""
     common: dict[str, Any] = {
         # Reads are bounded by the store's per-call deadlines instead (asyncio.timeout;
         # redis-py drops a connection whose read was cancelled): a socket timeout would
@@ -36,13 +41,15 @@ def connect(url: str, connect_timeout_s: float, max_connections: int = 64) -> tu
         "decode_responses": False,
         "client_name": "promaccel",
     }
+    if password:
+        common["password"] = password
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme in ("redis+cluster", "rediss+cluster"):
         userinfo, _, hosts = parts.netloc.rpartition("@")
         seeds = [h for h in hosts.split(",") if h]
         if not seeds:
-            raise ValueError(f"cache.redis_url {url!r}: no cluster node given")
+            raise ValueError(f"cache.redis_url {redact_url(url)!r}: no cluster node given")
         first = urlunsplit((scheme.split("+")[0], f"{userinfo}@{seeds[0]}" if userinfo else seeds[0],
                             parts.path, parts.query, ""))
         others = []
@@ -62,7 +69,7 @@ def connect(url: str, connect_timeout_s: float, max_connections: int = 64) -> tu
         )
         return aioredis.Redis.from_pool(pool), False
     raise ValueError(
-        f"cache.redis_url {url!r}: expected redis://, rediss://, unix://, redis+cluster:// or rediss+cluster://"
+        f"cache.redis_url {redact_url(url)!r}: expected redis://, rediss://, unix://, redis+cluster:// or rediss+cluster://"
     )
 
 

@@ -101,6 +101,7 @@ class RedisStore(PieceStore):
         clock: Callable[[], int] = wall_ms,
         mac_key: bytes = DEFAULT_KEY,
         limits: PayloadLimits | None = None,
+        password: str | None = None,
     ) -> None:
         super().__init__(log_interval_s)
         self.url = url
@@ -109,7 +110,8 @@ class RedisStore(PieceStore):
         # Connect timeout: wall clock inside redis-py, so not the read deadline (a loop that
         # lags under load would fail healthy connects); reads and writes stay bounded by
         # their own deadlines, and a refused connection fails at once anyway.
-        self._client, self.cluster = connect(url, max(max_wait_ms, timeout_ms) / 1000, max_connections)
+        self._client, self.cluster = connect(url, max(max_wait_ms, timeout_ms) / 1000, max_connections,
+                                             password=password)
         self._timeout_s = timeout_ms / 1000
         self._per_key_s = timeout_per_key_ms / 1000
         self._max_wait_s = max(max_wait_ms, timeout_ms) / 1000

@@ -2,9 +2,13 @@
 each object validated offline against the Kubernetes JSON schemas (kubernetes-validate, strict:
 unknown fields are errors), then checked for what the schemas cannot see: the probes hit
 promaccel's endpoints on its port, the promaccel.yaml in the ConfigMap loads with promaccel's
-own loader and listens where the Service sends traffic, the Service/PDB/HPA target the
-Deployment's pods, Redis and the Grafana data source point at Services that exist, and no
-manifest holds a secret value. No cluster is needed.
+own loader (the files it names resolved through the pod's Secret volumes) and listens where the
+Service sends traffic, the Service/PDB/HPA target the Deployment's pods, the HPA alone sets the
+replica count, each overlay sets the image, Redis requires the password promaccel reads from
+the same Secret, NetworkPolicies let only promaccel reach Redis and promaccel reach only DNS,
+Redis and its backends, Redis and the Grafana data source point at Services that exist, and no
+manifest holds a secret value. No cluster is needed. The ServiceMonitor/PodMonitor components:
+test_monitors.py; Redis started with the rendered command and password: test_redis_auth.py.
 """
 
 from __future__ import annotations
@@ -94,9 +98,34 @@ def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
 
 
-def promaccel_config(docs: list[dict[str, Any]], tmp_path: Path) -> Config:
+def secret_source(dep: dict[str, Any], c: dict[str, Any], path: str) -> tuple[str, str]:
+    """The (Secret name, key) a file path in the container comes from, through its volume
+    mounts and the pod's secret / projected-secret volumes; an assertion error if none."""
+    mounts = [m for m in c.get("volumeMounts", []) if path.startswith(m["mountPath"].rstrip("/") + "/")]
+    assert len(mounts) == 1, f"{path} is not under exactly one volume mount"
+    rel = path[len(mounts[0]["mountPath"].rstrip("/")) + 1:]
+    (vol,) = [v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == mounts[0]["name"]]
+    sources = ([s["secret"] for s in vol["projected"]["sources"] if "secret" in s] if "projected" in vol
+               else [{"name": vol["secret"]["secretName"], **vol["secret"]}] if "secret" in vol else [])
+    for src in sources:
+        items = src.get("items")
+        if items is None:  # every key of the Secret, by its name
+            return src["name"], rel
+        for item in items:
+            if item["path"] == rel:
+                return src["name"], item["key"]
+    raise AssertionError(f"{path}: no Secret behind it (volume {vol['name']})")
+
+
+_FILE_KEYS = re.compile(r"(?m)^(\s*-?\s*\w+_file:\s*)(\S+)")
+
+
+def promaccel_config(docs: list[dict[str, Any]], tmp_path: Path,
+                     files: dict[str, str] | None = None) -> Config:
     """The promaccel.yaml the container reads (args' --config path, through the volume mount
-    to the ConfigMap key), written out and loaded with promaccel's own loader."""
+    to the ConfigMap key), written out and loaded with promaccel's own loader. Each file it
+    names (`*_file:`) must come from a Secret mounted into the container; a stand-in is written
+    for it (`files`: path -> content; 32 characters by default)."""
     dep = promaccel_deployment(docs)
     c = container(dep)
     args = c.get("args", [])
@@ -109,15 +138,26 @@ def promaccel_config(docs: list[dict[str, Any]], tmp_path: Path) -> Config:
     (vol,) = [v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]]
     cm = one(docs, "ConfigMap", vol["configMap"]["name"])
     assert key in cm["data"], f"ConfigMap {cm['metadata']['name']} has no key {key!r}"
+    text = cm["data"][key]
+    stand_ins = tmp_path / "secret-files"
+    stand_ins.mkdir(exist_ok=True)
+
+    def stand_in(m: re.Match[str]) -> str:
+        path = m.group(2)
+        secret_source(dep, c, path)
+        local = stand_ins / path.strip("/").replace("/", "_")
+        local.write_text((files or {}).get(path, "s" * 32) + "\n")
+        return m.group(1) + str(local)
+
     out = tmp_path / key
-    out.write_text(cm["data"][key])
+    out.write_text(_FILE_KEYS.sub(stand_in, text))
     return load_config(str(out))
 
 
 # --------------------------------------------------------------------------- rendering + schemas
 
 def test_every_overlay_is_found() -> None:
-    assert {"single-prometheus", "hybrid-amp", "amp-elasticache"} <= set(OVERLAYS)
+    assert {"single-prometheus", "single-prometheus-tls", "hybrid-amp", "amp-elasticache"} <= set(OVERLAYS)
 
 
 def test_missing_kubectl_fails_naming_the_package(tmp_path: Path) -> None:
@@ -207,7 +247,6 @@ def test_service_pdb_and_hpa_target_the_deployment(overlay: tuple[str, list[dict
     assert (ref["apiVersion"], ref["kind"], ref["name"]) == ("apps/v1", "Deployment", dep["metadata"]["name"])
     assert [m["resource"]["name"] for m in hpa["spec"]["metrics"]] == ["cpu"]
     assert 2 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
-    assert dep["spec"]["replicas"] >= hpa["spec"]["minReplicas"]
     # A PDB that allows no disruption would block node drains.
     assert pdb["spec"].get("maxUnavailable", 0) >= 1 or pdb["spec"]["minAvailable"] < hpa["spec"]["minReplicas"]
     # The HPA's CPU utilisation is relative to the request: it must be set.
@@ -222,7 +261,7 @@ def test_pods_run_unprivileged_on_a_read_only_root(overlay: tuple[str, list[dict
         assert spec["securityContext"]["runAsUser"] != 0
         assert spec.get("automountServiceAccountToken") is False, dep["metadata"]["name"]
         writable = {v["name"] for v in spec.get("volumes", []) if "emptyDir" in v}
-        for c in spec["containers"]:
+        for c in spec.get("initContainers", []) + spec["containers"]:
             sc = c["securityContext"]
             assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True, c["name"]
             assert sc["capabilities"]["drop"] == ["ALL"], c["name"]
@@ -250,13 +289,18 @@ def test_promaccel_resources_fit_the_measured_memory(overlay: tuple[str, list[di
 
 
 def test_iam_role_for_amp(overlay: tuple[str, list[dict[str, Any]]], tmp_path: Path) -> None:
+    """An IAM role where AMP needs one, and no placeholder role where nothing does."""
     name, docs = overlay
     dep = promaccel_deployment(docs)
     sa = one(docs, "ServiceAccount", dep["spec"]["template"]["spec"]["serviceAccountName"])
+    cfg = promaccel_config(docs, tmp_path)
+    if not any(b.kind == "amp" for b in cfg.backends):
+        assert "eks.amazonaws.com/role-arn" not in sa["metadata"].get("annotations", {}), \
+            f"{name}: an IAM role annotation without an AMP backend"
+        return
     arn = sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"]
     assert re.fullmatch(r"arn:aws:iam::\d{12}:role/[\w+=,.@/-]+", arn), arn
-    cfg = promaccel_config(docs, tmp_path)
-    if any(b.kind == "amp" for b in cfg.backends):
+    if True:
         # No static AWS keys anywhere: the SDK chain finds IRSA's web identity token.
         env = {e["name"] for e in container(dep).get("env", [])}
         assert not env & {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
@@ -303,7 +347,9 @@ _SECRET_PATTERNS = [
     (re.compile(r"AKIA[0-9A-Z]{16}|ASIA[0-9A-Z]{16}"), "an AWS access key id"),
     (re.compile(r"(?i)aws_secret_access_key|aws_session_token"), "AWS secret key material"),
     (re.compile(r"[a-z][a-z0-9+.-]*://[^/\s:@'\"]*:[^/\s@'\"]+@"), "a URL with a password"),
-    (re.compile(r"(?im)^\s*(password|token|secret|admin_token)\s*:\s*(?!null\b|~|$)\S"), "a password/token value"),
+    # [ \t]: a value on the same line (a `secret:` volume's mapping on the next line is not one).
+    (re.compile(r"(?im)^[ \t]*(password|token|secret|admin_token)[ \t]*:[ \t]*(?!null\b|~|$)\S"),
+     "a password/token value"),
     (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"), "a private key"),
 ]
 
@@ -342,5 +388,147 @@ def test_secret_scan_finds_secrets() -> None:
     pod = {"kind": "Deployment", "spec": {"template": {"spec": {"containers": [
         {"name": "x", "env": [{"name": "REDIS_PASSWORD", "value": "x"}]}]}}}}
     assert secret_findings("", [pod])
-    clean = "redis_url: redis://promaccel-redis:6379/0\npassword_file: /var/run/secrets/p\nadmin_token: null\n"
+    clean = ("redis_url: redis://promaccel-redis:6379/0\npassword_file: /var/run/secrets/p\nadmin_token: null\n"
+             "redis_password_file: /etc/promaccel-secrets/redis-password\n")
     assert not secret_findings(clean, [])
+
+
+# --------------------------------------------------------------------------- issue 30: operating it
+
+def overlay_kustomization(name: str) -> dict[str, Any]:
+    return yaml.safe_load((DEPLOY / "overlays" / name / "kustomization.yaml").read_text())
+
+
+def test_replicas_are_set_only_by_the_hpa(overlay: tuple[str, list[dict[str, Any]]]) -> None:
+    """No spec.replicas for `kubectl apply` to reset under the HPA, in the rendering or in any
+    patch; the overlay's replicas.yaml is where its range is set."""
+    name, docs = overlay
+    for dep in objs(docs, "Deployment"):
+        if dep["metadata"]["name"] == "promaccel":
+            assert "replicas" not in dep["spec"], f"{name}: the Deployment sets spec.replicas"
+    text = (DEPLOY / "overlays" / name / "kustomization.yaml").read_text()
+    assert "/spec/replicas" not in text and "replicas:" not in text.replace("Replicas", "")
+    patch = yaml.safe_load((DEPLOY / "overlays" / name / "replicas.yaml").read_text())
+    assert patch["kind"] == "HorizontalPodAutoscaler"
+    assert set(patch["spec"]) == {"minReplicas", "maxReplicas"}
+    (hpa,) = objs(docs, "HorizontalPodAutoscaler")
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == \
+        (patch["spec"]["minReplicas"], patch["spec"]["maxReplicas"])
+    assert {"path": "replicas.yaml"} in overlay_kustomization(name)["patches"]
+
+
+def test_each_overlay_sets_the_image(overlay: tuple[str, list[dict[str, Any]]]) -> None:
+    name, docs = overlay
+    base = yaml.safe_load((DEPLOY / "base" / "kustomization.yaml").read_text())
+    assert "images" not in base, "the image is set per overlay, not in the base"
+    (img,) = [i for i in overlay_kustomization(name)["images"] if i["name"] == "promaccel"]
+    spec = promaccel_deployment(docs)["spec"]["template"]["spec"]
+    for c in spec["initContainers"] + spec["containers"]:  # the init container copies the image's cache
+        assert c["image"] == f"{img['newName']}:{img['newTag']}", f"{name}: {c['name']} runs {c['image']}"
+
+
+def test_every_file_promaccel_reads_comes_from_a_secret(
+        overlay: tuple[str, list[dict[str, Any]]], tmp_path: Path) -> None:
+    """The Redis password and the cache's HMAC key in every overlay (promaccel_config resolves
+    each *_file through the pod's Secret volumes), and the admin token from a Secret."""
+    name, docs = overlay
+    cfg = promaccel_config(docs, tmp_path)
+    assert cfg.cache.redis_password_file and cfg.cache.secret_file, name
+    assert cfg.cache.frame_secret()[1] == "secret_file"
+    dep = promaccel_deployment(docs)
+    c = container(dep)
+    cm_text = "\n".join(d["data"]["promaccel.yaml"] for d in objs(docs, "ConfigMap") if "promaccel.yaml" in d["data"])
+    paths = dict(re.findall(r"(?m)^\s*(redis_password_file|secret_file):\s*(\S+)", cm_text))
+    assert secret_source(dep, c, paths["redis_password_file"]) == ("promaccel-redis", "password")
+    assert secret_source(dep, c, paths["secret_file"]) == ("promaccel-cache-hmac", "secret")
+    (admin,) = [e for e in c["env"] if e["name"] == "PROMACCEL_ADMIN_TOKEN"]
+    assert admin["valueFrom"]["secretKeyRef"] == {"name": "promaccel-admin", "key": "token", "optional": True}
+
+
+def test_in_cluster_redis_requires_the_password_promaccel_reads(
+        overlay: tuple[str, list[dict[str, Any]]]) -> None:
+    name, docs = overlay
+    redis_deps = [d for d in objs(docs, "Deployment") if d["metadata"]["name"] == "promaccel-redis"]
+    if not redis_deps:
+        assert name == "amp-elasticache", f"{name}: no in-cluster Redis"
+        return
+    (rc,) = redis_deps[0]["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in rc["env"]}
+    assert env["REDIS_PASSWORD"] == {"name": "promaccel-redis", "key": "password"}
+    assert env["REDISCLI_AUTH"] == env["REDIS_PASSWORD"]
+    script = " ".join(rc["command"] + rc["args"])
+    assert 'requirepass "${REDIS_PASSWORD}"' in script and "redis-server -" in script
+    assert "--requirepass" not in script, "the password is not an argument `ps` shows"
+    # The same Secret and key as promaccel's cache.redis_password_file (see the test above).
+    dep = promaccel_deployment(docs)
+    assert secret_source(dep, container(dep), "/etc/promaccel-secrets/redis-password") == \
+        ("promaccel-redis", "password")
+
+
+def _policies_for(docs: list[dict[str, Any]], labels: dict[str, str]) -> list[dict[str, Any]]:
+    return [p for p in objs(docs, "NetworkPolicy")
+            if all(labels.get(k) == v for k, v in p["spec"]["podSelector"].get("matchLabels", {}).items())]
+
+
+def _egress_ports(policies: list[dict[str, Any]]) -> list[tuple[dict[str, Any], int]]:
+    return [(peer, port["port"]) for p in policies for rule in p["spec"].get("egress", [])
+            for peer in rule.get("to", [{}]) for port in rule.get("ports", [{"port": None}])]
+
+
+def test_network_policies(overlay: tuple[str, list[dict[str, Any]]], tmp_path: Path) -> None:
+    """A default deny for the namespace; promaccel reachable only from labelled namespaces on
+    its port; out only to DNS, Redis and its backends; Redis reachable only from promaccel."""
+    name, docs = overlay
+    pols = objs(docs, "NetworkPolicy")
+    assert pols, f"{name}: no NetworkPolicy"
+    deny = [p for p in pols if p["spec"]["podSelector"] == {}]
+    assert len(deny) == 1 and set(deny[0]["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+    assert not deny[0]["spec"].get("ingress") and not deny[0]["spec"].get("egress")
+
+    dep = promaccel_deployment(docs)
+    pod = dep["spec"]["template"]["metadata"]["labels"]
+    mine = [p for p in _policies_for(docs, pod) if p["spec"]["podSelector"]]
+    ingress = [r for p in mine for r in p["spec"].get("ingress", [])]
+    assert ingress, name
+    for rule in ingress:
+        assert [set(peer) for peer in rule["from"]] == [{"namespaceSelector"}], rule
+        assert rule["from"][0]["namespaceSelector"] == {"matchLabels": {"promaccel.io/query": "true"}}
+        assert [p["port"] for p in rule["ports"]] == ["http"]
+    out = _egress_ports(mine)
+    assert ({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+             "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}, 53) in out
+    assert all(port is not None for _, port in out), f"{name}: an egress rule open on every port"
+
+    cfg = promaccel_config(docs, tmp_path)
+    for b in cfg.backends:
+        u = urlparse(str(b.url))
+        if b.kind == "amp":
+            assert ({"ipBlock": {"cidr": "0.0.0.0/0"}}, 443) in out, f"{name}: no way out to AMP"
+            continue
+        svc, ns = u.hostname.split(".")[:2]  # <service>.<namespace>.svc
+        assert any(peer.get("namespaceSelector", {}).get("matchLabels", {}).get("kubernetes.io/metadata.name") == ns
+                   and port == u.port for peer, port in out), f"{name}: no way out to {b.name} ({ns}:{u.port})"
+
+    redis_pods = [d["spec"]["template"]["metadata"]["labels"] for d in objs(docs, "Deployment")
+                  if d["metadata"]["name"] == "promaccel-redis"]
+    if redis_pods:
+        (rp,) = [p for p in _policies_for(docs, redis_pods[0]) if p["spec"]["podSelector"]]
+        assert set(rp["spec"]["policyTypes"]) == {"Ingress", "Egress"} and not rp["spec"].get("egress")
+        (rule,) = rp["spec"]["ingress"]
+        assert rule["from"] == [{"podSelector": {"matchLabels": dep["spec"]["selector"]["matchLabels"]}}]
+        assert ({"podSelector": {"matchLabels": {"app.kubernetes.io/name": "promaccel-redis",
+                                                 "app.kubernetes.io/component": "cache"}}}, 6379) in out
+    else:
+        assert ({"ipBlock": {"cidr": "0.0.0.0/0"}}, 6379) in out, f"{name}: no way out to the managed Redis"
+
+
+def test_no_site_placeholder_outside_the_overlays_marked_set() -> None:
+    """Values that name someone's account or registry live only in an overlay, next to a
+    `SET:` (or the image note): the base and the components carry none."""
+    for path in list((DEPLOY / "base").glob("*.yaml")) + list((DEPLOY / "components").rglob("*.yaml")):
+        text = path.read_text()
+        assert "111122223333" not in text and "registry.example.com" not in text, path
+    for name in OVERLAYS:
+        text = (DEPLOY / "overlays" / name / "kustomization.yaml").read_text()
+        if "111122223333" in text:
+            assert "SET: the IAM role" in text, name
