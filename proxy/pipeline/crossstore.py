@@ -145,11 +145,12 @@ class CrossStore:
         pieces = "0"
         limits = self.planner.config.limits
         budget = WorkBudget(time.monotonic() + q.timeout_s, limits.max_eval_work, limits.max_eval_series)
+        cached: list[str] = []  # X-Cache of each subquery's answer and raw window read
         try:
             async with asyncio.timeout(q.timeout_s):
                 tree = await self.tree(q)
                 pieces = str(piece_count(tree))
-                result = await self._execute(tree, q, budget)
+                result = await self._execute(tree, q, budget, cached)
         except TimeoutError:  # EvalCancelled too
             raise PromError("timeout", f"query timed out after {q.timeout_s:g}s") from None
         except PieceFailed as failed:
@@ -158,7 +159,7 @@ class CrossStore:
             budget.cancel()  # threads of branches still running stop at their next check
         assert isinstance(result, QueryResult)  # tree() refuses a number at the top
         METRICS.planned.labels("cross_store", "").inc()
-        return Answer(result=result, headers={"X-Promaccel-Pieces": pieces, "X-Cache": "MISS"},
+        return Answer(result=result, headers={"X-Promaccel-Pieces": pieces, "X-Cache": cache_status(cached)},
                       arrow=q.want_arrow)
 
     async def tree(self, q: Query) -> Step:
@@ -328,17 +329,19 @@ class CrossStore:
                     return Op("subquery", node, (inner, *params), req)
         raise PromError("execution", reason)
 
-    async def _execute(self, step: Step, q: Query, budget: WorkBudget) -> QueryResult | float | str:
+    async def _execute(self, step: Step, q: Query, budget: WorkBudget,
+                       cached: list[str]) -> QueryResult | float | str:
         if isinstance(step, (float, str)):
             return step
         if isinstance(step, Sub):
             answer = await self.run(replace(q, req=step.req, plan=step.plan, whole=None,
                                             router=router_for(self.backends, step.req, step.plan, step.extra)))
             assert answer.result is not None
+            cached.append(answer.headers.get("X-Cache", "MISS"))
             return answer.result
-        args = await asyncio.gather(*(self._execute(a, q, budget) for a in step.args))
+        args = await asyncio.gather(*(self._execute(a, q, budget, cached) for a in step.args))
         if step.kind == "window":
-            return await self._window(step, q, budget, args)
+            return await self._window(step, q, budget, args, cached)
         if step.kind == "subquery":
             inner = args[0]
             bound = self.max_window_samples
@@ -351,13 +354,18 @@ class CrossStore:
                               inline=size < INLINE_SAMPLES)
         return out
 
-    async def _window(self, step: Op, q: Query, budget: WorkBudget, params: list[Any]) -> QueryResult:
+    async def _window(self, step: Op, q: Query, budget: WorkBudget, params: list[Any],
+                      cached: list[str]) -> QueryResult:
         node: Call = step.node
         arg = _range_arg(node)
         assert isinstance(arg, MatrixSel)
         by_name = {b.name: b for b in self.backends}
         cache = self.raw_cache if q.cache is not None else None  # the query may use the cache
-        raw = await fetch_raw(arg.selector, step.reads, by_name, q.timeout_s, self.max_window_samples, cache)
+        chunks: dict[str, int] = {}
+        raw = await fetch_raw(arg.selector, step.reads, by_name, q.timeout_s, self.max_window_samples, cache,
+                              tally=chunks)
+        hits, misses = chunks.get("hit", 0), chunks.get("miss", 0)
+        cached.append("HIT" if hits and not misses else "MISS" if misses and not hits else "PARTIAL")
 
         def evaluate() -> QueryResult:
             out = range_call(node, raw, params, step.req, arg.range_ms, arg.selector.offset_ms, arg.selector.at,
@@ -523,6 +531,16 @@ def _stamps_samples(node: Call) -> bool:
     while isinstance(arg, Paren):
         arg = arg.expr
     return isinstance(arg, Selector)
+
+
+def cache_status(parts: Sequence[str]) -> str:
+    """X-Cache of a cross-store answer from its parts' (subqueries, raw windows): HIT when
+    every one was served from the cache, MISS when none was, else PARTIAL."""
+    if parts and all(p == "HIT" for p in parts):
+        return "HIT"
+    if not parts or all(p == "MISS" for p in parts):
+        return "MISS"
+    return "PARTIAL"
 
 
 def piece_count(step: Step) -> int:

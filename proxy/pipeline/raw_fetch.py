@@ -117,10 +117,11 @@ class RawCache:
 
 
 async def fetch_raw(selector: Selector, parts: Sequence[tuple[str, int, int]], backends: Mapping[str, Backend],
-                    timeout_s: float, max_samples: int, cache: RawCache | None = None) -> QueryResult:
+                    timeout_s: float, max_samples: int, cache: RawCache | None = None,
+                    tally: dict[str, int] | None = None) -> QueryResult:
     """Every sample of `selector` (its offset and `@` ignored: the window is absolute) in the
     stretches `parts` (`window_parts`), per series, from the stores that hold them (or the
-    cache)."""
+    cache). `tally`: counts the chunks read from the cache ("hit") and fetched ("miss")."""
     bare = replace(selector, offset_ms=0, at=None)
     if not parts:
         return QueryResult.empty("matrix")
@@ -147,6 +148,9 @@ async def fetch_raw(selector: Selector, parts: Sequence[tuple[str, int, int]], b
     if max_samples and total > max_samples:
         raise over(total)  # the cached chunks alone: nothing fetched
     missing = [i for i, r in enumerate(results) if r is None]
+    if tally is not None:
+        tally["hit"] = tally.get("hit", 0) + len(parts) - len(missing)
+        tally["miss"] = tally.get("miss", 0) + len(missing)
     # The running total is checked as each chunk lands: over the bound, the chunks still in
     # flight are cancelled and nothing more is fetched or decoded.
     tasks = {asyncio.ensure_future(one(i)): i for i in missing}

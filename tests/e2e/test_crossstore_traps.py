@@ -28,7 +28,7 @@ import orjson
 import pytest
 
 from loadtests.compare import Expect, error
-from tests.e2e.test_hybrid import EVERY_STEP, LONG, reference
+from tests.e2e.test_hybrid import EVERY_STEP, LONG, reference, route_kind
 from tests.equivalence import compare_case
 from tests.hybrid import END, HOUR, MIN, Scenario, T
 
@@ -93,3 +93,22 @@ def test_cross_store_trap_answers_as_prometheus(prom: Any, hybrid: dict[str, Sce
         problems = compare_case("hybrid", name, query, path, status, direct, r.status_code, orjson.loads(r.content),
                                 expect=expect)
         assert problems == [], (scenario, name, path, problems[:3], r.text[:300])
+
+
+@pytest.mark.parametrize(("scenario", "query"), [
+    ("by_metric", f"sum({JOIN}) / 2"),
+    ("by_time", "sum(increase(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[2h] offset 7s))"),
+])
+def test_cross_store_answers_say_when_the_cache_served_them(hybrid: dict[str, Scenario], scenario: str,
+                                                            query: str) -> None:
+    """X-Cache of a cross-store answer is its parts': MISS when asked first, HIT when every
+    subquery and raw window came from the cache (it was always MISS)."""
+    form = {"query": query, **RANGE[scenario]}
+    assert route_kind(hybrid[scenario], query, form) == "unroutable"  # promaccel evaluates it
+    url = hybrid[scenario].proxy.url + "/api/v1/query_range"
+    first = httpx.post(url, data=form, timeout=60)
+    again = httpx.post(url, data=form, timeout=60)
+    assert first.status_code == again.status_code == 200, first.text[:300]
+    assert first.headers["X-Cache"] in ("MISS", "PARTIAL")
+    assert again.headers["X-Cache"] == "HIT", dict(again.headers)
+    assert orjson.loads(first.content) == orjson.loads(again.content)
