@@ -3,7 +3,8 @@ promaccel process (Redis cache) in front of the real Prometheus. Queries run thr
 are listed with their pieces, cache hits and backend calls; a query holding `<script>` is
 shown as text and runs nothing; the page logs no console error and makes no failed request.
 
-PROMACCEL_UI_SCREENSHOT=docs/ui.png writes a screenshot of the page (docs/ui.png is one).
+PROMACCEL_UI_SCREENSHOT=docs/ui.png writes a screenshot of the page (docs/ui.png is one);
+PROMACCEL_UI_SCREENSHOT_ERROR=<path> one of the page with a long error truncated.
 The browser is never downloaded: chromium comes from Debian (`make test` installs it); a
 missing one fails the test, never skips it.
 """
@@ -124,6 +125,65 @@ def test_page_shows_queries_just_run_without_console_errors(promaccel: Promaccel
             shot = os.environ.get("PROMACCEL_UI_SCREENSHOT")
             if shot:
                 page.screenshot(path=shot, full_page=True)
+        finally:
+            browser.close()
+    assert problems == []
+
+
+# A regex that does not compile: the error echoes it, ~400 characters of words (under the 500 the server keeps).
+LONG_ERROR_QUERY = ('count(DCGM_FI_DEV_GPU_UTIL{Hostname=~"(' + " ".join(["this regex never closes its group"] * 9)
+                    + '"})')
+
+
+def test_long_error_is_truncated_with_the_full_text_on_hover_and_expand(promaccel: Promaccel, prom: Any) -> None:
+    """Issue 30: a long error used to wrap one word per line in a squeezed column. It shows
+    its first characters in a column wide enough to read, the whole text as the cell's title
+    (hover) and behind a "more" button, which stays open across the page's refreshes."""
+    from playwright.sync_api import sync_playwright
+
+    chromium = require_chromium()
+    r = httpx.get(promaccel.url + "/api/v1/query", params={"query": LONG_ERROR_QUERY, "time": str(prom.end_s)},
+                  timeout=60)
+    assert r.status_code == 400, r.text
+    body = r.json()
+    full = f"{body['errorType']}: {body['error']}"
+    assert len(full) > 300, full
+    problems: list[str] = []
+    with sync_playwright() as p:
+        args = ["--no-sandbox"] if os.geteuid() == 0 else []
+        browser = p.chromium.launch(executable_path=chromium, headless=True, args=args)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
+                    if m.type in ("error", "warning") else None)
+            page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+            page.goto(promaccel.url + "/ui")
+            page.wait_for_selector("body[data-loaded='1']", timeout=30_000)
+            cols = page.locator("#recent th").all_inner_texts()
+            row = page.locator(f"#recent tr[data-query-id='{r.headers['x-promaccel-query-id']}']")
+            cell = row.locator("td").nth(cols.index("error"))
+            clip = cell.locator("span.clip")
+            # Truncated: a short text and a "more" button; the whole error on hover.
+            shown = cell.inner_text()
+            assert shown.startswith("bad_data: ") and shown.endswith("\u2026 more"), shown
+            assert len(shown) < 200 < len(full)
+            assert clip.get_attribute("title") == full
+            # Readable: not a column of single words (the old page: ~40 px wide, 60+ lines).
+            box, text_box = cell.bounding_box(), clip.bounding_box()
+            assert box is not None and text_box is not None
+            assert box["width"] >= 200 and text_box["height"] < 160, (box, text_box)  # <= 8 lines
+            if os.environ.get("PROMACCEL_UI_SCREENSHOT_ERROR"):
+                page.screenshot(path=os.environ["PROMACCEL_UI_SCREENSHOT_ERROR"], full_page=True)
+            # Expanded: the whole text, still after the next refresh; "less" truncates again.
+            cell.locator("button.more").click()
+            assert cell.inner_text() == full + " less"
+            page.evaluate("refresh()")
+            page.wait_for_timeout(500)
+            cell = page.locator(f"#recent tr[data-query-id='{r.headers['x-promaccel-query-id']}'] td").nth(
+                cols.index("error"))
+            assert cell.inner_text() == full + " less"
+            cell.locator("button.more").click()
+            assert cell.inner_text() == shown
         finally:
             browser.close()
     assert problems == []
