@@ -46,7 +46,7 @@ from ..hybrid import Router
 from ..metrics import METRICS
 from ..result import QueryResult
 from ..result.aggregate import AGGREGATIONS, evaluate_aggregation
-from ..result.binop import BinopError, evaluate_binary
+from ..result.binop import evaluate_binary
 from ..result.functions import INSTANT_FUNCTIONS, evaluate_call
 from ..result.stepwise import scalar_steps
 from ..result.windows import RANGE_FUNCTIONS, eval_range_function
@@ -385,10 +385,7 @@ class CrossStore:
         work = sum(a.n_samples if a.result_type == "matrix" else a.n_series * steps
                    for a in args if isinstance(a, QueryResult))
         budget.charge(work, what)
-        try:
-            out = cls._evaluate(step, args, budget)
-        except BinopError as exc:
-            raise PromError("execution", exc.message) from None
+        out = cls._evaluate(step, args, budget)  # Prometheus's refusals: EvalError, a 422
         if isinstance(out, QueryResult):
             budget.series(out.n_series, what)
             budget.charge(out.n_samples, what)

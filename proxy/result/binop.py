@@ -65,9 +65,9 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from proxy.errors import PromError
 from proxy.result.golang import go_atan2, go_pow, go_quote
 from proxy.result.query_result import QueryResult
+from proxy.result.stepwise import DUP_LABELSET, EvalError
 from shardplanner.analysis import is_scalar_expr
 from shardplanner.ast import (
     ARITHMETIC_OPS,
@@ -76,7 +76,7 @@ from shardplanner.ast import (
     Binary,
 )
 
-__all__ = ["BinopError", "evaluate_binary", "is_scalar_expr"]
+__all__ = ["EvalError", "evaluate_binary", "is_scalar_expr"]
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -86,17 +86,10 @@ Key = tuple[tuple[str, str], ...]
 # shouldDropMetricName: atan2 is not in Prometheus's list, so `a atan2 b` keeps __name__.
 _DROP_NAME = frozenset({"+", "-", "*", "/", "%", "^"})
 
-_DUP_LABELSET = "vector cannot contain metrics with the same labelset"
 _ONE_TO_ONE_DUP = "multiple matches for labels: many-to-one matching must be explicit (group_left/group_right)"
 _GROUP_DUP = "multiple matches for labels: grouping labels must ensure unique matches"
 
 
-class BinopError(PromError):
-    """Prometheus refused to evaluate the operation; `message` is its own error text
-    (Prometheus answers these with errorType "execution", HTTP 422)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__("execution", message)
 
 
 # --------------------------------------------------------------------------------------
@@ -112,7 +105,7 @@ def evaluate_binary(node: Binary, lhs: QueryResult | float, rhs: QueryResult | f
     if isinstance(lo, _Scalar) and isinstance(ro, _Scalar):
         return _scalar_scalar(node, lo, ro)
     if op in SET_OPS and (isinstance(lo, _Scalar) or isinstance(ro, _Scalar)):
-        raise BinopError(f'set operator "{op}" not allowed in binary scalar expression')
+        raise EvalError(f'set operator "{op}" not allowed in binary scalar expression')
     if op not in COMPARISON_OPS | ARITHMETIC_OPS | SET_OPS:  # pragma: no cover - Binary checks
         raise ValueError(f"unknown operator {op!r}")
 
@@ -175,7 +168,7 @@ def _operand(x: QueryResult | float, scalar_typed: bool) -> _Operand:
     if not isinstance(x, QueryResult):
         raise TypeError(f"operand must be a QueryResult or a float, not {type(x).__name__}")
     if x.result_type == "string":
-        raise BinopError("binary expressions are not allowed on strings")
+        raise EvalError("binary expressions are not allowed on strings")
     if x.result_type == "scalar":
         return _Scalar(None, x.t_ms.copy(), x.value.copy(), "scalar", x)
     if x.result_type == "matrix" and scalar_typed:
@@ -252,7 +245,7 @@ def _apply(op: str, a: F64, b: F64) -> tuple[F64, npt.NDArray[np.bool_]]:
         elif op == "atan2":
             v = go_atan2(a, b)
         else:
-            raise BinopError(f"operator {op!r} not allowed for operations between vectors")
+            raise EvalError(f"operator {op!r} not allowed for operations between vectors")
     v = np.asarray(v, dtype=np.float64)
     return v, np.ones(v.shape, dtype=bool)
 
@@ -444,9 +437,9 @@ def _empty_out() -> _Out:
 def _scalar_scalar(node: Binary, lo: _Scalar, ro: _Scalar) -> QueryResult | float:
     op = node.op
     if op in SET_OPS:
-        raise BinopError(f'set operator "{op}" not allowed in binary scalar expression')
+        raise EvalError(f'set operator "{op}" not allowed in binary scalar expression')
     if op in COMPARISON_OPS and not node.return_bool:
-        raise BinopError("comparisons between scalars must use BOOL modifier")
+        raise EvalError("comparisons between scalars must use BOOL modifier")
     if lo.const is not None and ro.const is not None:
         return float(_scalar_values(op, np.array([lo.const]), np.array([ro.const]))[0])
     kinds = {lo.kind, ro.kind} - {"float"}
@@ -522,7 +515,7 @@ def _vector_scalar(node: Binary, vec: _Vector, sc: _Scalar, grid: _Grid, *, swap
         sid_of[i] = interner.add(lab)
     sid = sid_of[ser]
     if len(_dup_steps(sid, step, grid.n, ser)):
-        raise BinopError(_DUP_LABELSET)
+        raise EvalError(DUP_LABELSET)
     return _Out(interner, sid, step, value.astype(np.float64))
 
 
@@ -562,7 +555,7 @@ def _set_op(op: str, lo: _Vector, ro: _Vector, m: _Matching, grid: _Grid) -> _Ou
     value = np.concatenate([lval, rval[k]])
     origin = np.concatenate([lo.ser, ro.ser[k] + lo.result.n_series])
     if len(_dup_steps(sid, step, n, origin)):  # cannot happen: equal label sets share a signature
-        raise BinopError(_DUP_LABELSET)
+        raise EvalError(DUP_LABELSET)
     return _Out(interner, sid, step, value)
 
 
@@ -587,7 +580,7 @@ def _binop_step(op: str, return_bool: bool, m: _Matching, lhs: list[_Sample],
         sig = m.signature(rs[0])
         if sig in right:
             one_side = "left" if swapped else "right"
-            raise BinopError(
+            raise EvalError(
                 f"found duplicate series for the match group {_labels_string(m.match_labels(rs[0]))} "
                 f"on the {one_side} hand-side of the operation: "
                 f"[{_labels_string(rs[0])}, {_labels_string(right[sig][0])}]"
@@ -613,7 +606,7 @@ def _binop_step(op: str, return_bool: bool, m: _Matching, lhs: list[_Sample],
         metric = _result_metric(ls[0], rs[0], op, m, return_bool)
         if m.card == "one-to-one":
             if sig in matched:
-                raise BinopError(_ONE_TO_ONE_DUP)
+                raise EvalError(_ONE_TO_ONE_DUP)
             matched[sig] = None
         else:
             inserted = matched.get(sig)
@@ -621,11 +614,11 @@ def _binop_step(op: str, return_bool: bool, m: _Matching, lhs: list[_Sample],
             if inserted is None:
                 inserted = matched[sig] = set()
             elif mk in inserted:
-                raise BinopError(_GROUP_DUP)
+                raise EvalError(_GROUP_DUP)
             inserted.add(mk)
         out.append((metric, value))
     if len({_key(lab) for lab, _ in out}) != len(out):
-        raise BinopError(_DUP_LABELSET)
+        raise EvalError(DUP_LABELSET)
     return out
 
 

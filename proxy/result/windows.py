@@ -42,6 +42,7 @@ import numpy.typing as npt
 
 from proxy.errors import PromError
 from proxy.result.query_result import QueryResult
+from proxy.result.stepwise import DUP_LABELSET, EvalError
 from proxy.result.work import WorkBudget
 
 __all__ = ["RANGE_FUNCTIONS", "eval_range_function", "go_duration_seconds", "subquery_times"]
@@ -59,7 +60,6 @@ _PARAMS: dict[str, int] = {
 }
 RANGE_FUNCTIONS: frozenset[str] = frozenset(_PARAMS)
 
-SAME_LABELSET = "vector cannot contain metrics with the same labelset"
 
 
 def go_duration_seconds(ms: int) -> float:
@@ -230,5 +230,5 @@ def _assemble(func: str, raw: QueryResult, times: I64, state: npt.NDArray[np.int
     result = QueryResult("matrix", labels, offsets, t, v, list(raw.warnings), list(raw.infos))
     keys = result.canonical_keys()
     if len(set(keys)) != len(keys):
-        raise PromError("execution", SAME_LABELSET)
+        raise EvalError(DUP_LABELSET)
     return concat([result])

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from proxy.result import QueryResult
-from proxy.result.binop import BinopError, _binop_step, _Matching, evaluate_binary, is_scalar_expr
+from proxy.result.binop import EvalError, _binop_step, _Matching, evaluate_binary, is_scalar_expr
 from proxy.result.golang import go_atan2, go_pow, go_quote
 from shardplanner.ast import Binary, Call, Number, Paren, Selector, Unary, unparen
 from shardplanner.promql import parse
@@ -56,7 +56,7 @@ def same(a: float, b: float) -> bool:
 
 
 def err(text: str, lhs: Any, rhs: Any) -> str:
-    with pytest.raises(BinopError) as ei:
+    with pytest.raises(EvalError) as ei:
         evaluate_binary(node(text), lhs, rhs)
     assert ei.value.kind == "execution" and ei.value.status == 422
     return ei.value.message
@@ -312,7 +312,7 @@ def test_operand_checks() -> None:
         evaluate_binary(node("a + b"), vec((A, 1.0)), mat((B, {0: 1.0})))
     with pytest.raises(TypeError):
         evaluate_binary(node("a + b"), vec((A, 1.0)), "x")  # type: ignore[arg-type]
-    with pytest.raises(BinopError, match="set operator"):  # the parser refuses it first
+    with pytest.raises(EvalError, match="set operator"):  # the parser refuses it first
         evaluate_binary(Binary("and", Selector("a"), Number(1)), vec((A, 1.0)), 1.0)
 
 
@@ -430,7 +430,7 @@ def _reference(n: Binary, lhs: QueryResult, rhs: QueryResult, n_steps: int) -> d
         else:
             try:
                 res = _binop_step(n.op, n.return_bool, m, lv, rv)
-            except BinopError as exc:
+            except EvalError as exc:
                 return exc.message
         for lab, v in res:
             out.setdefault(tuple(sorted(lab.items())), {})[st] = v
@@ -453,7 +453,7 @@ def test_vectorised_path_equals_the_one_step_reference() -> None:
         want = _reference(n, lhs, rhs, n_steps)
         try:
             got: dict[Any, Any] | str = as_dict(evaluate_binary(n, lhs, rhs))  # type: ignore[arg-type]
-        except BinopError as exc:
+        except EvalError as exc:
             got = exc.message
         if isinstance(want, str):
             errors += 1

@@ -4,7 +4,7 @@ the whole expression (instant at two times, and a range query at step 5m over 4 
 
 Values must be equal as Prometheus writes them (string for string), except for `^` with a
 fractional exponent, where Go's exp/log and the C library's may differ by an ulp (1e-15).
-Where Prometheus answers an error, `BinopError.message` must be its error text exactly.
+Where Prometheus answers an error, `EvalError.message` must be its error text exactly.
 
 The table mixes metric families the way dashboards join "stores" during a migration: DCGM_*
 (Hostname, gpu, namespace, pod) against node_* (instance="<host>:9100") through
@@ -24,7 +24,7 @@ from loadtests.compare import diff_answers
 from proxy.codec.json_decode import decode_prometheus_json
 from proxy.codec.json_encode import encode_prometheus_json, format_value
 from proxy.result import QueryResult
-from proxy.result.binop import BinopError, evaluate_binary
+from proxy.result.binop import EvalError, evaluate_binary
 from shardplanner.ast import Binary, Number, unparen
 from shardplanner.promql import parse
 
@@ -245,7 +245,7 @@ def _run(url: str, name: str, params: dict[str, str]) -> tuple[dict[str, Any], d
     try:
         out = evaluate_binary(node, _side(url, node.lhs, lhs, params), _side(url, node.rhs, rhs, params))
         mine = _as_answer(out, params)
-    except BinopError as exc:
+    except EvalError as exc:
         mine = {"status": "error", "errorType": "execution", "error": exc.message}
     if direct["status"] != "success" or mine["status"] != "success":
         assert mine["status"] == direct["status"], (name, params, mine.get("error"), direct.get("error"))
