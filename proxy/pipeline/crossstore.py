@@ -53,7 +53,7 @@ from ..result.windows import RANGE_FUNCTIONS, eval_range_function
 from ..result.work import WorkBudget
 from .ask import Asker
 from .eval_interval import EvaluationIntervals
-from .local_ops import _absent_or_scalar, _restamp, as_answer, check_distinct, grid_of, joined
+from .local_ops import absent_or_scalar, as_answer, check_distinct, grid_of, joined, restamp
 from .names import MetricNames
 from .planning import Planner
 from .raw_fetch import RawCache, fetch_raw, window_parts
@@ -413,9 +413,9 @@ class CrossStore:
             assert isinstance(sub, Subquery)
             return range_call(node, inner, args[1:], req, sub.range_ms, sub.offset_ms, sub.at, budget)
         if step.kind == "pinned":
-            return _restamp(inner, req)
+            return restamp(inner, req)
         if step.kind == "absent":
-            return _absent_or_scalar(node, inner, req)
+            return absent_or_scalar(node, inner, req)
         param = args[1] if len(args) > 1 else None
         assert not isinstance(param, str) or node.op == "count_values"
         return evaluate_aggregation(node, inner, param, grid_of(req), req.is_range)
@@ -518,7 +518,7 @@ def range_call(node: Call, samples: QueryResult, params: Sequence[Any], req: Que
     # (the parameters' values there), and its answer stamped at every step.
     once = eval_range_function(node.func, [p[:1] for p in steps], samples, [at], range_ms,
                                offset_ms=offset_ms, budget=budget)
-    return _restamp(as_answer(once, QueryRequest.instant("", at, req.lookback_ms)), req)
+    return restamp(as_answer(once, QueryRequest.instant("", at, req.lookback_ms)), req)
 
 
 def _stamps_samples(node: Call) -> bool:

@@ -18,7 +18,7 @@ from ..result import QueryResult, ResultType
 from ..result.merge import concat
 
 
-def _restamp(value: QueryResult, req: QueryRequest) -> QueryResult:
+def restamp(value: QueryResult, req: QueryRequest) -> QueryResult:
     """An instant answer (evaluated at a pinned time) as the answer at every step of `req`."""
     grid = grid_of(req)
     n = value.n_series
@@ -42,7 +42,7 @@ def grid_of(req: QueryRequest) -> npt.NDArray[np.int64]:
     return np.arange(span.start_ms, span.end_ms + 1, span.step_ms or 1, dtype=np.int64)
 
 
-def _absent_or_scalar(node: Any, inner: QueryResult, req: QueryRequest) -> QueryResult:
+def absent_or_scalar(node: Any, inner: QueryResult, req: QueryRequest) -> QueryResult:
     """absent(v) / absent_over_time(m) (with `inner` = count_over_time(m)) / scalar(v) of a
     merged answer, as Prometheus computes them."""
     from shardplanner.ast import MatrixSel, Selector
