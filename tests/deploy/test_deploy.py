@@ -505,7 +505,7 @@ def test_network_policies(overlay: tuple[str, list[dict[str, Any]]], tmp_path: P
         if b.kind == "amp":
             assert ({"ipBlock": {"cidr": "0.0.0.0/0"}}, 443) in out, f"{name}: no way out to AMP"
             continue
-        svc, ns = u.hostname.split(".")[:2]  # <service>.<namespace>.svc
+        svc, ns = (u.hostname or "").split(".")[:2]  # <service>.<namespace>.svc
         assert any(peer.get("namespaceSelector", {}).get("matchLabels", {}).get("kubernetes.io/metadata.name") == ns
                    and port == u.port for peer, port in out), f"{name}: no way out to {b.name} ({ns}:{u.port})"
 
