@@ -1,8 +1,8 @@
 # promaccel — `make demo` runs promaccel over a generated GPU fleet; `make test` runs the suite;
 # `make lint` runs ruff and mypy.
 # They set everything up on a fresh Debian/Ubuntu machine (venv, PyPI packages, and Debian's
-# prometheus, redis-server, kubernetes-client (kubectl) and chromium when missing). Services always run
-# on their own loopback ports.
+# packages when missing: prometheus and redis-server for everything; kubernetes-client (kubectl)
+# and chromium for the tests only). Services always run on their own loopback ports.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -13,8 +13,13 @@ PYTEST_ARGS ?=
 # file whole on one worker, longest first (tests/conftest.py). PROMACCEL_TEST_PORTS=LOW-HIGH
 # keeps every port the suite binds in that range (tests/servers.py).
 TEST_WORKERS ?= 2
+# Debian packages installed when a command is missing, as command:package. The demo, the
+# benchmarks and the soak need DEMO_DEPS; the tests also render the deploy overlays (kubectl:
+# tests/deploy/) and drive the operator page in a browser (chromium: tests/api/test_ui_browser.py).
+DEMO_DEPS := prometheus:prometheus promtool:prometheus redis-server:redis-server
+TEST_DEPS := $(DEMO_DEPS) kubectl:kubernetes-client chromium:chromium
 
-.PHONY: setup system-deps test test-fast demo bench bench-quick soak clean lint
+.PHONY: setup system-deps test-deps test test-fast demo bench bench-quick soak clean lint
 
 setup: system-deps $(VENV)/.installed
 
@@ -23,24 +28,32 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e '.[test,bench]'
 	touch $@
 
-system-deps:
+# $(call install_missing,PAIRS): apt-get install the packages of PAIRS whose command is missing.
+define install_missing
 	@missing=""; \
-	command -v prometheus >/dev/null && command -v promtool >/dev/null || missing="$$missing prometheus"; \
-	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
-	command -v kubectl >/dev/null || missing="$$missing kubernetes-client"; \
-	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	for pair in $(1); do \
+	  command -v "$${pair%%:*}" >/dev/null && continue; \
+	  case " $$missing " in *" $${pair#*:} "*) ;; *) missing="$$missing $${pair#*:}" ;; esac; \
+	done; \
 	if [ -n "$$missing" ]; then \
-	  echo "installing Debian's$$missing (kubectl: tests/deploy/test_deploy.py; chromium: tests/api/test_ui_browser.py)"; \
+	  echo "installing Debian's$$missing"; \
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
+endef
 
-test: setup
+system-deps:
+	$(call install_missing,$(DEMO_DEPS))
+
+test-deps: system-deps
+	$(call install_missing,$(TEST_DEPS))
+
+test: setup test-deps
 	$(BIN)/python -m proxy.codec.warmup
 	$(BIN)/python -m proxy.result.warmup
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
-test-fast: setup
+test-fast: setup test-deps
 	$(BIN)/python -m pytest -q -m "not prom and not redis and not slow" $(PYTEST_ARGS)
 
 # promaccel on 127.0.0.1:9091, the reference Prometheus on :9090 (DEMO_ARGS="--port N ...");

@@ -1,8 +1,8 @@
 """`make demo`: a generated GPU fleet mid-migration to AMP, promaccel in front of it.
 
-Builds (once) a dataset ending at the current hour so Grafana's "Last 24 hours" shows data,
-and the hybrid topology of a fleet moving to Amazon Managed Service for Prometheus, all on
-loopback ports:
+Builds (once, and again when the one built ends over REUSE_HOURS before the current hour) a
+dataset ending at the current hour so Grafana's "Last 24 hours" shows data, and the hybrid
+topology of a fleet moving to Amazon Managed Service for Prometheus, all on loopback ports:
 
     reference Prometheus   the whole fleet (what the answers are checked against)
     "amp"                  DCGM_* history only, a Prometheus behind promaccel's own
@@ -54,6 +54,9 @@ JOIN = ('avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL) * on (Hostname) group_left () 
         'label_replace(sum by (instance) (rate(node_network_receive_bytes_total[5m])) > 0, '
         '"Hostname", "$1", "instance", "(.*):.*")')
 LOCAL_HOURS = 6
+# A dataset is reused while it ends at most this many hours before the current hour: the last
+# hours (Grafana's "Last 6 hours", the README's examples, which ask for the last 6 h) hold data.
+REUSE_HOURS = 4
 LOCAL_METRICS = "node_.*|kube_.*|up"
 
 
@@ -159,11 +162,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace, pa_port: int, prom_port: int, procs: list[subprocess.Popen]) -> int:
     manifest = read_manifest(args.data_dir)
-    if manifest and manifest.get("spec", {}).get("nodes") == args.nodes:
-        spec = FleetSpec.from_dict(manifest["spec"])
-        print(f"reusing the dataset in {args.data_dir}", flush=True)
+    hour = int(time.time()) // 3600 * 3600
+    built = FleetSpec.from_dict(manifest["spec"]) if manifest and "spec" in manifest else None
+    if built is not None and reusable(built, args.nodes, hour):
+        spec = built
+        print(f"reusing the dataset in {args.data_dir} (it ends at {_iso(spec.end)})", flush=True)
     else:
-        end = int(time.time()) // 3600 * 3600
+        if built is not None and built.nodes == args.nodes:
+            print(f"the dataset in {args.data_dir} ends at {_iso(built.end)}, more than {REUSE_HOURS} h ago: "
+                  "building it again, to end at this hour", flush=True)
+        end = hour
         spec = FleetSpec(nodes=args.nodes, gpus_per_node=args.gpus_per_node, hours=args.hours, end=end)
         print(f"building a {args.nodes}-node x {args.gpus_per_node}-GPU, {args.hours} h dataset "
               f"(one-off, about a minute) ...", flush=True)
@@ -203,6 +211,12 @@ def _run(args: argparse.Namespace, pa_port: int, prom_port: int, procs: list[sub
     print("serving; Ctrl-C (or SIGTERM, SIGHUP) stops the demo and everything it started", flush=True)
     while True:  # until a stop signal raises Stopped
         signal.pause()
+
+
+def reusable(built: FleetSpec, nodes: int, hour: int) -> bool:
+    """Is a dataset built earlier the one to serve at `hour` (a whole hour, unix s)? The same
+    size, and its data ends at most REUSE_HOURS before that hour."""
+    return built.nodes == nodes and built.end >= hour - REUSE_HOURS * 3600
 
 
 def _try_this(spec: FleetSpec, prom_url: str, pa_url: str, single: bool) -> None:

@@ -7,6 +7,8 @@ it documents; the ratios it quotes are docs/BENCHMARKS.md's."""
 from __future__ import annotations
 
 import re
+import subprocess
+import textwrap
 import typing
 from pathlib import Path
 from typing import Any
@@ -67,7 +69,7 @@ def _readme_keys(data: Any, prefix: str = "") -> set[str]:
     if isinstance(data, dict):
         for k, v in data.items():
             keys.add(prefix + k)
-            if k in ("shard_labels",):  # a map of user keys, not config keys
+            if k in ("shard_labels", "forward_headers"):  # maps of user keys, not config keys
                 continue
             keys |= _readme_keys(v, prefix + k + ("[]." if isinstance(v, list) and k == "backends" else "."))
     elif isinstance(data, list):
@@ -92,6 +94,10 @@ def test_config_reference_values_have_the_models_types() -> None:
     data = _config_block()
     for backend in data["backends"]:  # the reference shows a secret file that is not there
         backend.pop("basic_auth", None)
+    # ... and a tenant's pinned header values, which need tenancy.forward_headers (shown at its
+    # default, []) to list the header
+    for tenant in data.get("auth", {}).get("tenants") or []:
+        tenant.pop("forward_headers", None)
     cfg = Config.model_validate(data)
     defaults = Config()
     examples = {("planner", "shard_labels"), ("cache", "redis_url")}
@@ -159,7 +165,7 @@ def test_arrow_stream_has_the_documented_schema() -> None:
     from proxy.result import QueryResult
 
     bullet = README[README.index("- `Accept: application/vnd.apache.arrow.stream`"):]
-    bullet = bullet[:bullet.index("```python")]
+    bullet = bullet[:bullet.index("```sh")]
     columns = re.findall(r"`(\w+)`\s+\(([^):]+)[):]", bullet)
     assert [c for c, _ in columns] == ["series", "timestamp", "value", "labels"], columns
     result = QueryResult("matrix", [{"__name__": "up", "job": "a"}, {"__name__": "up", "job": "b"}],
@@ -169,6 +175,60 @@ def test_arrow_stream_has_the_documented_schema() -> None:
     assert [(f.name, f.type) for f in schema] == [(name, ARROW_TYPES[text]) for name, text in columns]
     documented_meta = set(re.findall(r"`(promaccel\.[a-z_]+)`", bullet))
     assert documented_meta == {k.decode() for k in schema.metadata}, documented_meta
+
+
+def arrow_example() -> str:
+    """The README's Arrow example: the shell block under the `Accept: ...arrow.stream` bullet,
+    as a reader pastes it (tests/harness/test_demo.py runs it against a fresh demo)."""
+    example = README[README.index("- `Accept: application/vnd.apache.arrow.stream`"):]
+    example = example[example.index("```sh\n") + 6:]
+    return textwrap.dedent(example[:example.index("```")])
+
+
+def test_arrow_example_runs_as_printed_in_the_checkout() -> None:
+    """Issue 30: the example had fixed dates outside the demo's data (0 rows, no error) and a
+    bare `python` without httpx. It runs with the venv's python, takes its times from the clock
+    (the demo's data ends at the hour it was built), fails loudly on an error answer, and says
+    how many rows it got."""
+    example = arrow_example()
+    assert example.startswith(".venv/bin/python - <<'EOF'\n") and example.rstrip().endswith("\nEOF"), example
+    code = example.split("\n", 1)[1].rsplit("EOF", 1)[0]
+    compile(code, "README arrow example", "exec")
+    assert not re.search(r"\b20\d\d-\d\d-\d\d", code), "fixed dates: outside the demo's data"
+    assert "time.time()" in code and "raise_for_status()" in code and 'print(table.num_rows, "rows")' in code
+    assert "http://127.0.0.1:9091/api/v1/query_range" in code
+
+
+@pytest.mark.prom
+def test_arrow_example_gets_rows_from_a_demo_like_promaccel(tmp_path: Path) -> None:
+    """The example as printed (but for the port) against a real promaccel over a real Prometheus
+    holding a small fleet shaped like the demo's data: ending at this hour. (The suite's own
+    Prometheus holds a fixed window in the past, which no example that takes its times from the
+    clock can ask for; tests/harness/test_demo.py runs it against the demo itself.)"""
+    import time
+
+    from loadtests.gen import FleetSpec
+    from loadtests.load import build_tsdb, start_prometheus, stop_prometheus
+    from tests.servers import Promaccel, require
+
+    require("promtool")
+    require("prometheus")
+    spec = FleetSpec(nodes=2, gpus_per_node=1, hours=7, end=int(time.time()) // 3600 * 3600)
+    build_tsdb(spec, str(tmp_path / "data"))
+    prom = start_prometheus(str(tmp_path / "data"), log_path=str(tmp_path / "prometheus.log"))
+    proxy = None
+    try:
+        proxy = Promaccel.start(prom.url, ("--split-interval", "1h"), tmp_path)  # type: ignore[attr-defined]
+        out = subprocess.run(["bash", "-c", arrow_example().replace("http://127.0.0.1:9091", proxy.url)],
+                             cwd=str(ROOT), capture_output=True, text=True, timeout=120)
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        stop_prometheus(prom)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "labels: dictionary<values=map<string, string>" in out.stdout, out.stdout
+    rows = re.search(r"^(\d+) rows$", out.stdout, re.M)
+    assert rows and int(rows.group(1)) > 0, out.stdout
 
 
 @pytest.mark.parametrize("path", ["README.md"])
