@@ -422,6 +422,12 @@ class PlannerConfig(_Strict):
     # The backend's range windows: "closed" [t-r, t] (Prometheus 2.x), "left_open" (t-r, t]
     # (Prometheus 3.x); sum/count sub-windows are made disjoint accordingly.
     range_windows: Literal["closed", "left_open"] = "closed"
+    # A piece the backend refuses for size (too many samples) or time (its own timeout) is cut
+    # finer -- max_parallel node shards first, then halves of its time range -- and asked
+    # again, up to this many levels (0: never; proxy/pipeline/refusals.py). What worked is
+    # remembered per metric for refusal_memory, so later queries start cut.
+    refusal_split_depth: int = Field(default=6, ge=0)
+    refusal_memory: DurationMs = Field(default=3_600_000, ge=0)
 
     @field_validator("shards")
     @classmethod

@@ -79,7 +79,7 @@ UNIT_COST: dict[str, float] = {
     "tests/backends/test_secrets_logging.py": 20, "tests/api/test_server_limits.py": 12, "tests/pipeline/test_security.py": 12,
     "tests/backends/test_tenancy.py": 8, "tests/backends/test_backend_auth.py": 6, "tests/api/test_relay_paths.py": 5,
     "tests/api/test_http_edges.py": 45, "tests/api/test_fuzz_endpoints.py": 35, "tests/pipeline/test_tracing.py": 30, "tests/harness/test_soak.py": 25, "tests/api/test_ui.py": 9, "tests/api/test_ui_browser.py": 8,
-    "tests/backends/test_breaker.py": 50,
+    "tests/backends/test_breaker.py": 50, "tests/pipeline/test_refusal_split.py": 35,
 }
 
 

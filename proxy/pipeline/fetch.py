@@ -27,6 +27,7 @@ from .cache_write import CacheWriter
 from .hybrid_fetch import RouteAnswer
 from .landing import Landing
 from .leases import Leases
+from .refusals import Answerer
 from .units import Fetch, Unit
 from .values import CacheCtx, Pairs
 
@@ -41,7 +42,7 @@ def _retrieve(fut: asyncio.Future[QueryResult]) -> None:
 
 
 class Fetcher:
-    def __init__(self, landing: Landing, writer: CacheWriter, route_answer: RouteAnswer, cache_enabled: bool,
+    def __init__(self, landing: Landing, writer: CacheWriter, route_answer: RouteAnswer | Answerer, cache_enabled: bool,
                  leases: Leases | None = None) -> None:
         self.landing = landing
         self.writer = writer

@@ -11,6 +11,7 @@ from ..backends import Backend, BackendReply
 from ..backends.tenancy import scope as tenant_scope
 from ..cache import wall_ms
 from ..codec.json_encode import encode_prometheus_json
+from ..errors import PromError
 from ..metrics import METRICS
 from ..result import QueryResult
 from ..singleflight import SingleFlight
@@ -19,6 +20,7 @@ from .cache_read import CacheReader
 from .cache_write import CacheWriter
 from .landing import Landing
 from .leases import Leases
+from .refusals import REFUSED, RefusalSplitter, refusal
 from .slots import SlotMaker
 from .stage import Stage
 from .units import Unit
@@ -49,7 +51,8 @@ class Forward:
 
     def __init__(self, backends: Mapping[str, Backend], primary: Backend, slots: SlotMaker, reader: CacheReader,
                  writer: CacheWriter, landing: Landing, flight: SingleFlight[tuple[Any, ...], Any], ask: Asker,
-                 next: Stage[Query, Answer], leases: Leases | None = None) -> None:
+                 next: Stage[Query, Answer], leases: Leases | None = None, *,
+                 refusals: RefusalSplitter | None = None) -> None:
         self.by_name = backends
         self.primary = primary
         self.slots = slots
@@ -60,9 +63,10 @@ class Forward:
         self.ask = ask
         self.next = next
         self.leases = leases
+        self.refusals = refusals  # refused queries cut finer (refusals.py); None: relayed
 
     async def __call__(self, q: Query) -> Answer:
-        if not forwards_whole(q):
+        if not forwards_whole(q) or self._remembered(q):
             return await self.next(q)
         assert q.plan is not None
         backend = self.by_name[q.whole.backend] if q.whole is not None else self.primary
@@ -80,12 +84,41 @@ class Forward:
         if reply is not None:
             METRICS.coalesced.labels("recent").inc()
         else:
-            reply = await self.flight.do(key, lambda: self._leased(key, q, unit, backend))
+            try:
+                reply = await self.flight.do(key, lambda: self._leased(key, q, unit, backend))
+            except PromError as exc:
+                if not self._splits(q, exc):
+                    raise
+                return await self._cut_finer(q, exc)
+            if isinstance(reply, BackendReply) and not reply.ok and self._splits(q, PieceFailed(reply)):
+                return await self._cut_finer(q, PieceFailed(reply))
         status = self.reader.count(slots)
         headers = {"X-Promaccel-Pieces": "1", "X-Cache": status}
         if isinstance(reply, QueryResult):  # stored by another process meanwhile
             return Answer(result=reply, headers=headers)
         return Answer(reply=reply, headers=headers)
+
+    def _splits(self, q: Query, exc: BaseException) -> bool:
+        """A refusal for size or time of a query the planner can cut (refusals.py)."""
+        return (self.refusals is not None and not q.unmergeable and q.plan is not None and q.plan.expr is not None
+                and refusal(exc) is not None)
+
+    def _remembered(self, q: Query) -> bool:
+        """The query's metric was refused lately and answered cut finer: the planned path
+        starts it cut that way (refusals.py) instead of being refused again whole."""
+        return (self.refusals is not None and not q.unmergeable and q.plan is not None and q.plan.expr is not None
+                and self.refusals.remembers(q.plan.expr))
+
+    async def _cut_finer(self, q: Query, exc: BaseException) -> Answer:
+        """The refused query through the planned path, whose fetch starts from this refusal
+        (`refusals.REFUSED`) and cuts it finer instead of asking the same call again."""
+        assert q.plan is not None
+        piece = q.plan.pieces[0]
+        token = REFUSED.set((piece.query, piece.span, exc))
+        try:
+            return await self.next(q)
+        finally:
+            REFUSED.reset(token)
 
     async def _leased(self, key: tuple[Any, ...], q: Query, unit: Unit | None,
                       backend: Backend) -> BackendReply | QueryResult:

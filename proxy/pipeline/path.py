@@ -46,6 +46,7 @@ from .lookup import Coalesce, FanOut, Lookup
 from .merging import Fallback, Merge
 from .planning import Plan, Planner
 from .raw_fetch import RawCache
+from .refusals import RefusalSplitter
 from .routing import Route
 from .slots import SlotMaker
 from .stage import Stage
@@ -83,7 +84,12 @@ def build(config: Config, backends: Sequence[Backend], store: Callable[[], Piece
     writer = CacheWriter(config, store, landing)
     leases = writer.leases = Leases(config, store, reader)
     ask = Asker()
-    fetcher = Fetcher(landing, writer, RouteAnswer(config, backends, ask), cache_on, leases)
+    pc = config.planner
+    # Refused pieces cut finer (shards, then time) between the fetcher and the backends.
+    splitter = RefusalSplitter(RouteAnswer(config, backends, ask), planner.settings, planner.shard_values_now,
+                               max_depth=pc.refusal_split_depth, shards=pc.max_parallel,
+                               memory_ttl_s=pc.refusal_memory / 1000)
+    fetcher = Fetcher(landing, writer, splitter, cache_on, leases)
 
     # Each stage's next one inside its tracing span when tracing is on (traced.py).
     fan_out = FanOut(fetcher)
@@ -92,7 +98,8 @@ def build(config: Config, backends: Sequence[Backend], store: Callable[[], Piece
                                                        config.cache.day_cells_edge_max_samples), traced(coalesce))
     merge = Merge(planner, traced(lookup))
     fallback = Fallback(by_name, primary, traced(merge))
-    forward = Forward(by_name, primary, slots, reader, writer, landing, fetcher.flight, ask, traced(fallback), leases)
+    forward = Forward(by_name, primary, slots, reader, writer, landing, fetcher.flight, ask, traced(fallback), leases,
+                      refusals=splitter if pc.refusal_split_depth > 0 else None)
     window_bound = min((n for n in (config.limits.max_window_samples, config.limits.max_samples) if n), default=0)
     raw_cache = RawCache(config, store, writer) if cache_on else None
     cross_store = CrossStore(planner, backends, traced(merge), window_bound, raw_cache)

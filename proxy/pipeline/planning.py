@@ -155,6 +155,11 @@ class Planner:
             return None
         return ((wall_ms() - cc.day_cells_after) // DAY_MS) * DAY_MS
 
+    async def shard_values_now(self) -> Mapping[str, Sequence[str]]:
+        """The shard-label values of every configured shard label (refused pieces cut in
+        shards, `refusals.py`)."""
+        return await self._shard_values()
+
     async def _shard_values(self) -> Mapping[str, Sequence[str]]:
         return await self.shard_values.get(sorted({label for _, label in self.settings.shard_labels}))
 
