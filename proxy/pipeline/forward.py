@@ -107,7 +107,7 @@ class Forward:
         """The query's metric was refused lately and answered cut finer: the planned path
         starts it cut that way (refusals.py) instead of being refused again whole."""
         return (self.refusals is not None and not q.unmergeable and q.plan is not None and q.plan.expr is not None
-                and self.refusals.remembers(q.plan.expr))
+                and self.refusals.remembers(q.plan.expr, q.plan.pieces[0].span))
 
     async def _cut_finer(self, q: Query, exc: BaseException) -> Answer:
         """The refused query through the planned path, whose fetch starts from this refusal

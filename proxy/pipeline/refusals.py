@@ -123,11 +123,13 @@ class Answerer(Protocol):
 @dataclass
 class Learned:
     """What worked for a metric: start with this many shards, time pieces no longer than
-    `max_ms` (None: not cut in time)."""
+    `max_ms` (None: not cut in time), for calls at least as long as the shortest one refused,
+    `refused_ms` (a shorter call is asked whole first)."""
 
     shards: int = 1
     max_ms: int | None = None
     until: float = 0.0
+    refused_ms: int = 0
 
 
 class Memory:
@@ -146,14 +148,15 @@ class Memory:
             return None
         return got
 
-    def learn(self, key: tuple[str, str], shards: int, max_ms: int | None) -> Learned:
-        """Finer wins: more shards, a shorter time piece."""
+    def learn(self, key: tuple[str, str], shards: int, max_ms: int | None, refused_ms: int = 0) -> Learned:
+        """Finer wins: more shards, a shorter time piece, a shorter refused call."""
         old = self.get(key)
         if old is not None:
             shards = max(shards, old.shards)
             if old.max_ms is not None:
                 max_ms = old.max_ms if max_ms is None else min(max_ms, old.max_ms)
-        entry = self._m[key] = Learned(shards, max_ms, self.clock() + self.ttl_s)
+            refused_ms = min(refused_ms, old.refused_ms)
+        entry = self._m[key] = Learned(shards, max_ms, self.clock() + self.ttl_s, refused_ms)
         self._m.move_to_end(key)
         while len(self._m) > self.max_entries:
             self._m.popitem(last=False)
@@ -231,10 +234,11 @@ class RefusalSplitter:
         self._learn(job)
         return result
 
-    def remembers(self, expr: Expr) -> bool:
-        """Whether a cut is remembered for the metric(s) of `expr`."""
+    def remembers(self, expr: Expr, span: Span) -> bool:
+        """Whether a cut is remembered for the metric(s) of `expr` over a span this long."""
         key = _metric_key(expr) if self.max_depth > 0 else None
-        return key is not None and self.memory.get(key) is not None
+        learned = self.memory.get(key) if key is not None else None
+        return learned is not None and span.end_ms - span.start_ms >= learned.refused_ms
 
     # --- the parts --------------------------------------------------------------------------
 
@@ -323,6 +327,8 @@ class RefusalSplitter:
         """The fetch cut as `learned` says from the start (None: nothing to cut, or more calls
         than the budget allows)."""
         f = job.f
+        if f.span.end_ms - f.span.start_ms < learned.refused_ms:
+            return None  # shorter than anything refused: asked whole first
         spans = [f.span]
         if learned.max_ms is not None and job.time_ok and f.span.is_range:
             spans = _cut_time(f.span, learned.max_ms)
@@ -352,8 +358,7 @@ class RefusalSplitter:
     # --- memory -----------------------------------------------------------------------------
 
     def _note_refused(self, job: _Job, span: Span) -> None:
-        if span.is_range:
-            job.refused_ms.append(span.end_ms - span.start_ms)
+        job.refused_ms.append(span.end_ms - span.start_ms)  # 0 for an instant
 
     def _learn(self, job: _Job) -> None:
         """After a cut answer: the most shards used and the longest time piece answered that
@@ -365,7 +370,8 @@ class RefusalSplitter:
             shortest_refused = min(job.refused_ms)
             shorter = [d for d in job.answered_ms if d < shortest_refused]
             max_ms = max(shorter) if shorter else None
-        learned = self.memory.learn(job.key, job.shards, max_ms)
+        refused_ms = min(job.refused_ms) if job.refused_ms else job.f.span.end_ms - job.f.span.start_ms
+        learned = self.memory.learn(job.key, job.shards, max_ms, refused_ms)
         log.info("refused pieces of %s answered cut finer: %d shards, time pieces up to %s ms "
                  "(remembered: %d shards, %s ms)", job.key[1], job.shards, max_ms, learned.shards,
                  learned.max_ms)

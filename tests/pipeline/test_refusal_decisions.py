@@ -169,6 +169,10 @@ def test_what_worked_is_remembered_per_metric() -> None:
     # Another query of the same metric starts cut: nothing refused.
     got = run(s, "max(DCGM_FI_DEV_GPU_TEMP)", SPAN)
     assert got.n_samples == SPAN.points and fake.calls and not any(r for _, _, r in fake.calls)
+    # A call shorter than any refused one is asked whole first.
+    fake.calls.clear()
+    short = Span.range(T0, T0 + 20 * STEP, STEP)
+    assert run(s, "max(DCGM_FI_DEV_GPU_TEMP)", short).n_samples == 21 and len(fake.calls) == 1
     # Another metric is asked whole first.
     fake.calls.clear()
     run(s, "quantile(0.9, DCGM_FI_DEV_POWER_USAGE)", SPAN)
