@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import statistics
 import threading
 import time
 import zlib
@@ -322,6 +323,7 @@ class Watch:
         self.pid = p.proc.pid
         self.stop = threading.Event()
         self.slowest = 0.0
+        self.times: list[float] = []
         self.failures: list[str] = []
         self.rss_peak = 0
 
@@ -349,7 +351,8 @@ class Watch:
             except (OSError, http.client.HTTPException) as exc:
                 self.failures.append(repr(exc))
                 conn.close()
-            self.slowest = max(self.slowest, time.perf_counter() - t0)
+            self.times.append(time.perf_counter() - t0)
+            self.slowest = max(self.slowest, self.times[-1])
             self.rss_peak = max(self.rss_peak, _status(self.pid)["VmRSS"])
             time.sleep(0.02)
         conn.close()
@@ -361,7 +364,12 @@ class Watch:
 
     def check(self) -> None:
         assert not self.failures, self.failures[:5]
-        assert self.slowest < HEALTHY_S, f"/-/healthy took {self.slowest * 1000:.0f} ms"
+        # Within HEALTHY_S: the median far below, at most one answer in 50 over it (a scheduler
+        # hiccup of a shared 2-core CI box), none a stall (the findings held it for seconds).
+        late = [t for t in self.times if t >= HEALTHY_S]
+        assert self.times and statistics.median(self.times) < HEALTHY_S / 2, sorted(self.times)[-5:]
+        assert len(late) <= max(1, len(self.times) // 50), f"/-/healthy over {HEALTHY_S * 1000:.0f} ms: {late}"
+        assert self.slowest < 3 * HEALTHY_S, f"/-/healthy took {self.slowest * 1000:.0f} ms"
         growth = self.rss_peak - self.rss_before
         assert growth < RSS_GROWTH, f"RSS grew by {growth / 2**20:.0f} MiB"
 
