@@ -15,9 +15,10 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 # Debian packages installed when a command is missing, as command:package. The demo, the
 # benchmarks and the soak need DEMO_DEPS; the tests also render the deploy overlays (kubectl:
-# tests/deploy/) and drive the operator page in a browser (chromium: tests/api/test_ui_browser.py).
+# tests/deploy/), drive the operator page in a browser (chromium: tests/api/test_ui_browser.py)
+# and make TLS certificates for the rediss:// deploy variant (openssl: tests/deploy/test_redis_auth.py).
 DEMO_DEPS := prometheus:prometheus promtool:prometheus redis-server:redis-server
-TEST_DEPS := $(DEMO_DEPS) kubectl:kubernetes-client chromium:chromium
+TEST_DEPS := $(DEMO_DEPS) kubectl:kubernetes-client chromium:chromium openssl:openssl
 
 .PHONY: setup system-deps test-deps test test-fast demo bench bench-quick soak clean lint
 
