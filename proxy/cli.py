@@ -19,7 +19,7 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import uvicorn
@@ -187,6 +187,25 @@ class _WorkerProcess(UvicornWorker):
         return self._server
 
 
+# The placeholders of config/examples/ and deploy/overlays/ (AWS's documentation account, an
+# all-zero AMP workspace): a deploy that still carries one would run without its AMP data.
+_PLACEHOLDER_WORKSPACE = "ws-00000000-0000-0000-0000-000000000000"
+_PLACEHOLDER_ACCOUNT = ":111122223333:"
+
+
+def placeholders(cfg: Config, environ: Mapping[str, str]) -> str:
+    """Why this configuration still holds an example's placeholder ("" when it does not)."""
+    for b in cfg.backends:
+        if b.kind == "amp" and _PLACEHOLDER_WORKSPACE in b.url:
+            return (f"backend {b.name!r}: {_PLACEHOLDER_WORKSPACE} is the examples' placeholder workspace: set "
+                    "your AMP workspace's URL (deploy/overlays/*/promaccel.yaml, config/examples/)")
+    role = environ.get("AWS_ROLE_ARN", "")
+    if any(b.kind == "amp" for b in cfg.backends) and _PLACEHOLDER_ACCOUNT in role:
+        return (f"AWS_ROLE_ARN {role} is in AWS's documentation account (111122223333), the deploy overlays' "
+                "placeholder: set the IAM role in the service account's eks.amazonaws.com/role-arn annotation")
+    return ""
+
+
 def _serve(args: argparse.Namespace, argv: list[str]) -> int:
     global _APP
     try:
@@ -196,6 +215,10 @@ def _serve(args: argparse.Namespace, argv: list[str]) -> int:
         return EXIT_USAGE
     if args.workers < 1:
         print("promaccel: --workers must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    placeholder = placeholders(cfg, os.environ)
+    if placeholder:
+        print(f"promaccel: {placeholder}", file=sys.stderr)
         return EXIT_USAGE
     host, port = cfg.listen.host, cfg.listen.port
     # Bound first: a busy port fails in a moment, before compiling or announcing anything.

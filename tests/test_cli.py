@@ -6,6 +6,7 @@ logs what its shutdown drained."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -126,3 +127,31 @@ def test_sigterm_lets_the_query_in_flight_finish_and_logs_the_drain(slow_backend
     assert len(stopped) == 1, text
     assert "1 requests in flight finished, 0 cancelled" in stopped[0]
     assert "background cache writes flushed" in stopped[0] and "fetch leases released" in stopped[0]
+
+
+@pytest.mark.parametrize("overlay", ["hybrid-amp", "amp-elasticache"])
+def test_serve_refuses_the_deploy_overlays_placeholders(overlay: str, tmp_path: Path) -> None:
+    """An AMP overlay deployed as is (its all-zero workspace, AWS's documentation account in
+    the IRSA role) exits 2 naming what to set, instead of running without its AMP data."""
+    # The overlay's config as its pod reads it, the mounted Secrets' files made here.
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    text = (ROOT / "deploy" / "overlays" / overlay / "promaccel.yaml").read_text()
+    for name in set(re.findall(r"/etc/promaccel-secrets/([\w.-]+)", text)):
+        (secrets / name).write_text("a-test-secret-of-32-characters!!")
+    text = text.replace("/etc/promaccel-secrets/", f"{secrets}/")
+    assert "ws-00000000-0000-0000-0000-000000000000" in text
+    config = tmp_path / "overlay.yaml"
+    config.write_text(text)
+    proc = subprocess.run(_cli("serve", "--config", str(config), "--port", str(free_port())),
+                          capture_output=True, text=True, timeout=60, cwd=str(ROOT))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "placeholder workspace" in proc.stderr and "serving" not in proc.stdout + proc.stderr
+    # The workspace set, the role still the placeholder: refused too.
+    real = tmp_path / "promaccel.yaml"
+    real.write_text(text.replace("ws-00000000-0000-0000-0000-000000000000", "ws-0123abcd-4567-89ef-0123-456789abcdef"))
+    env = {"AWS_ROLE_ARN": "arn:aws:iam::111122223333:role/promaccel-amp-query", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run(_cli("serve", "--config", str(real), "--port", str(free_port())),
+                          capture_output=True, text=True, timeout=60, cwd=str(ROOT), env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "AWS_ROLE_ARN" in proc.stderr and "eks.amazonaws.com/role-arn" in proc.stderr
