@@ -27,10 +27,22 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
-
 from shardplanner.analysis import ABSENT_LIKE, absent_like, pinned_at
-from shardplanner.ast import Agg, Binary, Call, MatrixSel, Number, Paren, Selector, String, Subquery, Unary, transform
+from shardplanner.ast import (
+    COMPARISON_OPS,
+    SET_OPS,
+    Agg,
+    Binary,
+    Call,
+    MatrixSel,
+    Number,
+    Paren,
+    Selector,
+    String,
+    Subquery,
+    Unary,
+    transform,
+)
 from shardplanner.explain import reason_code
 from shardplanner.functions import AT_UNSAFE, unknown_names
 from shardplanner.holdings import ALL_METRICS, BackendHolding
@@ -455,30 +467,11 @@ def _param_args(node: Call) -> list[Any]:
     return [a for j, a in enumerate(node.args) if j != i]
 
 
-def _fold(op: str, a: float, b: float) -> float | None:
-    """Prometheus's scalarBinop for the arithmetic operators (Go float64 arithmetic)."""
-    with np.errstate(all="ignore"):
-        x, y = np.float64(a), np.float64(b)
-        if op == "+":
-            return float(x + y)
-        if op == "-":
-            return float(x - y)
-        if op == "*":
-            return float(x * y)
-        if op == "/":
-            return float(x / y)
-        if op == "%":
-            return float(np.fmod(x, y))  # Go's math.Mod
-        if op == "^":
-            return float(np.power(x, y))  # Go's math.Pow
-        if op == "atan2":
-            return float(np.arctan2(x, y))
-    return None  # comparisons: the backend says what they mean between scalars
-
-
 def constant(node: Any) -> float | None:
-    """The value of a number-only expression (`2 * 3`, `(3)`, `-1`, `99/100`), folded here
-    instead of asking a backend; None for anything else."""
+    """The value of a number-only arithmetic expression (`2 * 3`, `(3)`, `-1`, `99/100`),
+    folded here with binop's scalarBinop (Go's arithmetic, math.Pow and math.Mod included)
+    instead of asking a backend; None for anything else (comparisons: the backend's
+    business)."""
     while isinstance(node, Paren):
         node = node.expr
     if isinstance(node, Number):
@@ -486,10 +479,13 @@ def constant(node: Any) -> float | None:
     if isinstance(node, Unary):
         v = constant(node.expr)
         return None if v is None else -v
-    if isinstance(node, Binary) and not node.return_bool:
+    if isinstance(node, Binary) and node.op not in COMPARISON_OPS and node.op not in SET_OPS:
         a = constant(node.lhs)
         b = constant(node.rhs) if a is not None else None
-        return None if a is None or b is None else _fold(node.op, a, b)
+        if a is None or b is None:
+            return None
+        out = evaluate_binary(node, a, b)
+        return out if isinstance(out, float) else None
     return None
 
 
