@@ -63,7 +63,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -86,6 +85,7 @@ from loadtests.gen import (
     slice_bounds,
     spec_from_args,
 )
+from loadtests.ports import PORTS_ENV, free_port, port_bindable, port_range  # noqa: F401
 
 MANIFEST = "promaccel-dataset.json"
 CONFIG = "promaccel-prometheus.yml"
@@ -324,46 +324,8 @@ def build_tsdb(spec: FleetSpec, data_dir: str, *, slice_seconds: int = SLICE_SEC
 
 # --------------------------------------------------------------------------- prometheus
 
-# `PROMACCEL_TEST_PORTS=20000-29999` confines the ports the harness and the test suite bind
-# to that range (inclusive), e.g. on a shared host whose other services use the rest.
-PORTS_ENV = "PROMACCEL_TEST_PORTS"
-
-
-def port_range() -> tuple[int, int] | None:
-    """[low, high) from $PROMACCEL_TEST_PORTS ("LOW-HIGH", both included), or None."""
-    text = os.environ.get(PORTS_ENV, "").strip()
-    if not text:
-        return None
-    m = re.fullmatch(r"(\d+)\s*-\s*(\d+)", text)
-    if m is None or not 1024 <= int(m.group(1)) <= int(m.group(2)) <= 65535:
-        raise ValueError(f"{PORTS_ENV}={text!r}: expected LOW-HIGH, e.g. 20000-29999 (1024 <= LOW <= HIGH <= 65535)")
-    return int(m.group(1)), int(m.group(2)) + 1
-
-
-def port_bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port() -> int:
-    """A free loopback port: from $PROMACCEL_TEST_PORTS when set, else the kernel's pick."""
-    import random
-
-    confined = port_range()
-    if confined is not None:
-        low, high = confined
-        for _ in range(min(4 * (high - low), 2000)):
-            port = random.randrange(low, high)
-            if port_bindable(port):
-                return port
-        raise RuntimeError(f"no free port in {PORTS_ENV}={os.environ[PORTS_ENV]}")
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+# Ports: loadtests/ports.py (one implementation for the harness and the suite); these names
+# stay importable from here (chaos, faults, redis_down, amp_endpoint, tests use them).
 
 
 _CONFIG_TEXT = """\

@@ -1,8 +1,11 @@
-"""Processes the benchmark runs: redis-server and promaccel on free loopback ports.
+"""Process management for the harness and the test suite: redis-server and promaccel on free
+loopback ports, their RSS and CPU, plain loopback HTTP.
 
-Prometheus comes from `loadtests.load` (it owns the dataset and its TSDB); this module starts
-what sits beside it. Every process is started by us, is stopped by its own handle (never by
-name), and logs into the run's directory so a failed run can be read afterwards.
+One implementation for both: the bench, soak and demo start their servers here, and so does
+the suite (tests/servers.py re-exports `Promaccel`, `RedisServer` and the ports of
+loadtests/ports.py). Prometheus comes from `loadtests.load` (it owns the dataset and its TSDB).
+Every process is started by us, is stopped by its own handle (never by name), and logs into
+its run's directory so a failed run can be read afterwards.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from pathlib import Path
 from typing import Sequence
 from urllib.parse import urlsplit
 
-from loadtests.load import die_with_parent, free_port  # noqa: F401  (free_port re-exported: bench and tests use it from here)
+from loadtests.load import die_with_parent
+from loadtests.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK = "127.0.0.1"
@@ -217,24 +221,31 @@ class Promaccel:
 
     @classmethod
     def start(cls, backend_url: str | None, args: Sequence[str], workdir: Path, redis_url: str | None = None,
-              code_dir: Path | None = None) -> "Promaccel":
-        """`code_dir`: serve another checkout's promaccel (run from its directory), to measure
-        two versions side by side. `backend_url` None: the backends come from a `--config`
-        file in `args`."""
+              code_dir: Path | None = None, *, config: Path | None = None,
+              env: dict[str, str] | None = None) -> "Promaccel":
+        """`promaccel serve` on a free loopback port, logging into `workdir`; returns once
+        /-/healthy answers. `backend_url` None: the backends come from `config` (a YAML file,
+        e.g. with an AMP backend) or a `--config` in `args`. `env` is added to the environment
+        (e.g. AWS credentials). `code_dir`: serve another checkout's promaccel (run from its
+        directory), to measure two versions side by side."""
         if backend_url is not None:
             assert_loopback(backend_url)
         workdir.mkdir(parents=True, exist_ok=True)
         port = free_port()
         log = workdir / f"promaccel-{port}.log"
-        env = dict(os.environ)
-        env.pop("PROMACCEL_CONFIG", None)
+        proc_env = dict(os.environ)
+        proc_env.pop("PROMACCEL_CONFIG", None)  # the caller's own setting must not leak into a test
+        proc_env.update(env or {})
+        where = ["--backend", backend_url] if backend_url is not None else []
+        if config is not None:
+            where += ["--config", str(config)]
         extra = ["--redis", redis_url] if redis_url else []
         t0 = time.monotonic()
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "proxy.cli", "serve", *(["--backend", backend_url] if backend_url else []),
+                [sys.executable, "-m", "proxy.cli", "serve", *where,
                  "--host", LOOPBACK, "--port", str(port), "--log-level", "warning", *extra, *args],
-                stdout=out, stderr=subprocess.STDOUT, cwd=str(code_dir or ROOT), env=env,
+                stdout=out, stderr=subprocess.STDOUT, cwd=str(code_dir or ROOT), env=proc_env,
             )
         url = f"http://{LOOPBACK}:{port}"
         try:
