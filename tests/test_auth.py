@@ -1,4 +1,4 @@
-"""Auth config and credential checks, in-process (proxy/auth.py): digests at rest, plain-text
+"""Auth config and credential checks, in-process (proxy/config/auth.py, proxy/api/auth.py): digests at rest, plain-text
 secrets from files and variables hashed at load, bearer and basic auth as Grafana sends them,
 the refusals, and the cache scope a tenant makes (proxy/backends/tenancy.py). The served
 behaviour, over real Prometheus backends, is tests/api/test_auth.py."""
@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from proxy.auth import Authenticator, AuthFailure, sha256_hex
+from proxy.api.auth import Authenticator, AuthFailure
 from proxy.backends.tenancy import NO_TENANT, Tenancy
 from proxy.config import Config, ConfigError, build_config, load_config
+from proxy.config.auth import sha256_hex
 
 TOKEN_A = "tok-a-0123456789abcdef"
 TOKEN_B = "tok-b-0123456789abcdef"

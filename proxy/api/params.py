@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from ..config.durations import format_duration_ms, parse_prom_duration_ms
 from ..errors import PromError, bad_data, invalid_param
 from ..result.golang import go_parse_float
 
@@ -23,23 +24,9 @@ _MAX_TIME_STR = "292277025-08-18T07:12:54.999999999Z"
 _MIN_TIME_SECONDS = -9223309901257974  # math.MinInt64/2 + 62135596801 seconds, as Prometheus
 _MAX_TIME_SECONDS = 9223309901257974
 
-_DURATION_RE = re.compile(
-    r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$"
-)
-_UNIT_MS = (365 * 86_400_000, 7 * 86_400_000, 86_400_000, 3_600_000, 60_000, 1_000, 1)
 _RFC3339_RE = re.compile(
     r"^(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$"
 )
-
-
-def parse_prom_duration_ms(text: str) -> int:
-    """Prometheus's model.ParseDuration: units y w d h m s ms, each at most once, in order."""
-    if text == "0":
-        return 0
-    m = _DURATION_RE.match(text)
-    if not text or m is None or not any(m.groups()):
-        raise ValueError(f"not a valid duration string: {text!r}")
-    return sum(int(g) * unit for g, unit in zip(m.groups(), _UNIT_MS) if g)
 
 
 _I64_MIN = -(2**63)
@@ -164,18 +151,6 @@ def parse_duration_param_ms(text: str) -> int:
     """A duration parameter in milliseconds, truncated as Go's durationMilliseconds does."""
     ns = parse_duration_param_ns(text)
     return ns // 1_000_000 if ns >= 0 else -((-ns) // 1_000_000)
-
-
-def format_duration_ms(ms: int) -> str:
-    """Prometheus-style duration string, largest units first ("1h30m", "90ms")."""
-    if ms == 0:
-        return "0s"
-    out = []
-    for unit, name in zip(_UNIT_MS, ("y", "w", "d", "h", "m", "s", "ms")):
-        if ms >= unit:
-            out.append(f"{ms // unit}{name}")
-            ms %= unit
-    return "".join(out)
 
 
 @dataclass(frozen=True)

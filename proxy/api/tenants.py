@@ -1,7 +1,7 @@
 """What a request sees: its tenant's query service and backends (`View`).
 
 Auth off (the default): one view, every backend, the service `create_app` built. Auth on
-(`auth.tenants`, proxy/auth.py): one view per tenant, built at start-up: a `QueryService` over
+(`auth.tenants`, proxy/config/auth.py): one view per tenant, built at start-up: a `QueryService` over
 the tenant's backends (in the config's order; the first is the tenant's primary, for shard
 values, relays and buildinfo) sharing the root service's store and admission. A request is
 authenticated by the route wrapper (routing.py) and served by its tenant's view only: its
@@ -23,13 +23,14 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from ..activity import CURRENT as CURRENT_QUERY
-from ..auth import AuthConfig, Authenticator, AuthFailure
 from ..backends import Backend
 from ..backends.tenancy import HeaderNotAllowed, pin
 from ..config import Config
+from ..config.auth import AuthConfig
 from ..errors import PromError
 from ..metrics import METRICS
 from ..pipeline import QueryService
+from .auth import Authenticator, AuthFailure
 
 
 @dataclass(frozen=True)

@@ -38,12 +38,12 @@ from starlette.responses import Response
 
 from .. import __version__
 from ..activity import ACTIVITY
-from ..auth import ADMIN, Authenticator, AuthFailure
 from ..backends import Backend
 from ..config import Config
 from ..errors import PromError
 from ..metrics import METRICS
 from ..pipeline import QueryService
+from .auth import ADMIN, Authenticator, AuthFailure
 from .responses import JSON, error
 
 PAGE = (Path(__file__).parent / "ui.html").read_text(encoding="utf-8")

@@ -10,12 +10,12 @@ puts, a shard-value refresh) -- carries them without the executor passing them a
 
 `scope()` is the cache and coalescing scope of the current request: "" when no forwarded
 header is present (always, when none is configured) and auth is off, else a keyed BLAKE2b
-hash of the authenticated tenant's name (`auth`, proxy/auth.py) and the forwarded names and
+hash of the authenticated tenant's name (`auth`, proxy/config/auth.py) and the forwarded names and
 values (microseconds; cached). Cache keys, the single-flight keys and
 the recent-call keys in proxy/pipeline/ include it, so two tenants never share an entry or
 a backend call; the raw values are never stored.
 
-With auth on (proxy/auth.py), the forwarded values are the tenant's, not the client's: each
+With auth on (proxy/config/auth.py, proxy/api/auth.py), the forwarded values are the tenant's, not the client's: each
 tenant pins its values in the config (`auth.tenants[].forward_headers`: one value, or a list
 of allowed ones whose first is the default). `pin` applies them: a header the client did not
 send gets the tenant's default; one it sent must be among the tenant's values, else

@@ -33,14 +33,14 @@ from shardplanner.holdings import ALL_METRICS, BackendHolding, resolve_window
 from shardplanner.regex import RegexError
 from shardplanner.regex import matcher as regex_matcher
 
-from ..auth import AuthConfig, sha256_hex
-from .base import ConfigError, DurationMs, OptDurationMs, _Strict, _to_ms
+from .auth import AuthConfig, sha256_hex
+from .base import ConfigError, DurationMs, OptDurationMs, StrictModel, to_ms
 from .cache import CacheConfig
 
 _AMP_HOST = re.compile(r"^https?://aps-workspaces(?:-fips)?\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?(?::\d+)?(?:/|$)", re.I)
 
 
-class HoldsConfig(_Strict):
+class HoldsConfig(StrictModel):
     """What a backend holds: metrics whose names fully match one of `metrics`
     (anchored regexes; "*" for every metric) over a time window: `last` (a duration back
     from now) or `since`, optionally `until` (RFC 3339, a date, unix seconds, `now-6h`).
@@ -68,7 +68,7 @@ class HoldsConfig(_Strict):
                 if v is not None}
 
 
-class BasicAuthConfig(_Strict):
+class BasicAuthConfig(StrictModel):
     """HTTP basic auth to a backend: `username` and either `password` or `password_file`
     (a file whose content, trailing newline stripped, is the password; read when the backend
     is set up, so a mounted Kubernetes secret works). The password is a `SecretStr`: the
@@ -104,7 +104,7 @@ def url_fingerprint(url: str, extra: str = "") -> str:
     return hashlib.sha256(f"{url}\0{extra}".encode()).hexdigest()[:12]
 
 
-class BreakerConfig(_Strict):
+class BreakerConfig(StrictModel):
     """A backend's circuit breaker (proxy/backends/circuit.py): open after `failures` failed
     calls in a row (0: never), fail fast for `cooldown`, then one probe call."""
 
@@ -118,10 +118,10 @@ def _hedge_after(value: Any) -> Any:
         return None
     if value == "p95":
         return "p95"
-    return _to_ms(value) or None
+    return to_ms(value) or None
 
 
-class BackendConfig(_Strict):
+class BackendConfig(StrictModel):
     """One backend. `url` must not hold credentials (`http://user:pass@host` is refused with
     a ConfigError pointing at `basic_auth`): the URL goes into the start-up banner and, as a
     hash, into cache keys, and neither may carry a password."""
@@ -223,7 +223,7 @@ class BackendConfig(_Strict):
         return data
 
 
-class PlannerConfig(_Strict):
+class PlannerConfig(StrictModel):
     split_interval: OptDurationMs = None
     shards: int | Literal["auto"] = 1
     shard_labels: dict[str, str] = Field(
@@ -262,7 +262,7 @@ class PlannerConfig(_Strict):
         return v
 
 
-class LimitsConfig(_Strict):
+class LimitsConfig(StrictModel):
     max_points: int = Field(default=11_000, ge=1)
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
     query_timeout: DurationMs = 120_000
@@ -314,7 +314,7 @@ _NOT_FORWARDABLE = frozenset({
 })
 
 
-class TenancyConfig(_Strict):
+class TenancyConfig(StrictModel):
     """Client headers passed through to the backends (multi-tenant Cortex/Mimir/Thanos
     backends: `X-Scope-OrgID`; per-user auth at the backend: `Authorization`).
 
@@ -366,7 +366,7 @@ class TenancyConfig(_Strict):
         return Path(self.hash_key_file).read_bytes().strip()[:64]
 
 
-class ListenConfig(_Strict):
+class ListenConfig(StrictModel):
     host: str = "127.0.0.1"
     port: int = Field(default=9091, ge=0, le=65535)
     # Server limits (proxy/api/server_limits.py). A request's line and headers: at most max_header_bytes
@@ -394,14 +394,14 @@ class ListenConfig(_Strict):
     shutdown_timeout: DurationMs = Field(default=25_000, gt=0)
 
 
-class UiConfig(_Strict):
+class UiConfig(StrictModel):
     """The operator page, GET /ui and /ui/data.json (proxy/api/ui.py): public like /metrics."""
 
     enabled: bool = True
     recent_queries: int = Field(default=100, ge=1, le=10_000)
 
 
-class TracingConfig(_Strict):
+class TracingConfig(StrictModel):
     """Optional OpenTelemetry tracing (proxy/tracing.py; needs the `tracing` extra). Off unless
     otlp_endpoint is set or the environment names an OTLP endpoint (OTEL_EXPORTER_OTLP_ENDPOINT,
     OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)."""
@@ -423,7 +423,7 @@ class TracingConfig(_Strict):
         return v
 
 
-class Config(_Strict):
+class Config(StrictModel):
     listen: ListenConfig = Field(default_factory=ListenConfig)
     backends: list[BackendConfig] = Field(default_factory=list)
     cache: CacheConfig = Field(default_factory=CacheConfig)
@@ -461,7 +461,7 @@ class Config(_Strict):
             unknown = [n for n in t.backends or () if n not in names]
             if unknown and self.backends:  # no backends yet: load_config adds --backend ones
                 raise ValueError(f"tenant {t.name!r} names unknown backend(s) {', '.join(map(repr, unknown))}")
-            # Its pinned forwarded headers (auth.tenants[].forward_headers, proxy/auth.py).
+            # Its pinned forwarded headers (auth.tenants[].forward_headers, proxy/config/auth.py).
             unlisted = [h for h in t.forward_headers if h not in self.tenancy.forward_headers]
             if unlisted:
                 raise ValueError(f"tenant {t.name!r} pins forward_headers {', '.join(map(repr, unlisted))} "

@@ -6,16 +6,16 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
-from ..api.params import parse_prom_duration_ms
+from .durations import parse_prom_duration_ms
 
-__all__ = ["ConfigError", "DurationMs", "OptDurationMs"]
+__all__ = ["ConfigError", "DurationMs", "OptDurationMs", "StrictModel", "to_ms"]
 
 
 class ConfigError(Exception):
     """A configuration problem, with a message that names the offending key."""
 
 
-def _to_ms(value: Any) -> Any:
+def to_ms(value: Any) -> Any:
     if value is None:
         return None
     if isinstance(value, bool):
@@ -32,9 +32,9 @@ def _to_ms(value: Any) -> Any:
     raise ValueError(f"expected a duration like 30s or 1h, got {type(value).__name__}")
 
 
-DurationMs = Annotated[int, BeforeValidator(_to_ms)]
-OptDurationMs = Annotated[int | None, BeforeValidator(_to_ms)]
+DurationMs = Annotated[int, BeforeValidator(to_ms)]
+OptDurationMs = Annotated[int | None, BeforeValidator(to_ms)]
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from .base import DurationMs, OptDurationMs, _Strict
+from .base import DurationMs, OptDurationMs, StrictModel
 
 __all__ = ["CacheConfig"]
 
@@ -18,7 +18,7 @@ __all__ = ["CacheConfig"]
 _REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
 
 
-class CacheConfig(_Strict):
+class CacheConfig(StrictModel):
     """Results cache. Durations in ms inside; see README's configuration reference.
 
     Read by proxy/cache/ (store), proxy/pipeline/ (what is cached when) and proxy/api/admin.py

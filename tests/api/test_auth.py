@@ -28,7 +28,7 @@ import pytest
 
 from loadtests.compare import diff_answers
 from loadtests.load import start_prometheus, stop_prometheus
-from proxy.auth import sha256_hex
+from proxy.config.auth import sha256_hex
 from tests.hybrid import END, HOUR, SLICES, START, build_slice
 from tests.servers import Promaccel, require, serving_copy
 

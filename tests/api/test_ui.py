@@ -344,7 +344,7 @@ B_SECRET = "team-b-secret-label-4711"  # a label value only team-b's queries and
 def ui_auth(prom: Any, redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A real promaccel with Redis, auth on, three tenants (two bearer, one basic) and the
     admin token; team-a sees only the backend "gpu", team-b and team-c both."""
-    from proxy.auth import sha256_hex
+    from proxy.config.auth import sha256_hex
     from tests.servers import Promaccel
 
     work = tmp_path_factory.mktemp("ui-auth")
@@ -447,7 +447,8 @@ def test_a_tenant_sees_only_its_own_queries_and_no_internals(ui_auth: Any, prom:
 
 
 def test_viewer_of_unit() -> None:
-    from proxy.auth import ADMIN, Authenticator, AuthFailure, sha256_hex
+    from proxy.api.auth import ADMIN, Authenticator, AuthFailure
+    from proxy.config.auth import sha256_hex
 
     cfg = build_config({"backends": [{"url": "http://127.0.0.1:1"}], "auth": {"tenants": [
         {"name": "team-a", "tokens_sha256": [sha256_hex(UI_TOKENS["team-a"])]},

@@ -199,7 +199,7 @@ ADMIN = "browser-admin-token-1f2e3d4c5b6a"
 def promaccel_auth(prom: Any, redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Promaccel]:
     import orjson
 
-    from proxy.auth import sha256_hex
+    from proxy.config.auth import sha256_hex
 
     work = tmp_path_factory.mktemp("promaccel-ui-auth")
     cfg = {"backends": [{"name": "default", "url": prom.url}], "cache": {"redis_url": redis_server.url},

@@ -264,7 +264,7 @@ def test_pin_unit() -> None:
 
 
 def test_pinned_forward_headers_config() -> None:
-    from proxy.auth import sha256_hex
+    from proxy.config.auth import sha256_hex
 
     def cfg(pins: Any, forward: list[str] | None = None) -> Any:
         return build_config({"backends": [{"name": "mimir", "url": "http://127.0.0.1:1"}],
@@ -287,7 +287,7 @@ def test_pinned_forward_headers_config() -> None:
 def pinned(prom: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A real promaccel with auth on and three tenants over one recording backend in front of
     the real Prometheus: team-a pinned to org-a, team-b to org-b, team-c to [org-c, org-shared]."""
-    from proxy.auth import sha256_hex
+    from proxy.config.auth import sha256_hex
 
     work = tmp_path_factory.mktemp("pinned")
     with recording_backend(prom.url) as rec:

@@ -1,62 +1,35 @@
-"""Client authentication and tenants (`auth:` in the config; off unless tenants are listed).
-
-A client proves who it is the way Grafana's Prometheus data source can: a bearer token
-(`Authorization: Bearer <token>`, a custom header in the data source) or HTTP basic auth
-(`Authorization: Basic ...`, the data source's "Basic auth"). Each credential belongs to one
-tenant; a tenant sees only its `backends` (proxy/api/tenants.py builds one query pipeline per
-tenant over them) and its name is part of every cache and coalescing key
-(proxy/backends/tenancy.py).
+"""The `auth:` section of the config: tenants, their credentials and pinned headers.
 
 Secrets are kept hashed: the config holds SHA-256 hex digests (`tokens_sha256`,
 `password_sha256`); tokens and passwords given in plain text through a file or an environment
-variable are hashed when the config is loaded and the plain text is dropped. A presented
-credential is hashed and compared with every stored digest with `hmac.compare_digest`.
-Nothing here ever puts a presented or stored secret into a message.
-
-A tenant's `forward_headers` pin the values of `tenancy.forward_headers` it forwards to the
-backends (one value, or a list whose first is the default): with auth on, a client cannot
-choose another tenant's `X-Scope-OrgID` (proxy/backends/tenancy.py `pin`; a value outside the
-list is a 403).
-
-The operator page (/ui, proxy/api/ui.py) asks `Authenticator.viewer_of`: the same credentials,
-plus the admin token (`cache.admin_token`, which sees every tenant's records), and a tenant's
-token or the admin token given as the *password* of basic auth (any user name), so that a
-browser's own basic-auth prompt works for token holders too.
+variable are hashed when the config is loaded and the plain text is dropped. Nothing here ever
+puts a secret into a message. Checking a presented credential against these digests is the
+api's business (proxy/api/auth.py).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
-import hmac
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from .base import StrictModel
 
 # Plain-text secrets shorter than this are refused: the digests are unsalted SHA-256, only as
 # strong as the secret is long (generate them: `openssl rand -hex 24`).
 MIN_SECRET_CHARS = 16
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
-# RFC 6750 token68 characters; anything else cannot be a bearer token.
-_TOKEN68 = re.compile(r"[A-Za-z0-9._~+/-]+=*")
 # A pinned forwarded header value: visible ASCII and spaces, no control characters.
 _HEADER_VALUE = re.compile(r"[\x20-\x7e]{1,1024}")
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")
-# What `Authenticator.viewer_of` returns for the admin token (not a valid tenant name).
-ADMIN = "(admin)"
 
 
 def sha256_hex(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def _digest_list(values: list[str]) -> list[str]:
@@ -90,7 +63,7 @@ def _env(name: str, what: str) -> str:
     return value
 
 
-class BasicUserConfig(_Strict):
+class BasicUserConfig(StrictModel):
     """One basic-auth user of a tenant: the password as a SHA-256 digest, or in plain text in
     a file (`password_file`, trailing newline stripped: a mounted secret) or an environment
     variable (`password_env`), hashed at load."""
@@ -127,7 +100,7 @@ class BasicUserConfig(_Strict):
         return _plain(_env(self.password_env, what), what)
 
 
-class TenantConfig(_Strict):
+class TenantConfig(StrictModel):
     """A tenant: its credentials and the backends it sees (names of `backends`; all of them
     when not given). Bearer tokens as SHA-256 digests (`tokens_sha256`), or in plain text in
     `tokens_file` (one per line; `#` comments, blank lines and `sha256:<hex>` digests allowed)
@@ -208,7 +181,7 @@ class TenantConfig(_Strict):
         return out
 
 
-class AuthConfig(_Strict):
+class AuthConfig(StrictModel):
     """Authentication of clients; on when `tenants` is not empty. `realm` names promaccel in
     the `WWW-Authenticate` challenge of a 401."""
 
@@ -235,113 +208,3 @@ class AuthConfig(_Strict):
         if len(set(digests)) != len(digests):
             raise ValueError("a token may belong to one tenant only")
         return self
-
-
-class AuthFailure(Exception):
-    """No or wrong credentials. `reason` (missing | invalid) is a /metrics label."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-
-
-@dataclass(frozen=True)
-class _Entry:
-    tenant: str
-    digest: bytes
-    user: bytes = b""
-
-
-class Authenticator:
-    """Who an `Authorization` header is: `tenant_of(header)` gives the tenant's name or raises
-    AuthFailure. Every stored digest is compared (constant time each), so the time taken does
-    not depend on which entry matched."""
-
-    def __init__(self, cfg: AuthConfig, admin_token: str | None = None) -> None:
-        """`admin_token` (plain): also accepted by `viewer_of` (never by `tenant_of`)."""
-        self.realm = cfg.realm
-        self._tokens = [_Entry(t.name, bytes.fromhex(d)) for t in cfg.tenants for d in dict.fromkeys(t.token_digests())]
-        self._basic = [_Entry(t.name, bytes.fromhex(u.digest()), u.user.encode()) for t in cfg.tenants for u in t.basic]
-        self._viewer_tokens = self._tokens + ([_Entry(ADMIN, hashlib.sha256(admin_token.encode()).digest())]
-                                              if admin_token else [])
-
-    @property
-    def challenge(self) -> str:
-        return f'Bearer realm="{self.realm}", Basic realm="{self.realm}", charset="UTF-8"'
-
-    def tenant_of(self, authorization: str | None) -> str:
-        if not authorization:
-            raise AuthFailure("missing", "authentication required: send 'Authorization: Bearer <token>' "
-                              "or basic auth")
-        scheme, _, rest = authorization.strip().partition(" ")
-        rest = rest.strip()
-        if scheme.lower() == "bearer" and rest:
-            return self._bearer(rest)
-        if scheme.lower() == "basic" and rest:
-            return self._basic_auth(rest)
-        raise AuthFailure("invalid", "unsupported Authorization scheme: use Bearer or Basic")
-
-    def viewer_of(self, authorization: str | None) -> str:
-        """Who may look at the operator page: a tenant's name (its credentials as for the API),
-        ADMIN for the admin token, or AuthFailure. A token (a tenant's or the admin's) is also
-        accepted as the password of basic auth under any user name: a browser's prompt."""
-        if not authorization:
-            raise AuthFailure("missing", "authentication required: send 'Authorization: Bearer <token>' "
-                              "or basic auth (a token may be given as the password)")
-        scheme, _, rest = authorization.strip().partition(" ")
-        rest = rest.strip()
-        if scheme.lower() == "bearer" and rest:
-            return self._bearer(rest, self._viewer_tokens)
-        if scheme.lower() == "basic" and rest:
-            user, password = self._decode_basic(rest)
-            as_user = self._match_basic(user, password)
-            as_token = self._match_token(password, self._viewer_tokens) if _TOKEN68.fullmatch(password) else ""
-            if as_user or as_token:
-                return as_user or as_token
-            raise AuthFailure("invalid", "invalid basic auth user or password")
-        raise AuthFailure("invalid", "unsupported Authorization scheme: use Bearer or Basic")
-
-    @staticmethod
-    def _match_token(token: str, entries: list[_Entry]) -> str:
-        digest = hashlib.sha256(token.encode()).digest()
-        found = ""
-        for e in entries:
-            if hmac.compare_digest(digest, e.digest) and not found:
-                found = e.tenant
-        return found
-
-    def _bearer(self, token: str, entries: list[_Entry] | None = None) -> str:
-        if not _TOKEN68.fullmatch(token):
-            raise AuthFailure("invalid", "invalid bearer token")
-        found = self._match_token(token, self._tokens if entries is None else entries)
-        if not found:
-            raise AuthFailure("invalid", "invalid bearer token")
-        return found
-
-    @staticmethod
-    def _decode_basic(encoded: str) -> tuple[str, str]:
-        try:
-            user, sep, password = base64.b64decode(encoded, validate=True).decode("utf-8").partition(":")
-        except (binascii.Error, UnicodeDecodeError, ValueError):
-            raise AuthFailure("invalid", "malformed basic auth credentials") from None
-        if not sep:
-            raise AuthFailure("invalid", "malformed basic auth credentials")
-        return user, password
-
-    def _basic_auth(self, encoded: str) -> str:
-        found = self._match_basic(*self._decode_basic(encoded))
-        if not found:
-            raise AuthFailure("invalid", "invalid basic auth user or password")
-        return found
-
-    def _match_basic(self, user: str, password: str) -> str:
-        digest = hashlib.sha256(password.encode("utf-8")).digest()
-        name = user.encode("utf-8")
-        found = ""
-        for e in self._basic:
-            # Both compared for every entry: neither a wrong user nor a wrong password is faster.
-            ok = hmac.compare_digest(name, e.user) & hmac.compare_digest(digest, e.digest)
-            if ok and not found:
-                found = e.tenant
-        return found
