@@ -36,12 +36,12 @@ import orjson
 
 from ..errors import PromError
 from ..metrics import METRICS
+from ..primitives.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker, State
 from .protocol import RETRY_STATUSES, BackendReply
 
 __all__ = ["BackendBreaker", "ClientDeadline", "LatencyWindow", "backend_fault", "deadline_answer",
            "CLOSED", "OPEN", "HALF_OPEN"]
 
-CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 _GAUGE = {CLOSED: 0, OPEN: 1, HALF_OPEN: 2}
 # A backend's error JSON is small; a larger 503 body is not read for its errorType.
 _DEADLINE_BODY_MAX = 4096
@@ -76,62 +76,57 @@ def deadline_answer(reply: BackendReply) -> bool:
 
 
 class BackendBreaker:
+    """A backend's breaker: the product's one state machine (`proxy/primitives/breaker.py`,
+    with a fixed cooldown) plus what is a backend's own -- the fail-fast 503 naming it, which
+    errors count (`settle_error`, `settle_reply`), and its gauges."""
+
     def __init__(self, backend: str, failures: int, cooldown_ms: int,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.backend = backend
-        self.threshold = failures  # 0: never opens
-        self.cooldown_s = cooldown_ms / 1000
-        self._clock = clock
-        self.failures = 0
-        self.state = CLOSED
-        self._open_until = 0.0
-        self._probing = False
+        self.machine = CircuitBreaker(failures, cooldown_ms, cooldown_ms, clock=clock, on_change=self._changed)
         self.last_failure = ""
         METRICS.backend_breaker_state.labels(backend).set(0)
 
-    def _set(self, state: str) -> None:
-        if state != self.state:
-            self.state = state
-            METRICS.backend_breaker_state.labels(self.backend).set(_GAUGE[state])
-            METRICS.backend_breaker_transitions.labels(self.backend, state).inc()
+    @property
+    def state(self) -> State:
+        return self.machine.state
+
+    @property
+    def threshold(self) -> int:
+        return self.machine.threshold
+
+    @property
+    def failures(self) -> int:
+        return self.machine.failures
+
+    def _changed(self, state: State) -> None:
+        METRICS.backend_breaker_state.labels(self.backend).set(_GAUGE[state])
+        METRICS.backend_breaker_transitions.labels(self.backend, state).inc()
 
     def admit(self) -> bool:
         """Let a call through, or raise the fail-fast 503. True: this call is the half-open
         probe (its outcome decides)."""
-        if self.state == CLOSED:
-            return False
-        if self.state == OPEN and self._clock() >= self._open_until:
-            self._set(HALF_OPEN)
-        if self.state == HALF_OPEN and not self._probing:
-            self._probing = True
-            return True
+        probe = self.machine.admit()
+        if probe is not None:
+            return probe
         METRICS.backend_breaker_rejected.labels(self.backend).inc()
-        wait = max(0.0, self._open_until - self._clock())
         raise PromError(
             "unavailable",
             f"backend {self.backend!r} is failing: its circuit breaker is open after {self.threshold} failed "
             f"calls in a row (last: {self.last_failure or 'unknown'}); calls fail fast for "
-            f"{wait:.1f}s more, then one probe call is let through",
+            f"{self.machine.remaining_s():.1f}s more, then one probe call is let through",
             status=503)
 
     def success(self, probe: bool) -> None:
-        self.failures = 0
-        if probe or self.state != CLOSED:
-            self._probing = False
-            self._set(CLOSED)
+        self.machine.success(probe)
 
     def failure(self, why: str, probe: bool) -> None:
         self.last_failure = why[:200]
-        self.failures += 1
-        if probe or (self.state == CLOSED and self.threshold and self.failures >= self.threshold):
-            self._probing = False
-            self._open_until = self._clock() + self.cooldown_s
-            self._set(OPEN)
+        self.machine.failure(probe)
 
     def release(self, probe: bool) -> None:
         """The call ended without an outcome (cancelled): another call may probe."""
-        if probe:
-            self._probing = False
+        self.machine.release(probe)
 
     def settle_error(self, exc: PromError, probe: bool) -> None:
         """A call ended in `exc`: a failure only when the backend caused it (`backend_fault`)."""

@@ -9,7 +9,7 @@
     redis_store.py   the Redis / Redis Cluster store
     redis_client.py  Redis connections (the only importer of `redis`)
     leases.py        fetch leases in Redis (one process of all sharing it fetches a piece)
-    breaker.py       circuit breaker for Redis outages
+    breaker.py       the Redis store's circuit breaker (the product's one, primitives/breaker.py)
     deadline.py      deadlines in event-loop idle time
     factory.py       make_store: the store a configuration asks for
     revalidate.py    background re-digests that drop pieces whose data changed
@@ -25,7 +25,7 @@ from .frame import CorruptValue, decode_value, encode_value
 from .keys import FORMAT_VERSION, CacheItem, CacheKey, Payload, PieceMeta
 from .memory import MemoryStore
 from .redis_store import RedisStore
-from .store import PieceStore, wall_ms
+from .store import LeaseTable, PieceStore
 from .ttl import ttl_for
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "CacheKey",
     "CircuitBreaker",
     "CorruptValue",
+    "LeaseTable",
     "MemoryStore",
     "Payload",
     "PieceMeta",
@@ -43,5 +44,4 @@ __all__ = [
     "encode_value",
     "make_store",
     "ttl_for",
-    "wall_ms",
 ]

@@ -1,4 +1,10 @@
-"""The circuit breaker that makes the cache skip a failing Redis for a back-off."""
+"""The circuit breaker that makes the cache skip a failing Redis for a back-off.
+
+The state machine is the product's one breaker (`proxy/primitives/breaker.py`); this wrapper
+gives the store its calls (`allow` / `success` / `failure` / `release`, no probe to carry: the
+store's calls are not told apart, so a failure while the probe is out is the probe's) and the
+`promaccel_cache_breaker_open` gauge.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +12,14 @@ import time
 from collections.abc import Callable
 
 from ..metrics import METRICS
+from ..primitives.breaker import CLOSED, State
+from ..primitives.breaker import CircuitBreaker as Machine
 
 __all__ = ["CircuitBreaker"]
+
+
+def _gauge(state: State) -> None:
+    METRICS.cache_breaker_open.set(0 if state == CLOSED else 1)
 
 
 class CircuitBreaker:
@@ -22,42 +34,23 @@ class CircuitBreaker:
         max_backoff_ms: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._threshold = max(1, failures)
-        self._base_s = backoff_ms / 1000
-        self._max_s = max(max_backoff_ms, backoff_ms) / 1000
-        self._clock = clock
-        self._failures = 0
-        self._backoff_s = self._base_s
-        self._open_until: float | None = None
-        self._probing = False
+        # At least one failure opens it: Redis has no "never" setting.
+        self.machine = Machine(max(1, failures), backoff_ms, max_backoff_ms, clock=clock, on_change=_gauge)
 
     @property
     def is_open(self) -> bool:
-        return self._open_until is not None
+        """Open or half-open: Redis is being skipped (but for the probe)."""
+        return self.machine.state != CLOSED
 
     def allow(self) -> bool:
-        if self._open_until is None:
-            return True
-        if self._clock() < self._open_until or self._probing:
-            return False
-        self._probing = True
-        return True
+        return self.machine.admit() is not None
 
     def success(self) -> None:
-        self._failures = 0
-        self._backoff_s = self._base_s
-        self._open_until = None
-        self._probing = False
-        METRICS.cache_breaker_open.set(0)
+        self.machine.success()
 
     def failure(self) -> None:
-        self._failures += 1
-        if self._probing or (self._open_until is None and self._failures >= self._threshold):
-            self._probing = False
-            self._open_until = self._clock() + self._backoff_s
-            self._backoff_s = min(self._backoff_s * 2, self._max_s)
-            METRICS.cache_breaker_open.set(1)
+        self.machine.failure(probe=self.machine.probing)
 
     def release(self) -> None:
         """The probe ended without an answer either way (cancelled)."""
-        self._probing = False
+        self.machine.release(probe=True)

@@ -15,15 +15,14 @@ a replica configured otherwise): it is ignored -- `acquire` deletes it and takes
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 from .keys import KEY_PREFIX, CacheKey, Payload
 
-if TYPE_CHECKING:
-    from .redis_store import RedisStore
+__all__ = ["LEASE_PREFIX", "LeaseHost", "RedisLeases", "lease_key"]
 
-__all__ = ["LEASE_PREFIX", "RedisLeases"]
+_T = TypeVar("_T")
 
 LEASE_PREFIX = f"{KEY_PREFIX}:lease:"
 
@@ -44,17 +43,35 @@ def lease_key(digest: str) -> str:
     return LEASE_PREFIX + digest
 
 
-class RedisLeases:
-    """The lease commands of one RedisStore (its client, deadlines and breaker)."""
+class LeaseHost(Protocol):
+    """What the lease commands need of a Redis store (`RedisStore` provides it): its pipelines,
+    its generation (leases read the pieces they guard under the current one), its check of
+    stored frames, and its guard (deadline, breaker, error counting)."""
 
-    def __init__(self, store: RedisStore) -> None:
-        self.store = store
+    def pipeline(self, atomic: bool = False) -> Any:
+        """A command pipeline; `atomic`: one transaction where the server allows it."""
+
+    async def generation(self) -> int: ...
+
+    def verify(self, keys: Sequence[CacheKey], skeys: Sequence[str],
+               values: Sequence[bytes | None]) -> tuple[list[Payload | None], list[str]]: ...
+
+    async def guarded(self, op: str, fn: Callable[[], Awaitable[_T]]) -> _T | None:
+        """fn() under the store's guard; None when it failed, timed out or was skipped."""
+
+
+class RedisLeases:
+    """The lease commands over one Redis store (`LeaseHost`): the `LeaseTable` a store
+    shared by several processes offers (`store.PieceStore.leases`)."""
+
+    def __init__(self, host: LeaseHost) -> None:
+        self.host = host
         self.ignored = 0  # leases without a TTL or with too long a one, deleted by acquire
 
     def _pipe(self, atomic: bool = False) -> Any:
         # One server: a transaction, so that two processes asking for the same pieces at
         # once get all of them each way, never half; a cluster spreads the keys over nodes.
-        return self.store._client.pipeline(transaction=atomic and not self.store.cluster)
+        return self.host.pipeline(atomic)
 
     async def acquire(self, keys: Sequence[CacheKey], tokens: Sequence[str],
                       ttl_ms: int) -> tuple[list[bool], list[Payload | None]] | None:
@@ -65,7 +82,7 @@ class RedisLeases:
         leases deleted so."""
 
         async def go() -> tuple[list[bool], list[Payload | None]]:
-            gen = await self.store._current_generation()
+            gen = await self.host.generation()
             skeys = [k.redis_key(gen) for k in keys]
             pipe = self._pipe(atomic=True)
             for k, t in zip(keys, tokens):
@@ -73,12 +90,12 @@ class RedisLeases:
             for skey in skeys:
                 pipe.get(skey)
             replies = await pipe.execute()
-            payloads, _ = self.store._verify(keys, skeys, replies[len(keys):])
+            payloads, _ = self.host.verify(keys, skeys, replies[len(keys):])
             taken = [int(r or 0) for r in replies[:len(keys)]]
             self.ignored += sum(1 for r in taken if r == 2)
             return [r > 0 for r in taken], payloads
 
-        return await self._guarded(go)
+        return await self.host.guarded("lease", go)
 
     async def renew(self, digests: Sequence[str], tokens: Sequence[str], ttl_ms: int) -> list[bool] | None:
         """Extend the leases still held with these tokens: False where one is no longer ours."""
@@ -89,7 +106,7 @@ class RedisLeases:
                 pipe.eval(_RENEW, 1, lease_key(d), t, ttl_ms)
             return [bool(r) for r in await pipe.execute()]
 
-        return await self._guarded(go)
+        return await self.host.guarded("lease", go)
 
     async def release(self, digests: Sequence[str], tokens: Sequence[str]) -> bool:
         async def go() -> bool:
@@ -99,7 +116,7 @@ class RedisLeases:
             await pipe.execute()
             return True
 
-        return await self._guarded(go) is not None
+        return await self.host.guarded("lease", go) is not None
 
     async def poll(self, keys: Sequence[CacheKey],
                    max_ttl_ms: int | None = None) -> tuple[list[bool], list[Payload | None]] | None:
@@ -109,7 +126,7 @@ class RedisLeases:
         or with one over `max_ttl_ms`, is not held."""
 
         async def go() -> tuple[list[bool], list[Payload | None]]:
-            gen = await self.store._current_generation()
+            gen = await self.host.generation()
             skeys = [k.redis_key(gen) for k in keys]
             pipe = self._pipe()
             for k in keys:
@@ -118,14 +135,7 @@ class RedisLeases:
                 pipe.get(skey)
             replies = await pipe.execute()
             held = [0 <= int(r) and (max_ttl_ms is None or int(r) <= max_ttl_ms) for r in replies[:len(keys)]]
-            payloads, _ = self.store._verify(keys, skeys, replies[len(keys):])
+            payloads, _ = self.host.verify(keys, skeys, replies[len(keys):])
             return held, payloads
 
-        return await self._guarded(go)
-
-    async def _guarded(self, fn: Any) -> Any:
-        from .redis_store import _FAILED
-
-        s = self.store
-        out = await s._guarded("lease", s._timeout_s + s._per_key_s, fn, idle_deadline=True)
-        return None if out is _FAILED else out
+        return await self.host.guarded("lease", go)

@@ -9,10 +9,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..metrics import METRICS
+from ..primitives.clock import wall_ms
 from .bound import PayloadLimits
 from .frame import encode_value
 from .keys import CacheItem, CacheKey, Payload, PieceMeta
-from .store import ANY_METRIC, PieceStore, wall_ms
+from .store import ANY_METRIC, PieceStore
 
 __all__ = ["MemoryStore"]
 

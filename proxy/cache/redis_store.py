@@ -13,7 +13,8 @@ Invalidation indexes: one sorted set per metric and generation, members
 sees the marker move while it writes deletes what it wrote.
 
 Fetch leases (`leases.py`, `store.leases`): of the processes sharing the Redis, one fetches a
-piece missing from the cache while the others wait for it.
+piece missing from the cache while the others wait for it. The lease commands run through this
+store's public `pipeline`, `generation`, `verify` and `guarded` (`leases.LeaseHost`).
 
 Recommended server setting: `maxmemory-policy volatile-lru` -- every entry has a TTL and
 the generation key has none, so Redis evicts entries but never the generation.
@@ -30,6 +31,7 @@ from urllib.parse import urlsplit
 
 from ..errors import PromError
 from ..metrics import METRICS
+from ..primitives.clock import wall_ms
 from .bound import PayloadLimits
 from .breaker import CircuitBreaker
 from .deadline import idle_timeout
@@ -37,7 +39,7 @@ from .frame import DEFAULT_KEY, encode_value
 from .keys import KEY_PREFIX, CacheItem, CacheKey, Payload
 from .leases import RedisLeases
 from .redis_client import connect, redact_url
-from .store import ANY_METRIC, PieceStore, describe, wall_ms
+from .store import ANY_METRIC, PieceStore, describe
 
 __all__ = ["GENERATION_KEY", "INVALIDATED_AT_KEY", "RedisStore"]
 
@@ -131,6 +133,23 @@ class RedisStore(PieceStore):
         self._ping: tuple[float, dict[str, Any]] | None = None  # (monotonic, health's ping result)
         self._last_error: dict[str, Any] | None = None
         self.leases = RedisLeases(self)
+
+    # What the lease commands use (leases.LeaseHost) -------------------------------------
+
+    def pipeline(self, atomic: bool = False) -> Any:
+        """A command pipeline: one transaction when `atomic` and the server is one (a cluster
+        spreads keys over nodes, where MULTI cannot span them)."""
+        return self._client.pipeline(transaction=atomic and not self.cluster)
+
+    async def generation(self) -> int:
+        """The current generation (re-read at most every `generation_refresh_ms`)."""
+        return await self._current_generation()
+
+    async def guarded(self, op: str, fn: Callable[[], Awaitable[_T]]) -> _T | None:
+        """fn() within a small call's deadline in loop idle time, behind the breaker; None
+        when it failed (counted and logged as `op`), timed out or the breaker skipped it."""
+        out = await self._guarded(op, self._timeout_s + self._per_key_s, fn, idle_deadline=True)
+        return None if out is _FAILED else out
 
     # Guarding ---------------------------------------------------------------------------
 
@@ -238,7 +257,7 @@ class RedisStore(PieceStore):
             fetched = await self._guarded("get", deadline_s, lambda: self._mget(keys), idle_deadline=True)
             if fetched is not _FAILED:
                 skeys, values = fetched
-                out, bad = self._verify(keys, skeys, values)
+                out, bad = self.verify(keys, skeys, values)
                 if bad:
                     self._spawn_read_task(self._guarded("delete", self._timeout_s, lambda: self._unlink(bad)))
         except BaseException:  # noqa: BLE001 -- cancelled at shutdown: the waiters read misses

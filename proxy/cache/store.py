@@ -24,17 +24,14 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..metrics import METRICS
 from .bound import PayloadLimits, check_payload
 from .frame import DEFAULT_KEY, CorruptValue, decode_value
 from .keys import CacheItem, CacheKey, Payload
 
-if TYPE_CHECKING:
-    from .leases import RedisLeases
-
-__all__ = ["ANY_METRIC", "PieceStore", "RateLimitedLog", "describe", "wall_ms"]
+__all__ = ["ANY_METRIC", "LeaseTable", "PieceStore", "RateLimitedLog", "describe"]
 
 log = logging.getLogger("promaccel.cache")
 
@@ -42,8 +39,27 @@ log = logging.getLogger("promaccel.cache")
 ANY_METRIC = "*"
 
 
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
+class LeaseTable(Protocol):
+    """Fetch leases shared by the processes using one store (`leases.RedisLeases` for Redis;
+    `pipeline/leases.py` drives them). Every call answers None (release: False) when the store
+    failed: the caller then fetches by itself."""
+
+    # Leases found without a TTL or with too long a one, and deleted (issue 26).
+    ignored: int
+
+    async def acquire(self, keys: Sequence[CacheKey], tokens: Sequence[str],
+                      ttl_ms: int) -> tuple[list[bool], list[Payload | None]] | None:
+        """Take each key's lease, then read the pieces: (taken, payloads already stored)."""
+
+    async def renew(self, digests: Sequence[str], tokens: Sequence[str], ttl_ms: int) -> list[bool] | None:
+        """Extend the leases still held with these tokens."""
+
+    async def release(self, digests: Sequence[str], tokens: Sequence[str]) -> bool:
+        """Delete the leases still held with these tokens."""
+
+    async def poll(self, keys: Sequence[CacheKey],
+                   max_ttl_ms: int | None = None) -> tuple[list[bool], list[Payload | None]] | None:
+        """Which leases are held, then the pieces (payloads of sound frames)."""
 
 
 class RateLimitedLog:
@@ -80,7 +96,7 @@ class PieceStore(ABC):
     limits: PayloadLimits | None = None
     # Fetch leases shared by every process using the store (Redis); None: this store is
     # private to one process, whose own coalescing is all there is.
-    leases: RedisLeases | None = None
+    leases: LeaseTable | None = None
 
     def __init__(self, log_interval_s: float = 30.0) -> None:
         self._log = RateLimitedLog(log_interval_s)
@@ -129,7 +145,7 @@ class PieceStore(ABC):
         self, keys: Sequence[CacheKey], skeys: Sequence[str], values: Sequence[bytes | None]
     ) -> tuple[list[Payload | None], list[str]]:
         """Verify raw values: payloads (None for misses) and the storage keys to delete."""
-        out, bad = self._verify(keys, skeys, values)
+        out, bad = self.verify(keys, skeys, values)
         self._count_payloads(out)
         return out, bad
 
@@ -137,7 +153,7 @@ class PieceStore(ABC):
         hits = sum(1 for p in payloads if p is not None)
         self._count_lookups(hits, len(payloads) - hits, sum(len(p) for p in payloads if p is not None))
 
-    def _verify(
+    def verify(
         self, keys: Sequence[CacheKey], skeys: Sequence[str], values: Sequence[bytes | None]
     ) -> tuple[list[Payload | None], list[str]]:
         """Payloads of sound frames (None for misses and corrupt values), and the storage

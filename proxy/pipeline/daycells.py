@@ -20,10 +20,11 @@ from dataclasses import replace
 
 from shardplanner.timesplit import split_range
 
-from ..cache import CacheKey, wall_ms
+from ..cache import CacheKey
 from ..errors import PromError
 from ..hybrid import Router
 from ..metrics import METRICS
+from ..primitives.clock import wall_ms
 from ..result import QueryResult
 from ..result.merge import MergeConflict, concat
 from .cache_read import CacheReader

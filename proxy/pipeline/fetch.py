@@ -13,11 +13,11 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from ..backends.tenancy import scope as tenant_scope
-from ..cache import wall_ms
 from ..errors import PromError
 from ..hybrid import Router
 from ..memory import give_back_soon
 from ..metrics import METRICS
+from ..primitives.clock import wall_ms
 from ..result import QueryResult
 from ..result.merge import concat
 from ..result.pieces import iter_split_time, split_time

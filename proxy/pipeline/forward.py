@@ -9,10 +9,10 @@ from typing import Any
 
 from ..backends import Backend, BackendReply
 from ..backends.tenancy import scope as tenant_scope
-from ..cache import wall_ms
 from ..codec.json_encode import encode_prometheus_json
 from ..errors import PromError
 from ..metrics import METRICS
+from ..primitives.clock import wall_ms
 from ..result import QueryResult
 from ..singleflight import SingleFlight
 from .ask import Asker, needs_range_form

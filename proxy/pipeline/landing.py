@@ -15,7 +15,7 @@ import asyncio
 import time
 from typing import Any
 
-from ..cache import wall_ms
+from ..primitives.clock import wall_ms
 from ..result import QueryResult
 
 # How long fetched units stay in the landing zone after their put finished (a request that

@@ -39,8 +39,7 @@ from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..cache import PieceStore
-from ..cache.leases import RedisLeases
+from ..cache import LeaseTable, PieceStore
 from ..config import Config
 from ..metrics import METRICS
 from ..result import QueryResult
@@ -76,7 +75,7 @@ class Leases:
         self._renewer: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    def table(self) -> RedisLeases | None:
+    def table(self) -> LeaseTable | None:
         """The shared lease table, None when leases are off or the store is this process's."""
         return self.store().leases if self.ttl_ms > 0 else None
 

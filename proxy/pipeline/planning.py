@@ -22,10 +22,10 @@ from shardplanner.timesplit import DAY_MS
 
 from ..backends import Backend
 from ..backends.tenancy import scope as tenant_scope
-from ..cache import wall_ms
 from ..config import Config
 from ..errors import PromError
 from ..metrics import METRICS
+from ..primitives.clock import wall_ms
 from .stage import Stage
 from .values import PLANNED_PARAMS, UNKEYED_PARAMS, Answer, CacheCtx, Query
 

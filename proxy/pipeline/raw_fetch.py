@@ -30,10 +30,11 @@ from shardplanner.serialize import to_promql
 
 from ..backends import Backend
 from ..backends.tenancy import scope as tenant_scope
-from ..cache import CacheItem, CacheKey, Payload, PieceMeta, PieceStore, ttl_for, wall_ms
+from ..cache import CacheItem, CacheKey, Payload, PieceMeta, PieceStore, ttl_for
 from ..config import Config
 from ..errors import PromError
 from ..metrics import METRICS
+from ..primitives.clock import wall_ms
 from ..result import QueryResult
 from ..result.merge import concat
 from ..result.pieces import slice_time

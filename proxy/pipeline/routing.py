@@ -12,9 +12,9 @@ from shardplanner.plan import Plan, QueryRequest
 from shardplanner.routing import Route as PieceRoute
 
 from ..backends import Backend
-from ..cache import wall_ms
 from ..errors import PromError
 from ..hybrid import Router, holdings_of
+from ..primitives.clock import wall_ms
 from .stage import Stage
 from .values import UNMERGEABLE_PARAMS, Answer, Query
 

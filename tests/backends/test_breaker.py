@@ -139,7 +139,8 @@ def test_only_faults_the_backend_caused_count() -> None:
     assert not deadline_answer(BackendReply(504, b'{"errorType":"timeout"}', "application/json"))
     assert not deadline_answer(BackendReply(503, b"<html>timeout</html>", "text/html"))
 
-    b = BackendBreaker("amp", failures=2, cooldown_ms=10_000)
+    now = [0.0]
+    b = BackendBreaker("amp", failures=2, cooldown_ms=10_000, clock=lambda: now[0])
     for _ in range(10):
         b.settle_error(client, b.admit())
         b.settle_reply(timed_out, "/api/v1/query", b.admit())
@@ -147,7 +148,7 @@ def test_only_faults_the_backend_caused_count() -> None:
     b.settle_error(own, b.admit())
     b.settle_reply(BackendReply(502, b"<html/>", "text/html"), "/api/v1/query", b.admit())
     assert b.state == OPEN
-    b._open_until = 0.0  # cooldown over
+    now[0] += 10.0  # cooldown over
     assert b.admit() is True
     b.settle_reply(timed_out, "/api/v1/query", True)  # the probe's query timed out: no outcome
     assert b.state == HALF_OPEN and b.admit() is True
