@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{a.data_dir}: no dataset there (python -m loadtests.load builds one)")
     assert manifest is not None
     end_s = float(manifest["end"])
-    from loadtests.bench import parse_duration_s, sliding_windows
+    from loadtests.timeline import parse_duration_s, sliding_windows
 
     windows = sliding_windows(end_s - 600, parse_duration_s(a.window), parse_duration_s(a.slide), a.refreshes)
     work = Path(tempfile.mkdtemp(prefix="promaccel-chaos-"))

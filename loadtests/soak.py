@@ -33,10 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from .bench import PHASE_S, Answer, Budget, Client, compare_answers, dataset_dir, user_refresh
+from .bench import dataset_dir
+from .client import Answer, Budget, Client, compare_answers, user_refresh
 from .dashboard import DEFAULT_DASHBOARD, load_dashboard, panel_requests
-from .report import Progress, cache_lookups, hit_ratio, parse_metrics, percentile
 from .services import Promaccel, RedisServer, RssSampler, assert_loopback, cpu_seconds, free_port
+from .stats import Progress, cache_lookups, hit_ratio, parse_metrics, percentile
+from .timeline import PHASE_S
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 MAX_USERS = 200

@@ -13,8 +13,15 @@ from typing import Any
 import pytest
 
 from loadtests import bench, report
+from loadtests.client import Budget, BudgetExhausted
 from loadtests.gen import BENCH_SPEC, CI_SPEC
 from loadtests.load import BENCH_LONG_SPEC, DATASETS
+from loadtests.scenarios import dashboard
+from loadtests.scenarios import env as scenario_env
+from loadtests.scenarios.dashboard import DashboardResult, ModeRefresh, Refresh
+from loadtests.scenarios.env import Env, LongData
+from loadtests.stats import Progress
+from loadtests.timeline import PHASE_S
 
 H = 3600.0
 DAY = 86_400.0
@@ -27,41 +34,41 @@ def test_defaults_send_7d_to_a_32x8x168h_long_dataset() -> None:
     a = bench.parse_args([])
     assert a.long_enabled and (a.long_nodes, a.long_gpus_per_node, a.long_hours) == (32, 8, 168.0)
     assert bench.window_plan(a) == {"1h": "main", "24h": "main", "7d": "long"}
-    spec = bench._long_fleet_spec(a)
+    spec = bench.long_fleet_spec(a)
     assert (spec.nodes, spec.gpus_per_node, spec.hours) == (32, 8, 168.0)
     assert bench.dataset_dir(spec) == bench.CACHE_DIR / "32x8x168h"
-    assert bench.dataset_dir(bench._fleet_spec(a)) == bench.CACHE_DIR / "256x8x24h"
+    assert bench.dataset_dir(bench.fleet_spec(a)) == bench.CACHE_DIR / "256x8x24h"
 
 
 def test_long_defaults_are_the_named_bench_long_dataset() -> None:
     assert DATASETS["bench-long"] == BENCH_LONG_SPEC
-    assert bench._long_fleet_spec(bench.parse_args([])) == BENCH_LONG_SPEC
+    assert bench.long_fleet_spec(bench.parse_args([])) == BENCH_LONG_SPEC
 
 
 def test_long_dataset_ends_where_the_main_one_does() -> None:
     """Same end, scrape interval and seed: the virtual now is the same on both datasets."""
     for argv in ([], ["--small", "--long-hours", "48"], ["--hours", "12", "--long-nodes", "4"]):
         a = bench.parse_args(argv)
-        main, long = bench._fleet_spec(a), bench._long_fleet_spec(a)
+        main, long = bench.fleet_spec(a), bench.long_fleet_spec(a)
         assert long.end == main.end and long.scrape_interval == main.scrape_interval and long.seed == main.seed
         assert long.start == long.end - int(long.hours * H)
 
 
 def test_small_has_no_long_dataset_unless_asked() -> None:
     a = bench.parse_args(["--small"])
-    assert not a.long_enabled and bench._long_fleet_spec(a) is None
+    assert not a.long_enabled and bench.long_fleet_spec(a) is None
     assert bench.window_plan(a) == {"1h": "main", "24h": None, "7d": None}
     for extra in (["--long-hours", "48"], ["--long-nodes", "4"], ["--long-gpus-per-node", "2"],
                   ["--long-data-dir", "/tmp/elsewhere"]):
         assert bench.parse_args(["--small", *extra]).long_enabled, extra
     a = bench.parse_args(["--small", "--long-nodes", "4", "--long-gpus-per-node", "2"])
     assert bench.window_plan(a) == {"1h": "main", "24h": "long", "7d": "long"}
-    assert bench.dataset_dir(bench._long_fleet_spec(a)).name == "4x2x168h"
+    assert bench.dataset_dir(bench.long_fleet_spec(a)).name == "4x2x168h"
 
 
 def test_no_long_wins() -> None:
     a = bench.parse_args(["--no-long", "--long-hours", "200"])
-    assert not a.long_enabled and bench._long_fleet_spec(a) is None
+    assert not a.long_enabled and bench.long_fleet_spec(a) is None
     assert bench.window_plan(a) == {"1h": "main", "24h": "main", "7d": None}
 
 
@@ -106,7 +113,7 @@ def test_window_plan_keeps_the_order_and_parses_units() -> None:
 # --- the switch to the long dataset ----------------------------------------------------------
 
 
-class FakeLong(bench.LongData):
+class FakeLong(LongData):
     """A LongData whose Prometheus is a URL: nothing is started."""
 
     def __init__(self, spec: Any) -> None:
@@ -122,13 +129,13 @@ class FakeLong(bench.LongData):
         self.stops += 1
 
 
-def _env(argv: list[str], long: bench.LongData | None = None) -> bench.Env:
+def _env(argv: list[str], long: LongData | None = None) -> Env:
     args = bench.parse_args(argv)
-    spec = bench._fleet_spec(args)
-    return bench.Env(
+    spec = bench.fleet_spec(args)
+    return Env(
         args=args, prom_url="http://127.0.0.1:1", prom_pid=None, data_start_s=float(spec.start),
-        now_s=spec.end - bench.PHASE_S, workdir=Path("/nonexistent"), promaccel_args=[], redis=None,
-        progress=report.Progress(io.StringIO(), every_s=3600), budget=bench.Budget(100), dashboard={},
+        now_s=spec.end - PHASE_S, workdir=Path("/nonexistent"), promaccel_args=[], redis=None,
+        progress=Progress(io.StringIO(), every_s=3600), budget=Budget(100), dashboard={},
         dataset_info={"nodes": spec.nodes, "hours": spec.hours}, long=long,
     )
 
@@ -151,33 +158,33 @@ def test_dashboard_windows_run_on_their_dataset_and_the_long_prometheus_stops(mo
                 "--window", "168h"], long)
     seen: list[tuple[str, str, str, float]] = []
 
-    async def fake_dashboard(e: bench.Env, window: str) -> dict[str, Any]:
+    async def fake_dashboard(e: Env, window: str) -> DashboardResult:
         seen.append((window, e.dataset, e.prom_url, e.data_span_s))
-        return {"name": "dashboard", "window": window}
+        return DashboardResult(window=window)
 
-    monkeypatch.setattr(bench, "scenario_dashboard", fake_dashboard)
-    monkeypatch.setattr(bench, "code_digest", lambda: "x")
+    monkeypatch.setattr(dashboard, "run", fake_dashboard)
+    monkeypatch.setattr(scenario_env, "code_digest", lambda: "x")
     results: dict[str, Any] = {"scenarios": [], "notes": []}
-    asyncio.run(bench._run_scenarios(env, results))
+    asyncio.run(bench.run_scenarios(env, results))
     assert seen == [
         ("1h", "main", "http://127.0.0.1:1", 24 * H),
         ("7d", "long", "http://127.0.0.1:2", 168 * H),
         ("30d", "main", "http://127.0.0.1:1", 24 * H),  # fits neither: the main env reports it skipped
         ("168h", "long", "http://127.0.0.1:2", 168 * H),
     ]
-    assert long.stops == 1 and [s["window"] for s in results["scenarios"]] == ["1h", "7d", "30d", "168h"]
+    assert long.stops == 1 and [s.window for s in results["scenarios"]] == ["1h", "7d", "30d", "168h"]
 
 
 def test_the_long_prometheus_stops_when_a_window_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     long = FakeLong(BENCH_LONG_SPEC)
     env = _env(["--scenario", "dashboard", "--window", "7d"], long)
 
-    async def boom(e: bench.Env, window: str) -> dict[str, Any]:
-        raise bench.BudgetExhausted("budget")
+    async def boom(e: Env, window: str) -> DashboardResult:
+        raise BudgetExhausted("budget")
 
-    monkeypatch.setattr(bench, "scenario_dashboard", boom)
+    monkeypatch.setattr(dashboard, "run", boom)
     results: dict[str, Any] = {"scenarios": [], "notes": []}
-    asyncio.run(bench._run_scenarios(env, results))
+    asyncio.run(bench.run_scenarios(env, results))
     assert long.stops == 1 and "budget" in results["notes"][0]
 
 
@@ -187,9 +194,9 @@ def test_the_long_prometheus_stops_when_a_window_fails(monkeypatch: pytest.Monke
     (["--long-hours", "48"], "so does the long dataset (48 h; --long-hours)"),
 ])
 def test_a_window_no_dataset_covers_is_skipped_with_a_reason(argv: list[str], hint: str) -> None:
-    s = asyncio.run(bench.scenario_dashboard(_env(argv), "7d"))
-    assert s["skipped"] and s["dataset"] == "main" and not s["refreshes"]
-    assert hint in s["notes"][0] and "less than the 7d window" in s["notes"][0]
+    s = asyncio.run(dashboard.run(_env(argv), "7d"))
+    assert s.skipped and s.dataset == "main" and not s.refreshes
+    assert hint in s.notes[0] and "less than the 7d window" in s.notes[0]
 
 
 # --- the report ------------------------------------------------------------------------------
@@ -203,18 +210,20 @@ def test_dataset_record_and_line() -> None:
     assert report.dataset_line(rec) == "32 nodes × 8 GPUs × 168 h, 78,123,456 samples"
 
 
-def _refresh(i: int, d: float, p: float) -> dict[str, Any]:
-    mode = lambda w: {"wall_s": w, "panels": {"A": w / 2}, "bytes": 100, "backend_requests": 1}  # noqa: E731
-    return {"index": i, "start": 0, "end": 1, "first": "direct", "direct": mode(d), "promaccel": mode(p)}
+def _refresh(i: int, d: float, p: float) -> Refresh:
+    def mode(w: float) -> ModeRefresh:
+        return ModeRefresh(w, {"A": w / 2}, 100)
+
+    return Refresh(i, 0, 1, "direct", mode(d), mode(p))
 
 
 def test_report_says_which_dataset_each_window_ran_on() -> None:
     main = bench.dataset_record(BENCH_SPEC, bench.CACHE_DIR / "256x8x24h", {"samples": 89_226_989}, 0)
     long = {**bench.dataset_record(BENCH_LONG_SPEC, bench.CACHE_DIR / "32x8x168h", {"samples": 78_000_000}, 0),
             "windows": ["7d"]}
-    dash = lambda w, which, info: {  # noqa: E731
-        "name": "dashboard", "window": w, "slide_s": 30.0, "panels": 1, "compared": 3, "mismatches": 0,
-        "dataset": which, "dataset_info": info, "refreshes": [_refresh(0, 1.0, 0.9), _refresh(1, 1.0, 0.1)]}
+    def dash(w: str, which: str, info: dict[str, Any]) -> DashboardResult:
+        return DashboardResult(window=w, slide_s=30.0, panels=1, dataset=which, dataset_info=info,
+                               refreshes=[_refresh(0, 1.0, 0.9), _refresh(1, 1.0, 0.1)])
     results = {"command": "python -m loadtests.bench", "dataset": main, "long_dataset": long,
                "scenarios": [dash("24h", "main", main), dash("7d", "long", long)], "notes": []}
     md = report.render_markdown(results)
@@ -229,8 +238,8 @@ def test_report_says_which_dataset_each_window_ran_on() -> None:
 def test_report_without_a_long_dataset_is_unchanged() -> None:
     results = {"command": "python -m loadtests.bench --small",
                "dataset": {"nodes": CI_SPEC.nodes, "gpus_per_node": 4, "hours": 6},
-               "scenarios": [{"name": "dashboard", "window": "1h", "slide_s": 30.0, "panels": 1,
-                              "refreshes": [_refresh(0, 1.0, 1.0)]}], "notes": []}
+               "scenarios": [DashboardResult(window="1h", slide_s=30.0, panels=1, dataset="", dataset_info={},
+                                             refreshes=[_refresh(0, 1.0, 1.0)])], "notes": []}
     md = report.render_markdown(results)
     assert "long dataset" not in md and "Dataset:" not in md
 
