@@ -24,16 +24,23 @@ from shardplanner.ast import (
     unparen,
     walk,
 )
+from shardplanner.functions import FUNCTIONS
 
-# Functions without arguments whose value depends on the evaluation time.
-_CLOCK_FUNCS = frozenset({"time", "minute", "hour", "day_of_month", "day_of_week", "day_of_year",
-                          "days_in_month", "month", "year"})
+# From the function table (2.42's rows, shardplanner/functions.py):
+# Functions callable without arguments whose value then depends on the evaluation time
+# (time(), hour(), ...: @-unsafe and no argument required).
+CLOCK_FUNCS = frozenset(n for n, f in FUNCTIONS.items() if not f.at_safe and f.min_args == 0)
 # Functions whose answer is not per series: over merged backends they are applied above the
-# merge (proxy/pipeline/crossstore.py).
-ABSENT_LIKE = frozenset({"absent", "absent_over_time", "scalar"})
-_NOT_PER_SERIES = ABSENT_LIKE | {"vector"}
+# merge (proxy/pipeline/crossstore.py). ABSENT_LIKE: those reading series (absent,
+# absent_over_time, scalar); NOT_PER_SERIES adds those of a scalar argument (vector).
+ABSENT_LIKE = frozenset(
+    n for n, f in FUNCTIONS.items() if f.answer == "one" and ("vector" in f.args or "matrix" in f.args)
+)
+NOT_PER_SERIES = frozenset(n for n, f in FUNCTIONS.items() if f.answer == "one" and f.args)
 # Functions PromQL types as scalars.
-SCALAR_FUNCS = frozenset({"scalar", "time", "pi"})
+SCALAR_FUNCS = frozenset(n for n, f in FUNCTIONS.items() if f.returns == "scalar")
+# Functions whose answer's order is the point (sort, sort_desc).
+SORTING_FUNCS = frozenset(n for n, f in FUNCTIONS.items() if f.sorts)
 
 
 def pinned_at(expr: Expr) -> int | None:
@@ -41,7 +48,7 @@ def pinned_at(expr: Expr) -> int | None:
     evaluation time): then its value at any step is its value at T."""
     ats: set[object] = set()
     for n in walk(expr):
-        if isinstance(n, Subquery) or (isinstance(n, Call) and n.func in _CLOCK_FUNCS and not n.args):
+        if isinstance(n, Subquery) or (isinstance(n, Call) and n.func in CLOCK_FUNCS and not n.args):
             return None
         if isinstance(n, Selector):
             ats.add(n.at)
@@ -53,7 +60,7 @@ def pinned_at(expr: Expr) -> int | None:
 
 def absent_like(expr: Expr) -> bool:
     """Does `expr` use a function whose answer is not per series (absent, scalar, vector)?"""
-    return any(isinstance(n, Call) and n.func in _NOT_PER_SERIES for n in walk(expr))
+    return any(isinstance(n, Call) and n.func in NOT_PER_SERIES for n in walk(expr))
 
 
 def is_scalar_expr(node: Expr) -> bool:
@@ -77,7 +84,7 @@ def probe_as_range(expr: Expr) -> bool:
     node = unparen(expr)
     if isinstance(node, MatrixSel | Subquery | String) or is_scalar_expr(node):
         return False
-    return not (isinstance(node, Call) and node.func in ("sort", "sort_desc"))
+    return not (isinstance(node, Call) and node.func in SORTING_FUNCS)
 
 
 def edge_ms(expr: Expr | None, lookback_ms: int) -> int:
@@ -99,4 +106,5 @@ def edge_ms(expr: Expr | None, lookback_ms: int) -> int:
     return max(span(expr), lookback_ms)
 
 
-__all__ = ["ABSENT_LIKE", "SCALAR_FUNCS", "absent_like", "edge_ms", "is_scalar_expr", "pinned_at", "probe_as_range"]
+__all__ = ["ABSENT_LIKE", "CLOCK_FUNCS", "NOT_PER_SERIES", "SCALAR_FUNCS", "SORTING_FUNCS", "absent_like", "edge_ms",
+           "is_scalar_expr", "pinned_at", "probe_as_range"]

@@ -27,15 +27,20 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from .ast import Agg, Binary, Call, Expr, MatrixSel, Number, Paren, Selector, String, Subquery, Unary
+from .functions import ALL_AGGREGATIONS, FUNCTIONS
 from .plan import PlannerSettings, QueryRequest
 from .planner import _nodes_selected, shard_label_for
 
 SAMPLE_BYTES = 16
 LABEL_BYTES = 256  # a DCGM series' label set as Prometheus writes it is ~200-300 bytes
 _DEFAULT_SUBQUERY_STEP_MS = 60_000
-# Functions whose answer is one series whatever their argument.
-_ONE_SERIES = frozenset({"time", "vector", "scalar", "absent", "absent_over_time", "pi"})
-_BY_K = frozenset({"topk", "bottomk", "limitk", "limit_ratio"})
+# From the function table (shardplanner/functions.py): functions whose answer is one series
+# whatever their argument (answer "one": time, vector, scalar, absent, ...); aggregations that
+# keep up to k series per group (topk, bottomk, limitk), and those as wide as their input
+# (count_values: one series per distinct value).
+ONE_SERIES = frozenset(n for n, f in FUNCTIONS.items() if f.answer == "one")
+BY_K = frozenset(n for n, a in ALL_AGGREGATIONS.items() if a.answer == "k")
+AS_WIDE_AS_INPUT = frozenset(n for n, a in ALL_AGGREGATIONS.items() if a.answer == "series")
 
 
 def answer_series(expr: Expr, settings: PlannerSettings, shard_values: Mapping[str, Sequence[str]]) -> int | None:
@@ -51,7 +56,7 @@ def answer_series(expr: Expr, settings: PlannerSettings, shard_values: Mapping[s
         case Subquery() | Paren() | Unary():
             return answer_series(expr.expr, settings, shard_values)
         case Call():
-            if expr.func in _ONE_SERIES or not expr.args:
+            if expr.func in ONE_SERIES or not expr.args:
                 return 1
             widths = [answer_series(a, settings, shard_values) for a in expr.args]
             return None if any(w is None for w in widths) else max(w for w in widths if w is not None)
@@ -66,9 +71,9 @@ def answer_series(expr: Expr, settings: PlannerSettings, shard_values: Mapping[s
             if inner is None:
                 return None
             groups = _groups(expr, inner, settings, shard_values)
-            if expr.op == "count_values":
+            if expr.op in AS_WIDE_AS_INPUT:
                 return inner
-            if expr.op in _BY_K:
+            if expr.op in BY_K:
                 k = expr.param.value if isinstance(expr.param, Number) else inner
                 return max(1, min(inner, int(k) * groups if k == k and k >= 1 else inner))
             return groups

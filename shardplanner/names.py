@@ -37,9 +37,10 @@ from shardplanner.ast import (
     selectors,
     transform,
 )
+from shardplanner.functions import FUNCTIONS
 from shardplanner.regex import RegexError, fullmatch
 
-__all__ = ["NO_METRIC", "fixed_names", "missing_names", "name_matchers", "needs_names", "per_series_selector",
+__all__ = ["NO_METRIC", "PER_SERIES_CALLS", "fixed_names", "missing_names", "name_matchers", "needs_names", "per_series_selector",
            "resolve_names", "with_names"]
 
 # A metric name no store has: what a selector matching no name at all becomes.
@@ -107,16 +108,15 @@ def resolve_names(expr: Expr, known: Set[str], max_names: int = MAX_NAMES) -> Ex
 
 # Functions that map each series to (at most) one series on their own: a union of metrics
 # held by different stores can be taken above them (Prometheus's duplicate-labelset error
-# is checked on the union).
-_PER_SERIES_CALLS = frozenset({
-    "abs", "ceil", "floor", "exp", "ln", "log2", "log10", "sqrt", "sgn", "round", "clamp", "clamp_min",
-    "clamp_max", "deg", "rad", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh",
-    "acosh", "atanh", "timestamp", "label_replace", "label_join", "day_of_month", "day_of_week",
-    "day_of_year", "days_in_month", "hour", "minute", "month", "year",
-    "rate", "increase", "delta", "irate", "idelta", "deriv", "predict_linear", "holt_winters", "changes",
-    "resets", "avg_over_time", "min_over_time", "max_over_time", "sum_over_time", "count_over_time",
-    "quantile_over_time", "stddev_over_time", "stdvar_over_time", "last_over_time", "present_over_time",
-})
+# is checked on the union). From the function table: 2.42's rows whose shard rule is
+# per_series or label_write (not sort: its order is the point) and whose answer is "series"
+# (not histogram_quantile: one per group of buckets), except native_only ones: promaccel
+# decodes no native histograms, so no equivalence test covers a per-name union of theirs.
+PER_SERIES_CALLS = frozenset(
+    f.name
+    for f in FUNCTIONS.values()
+    if f.shard in ("per_series", "label_write") and f.answer == "series" and not f.native_only
+)
 
 
 def per_series_selector(node: Expr) -> Selector | None:
@@ -132,7 +132,7 @@ def per_series_selector(node: Expr) -> Selector | None:
             return per_series_selector(node.expr)
         case Subquery():
             return per_series_selector(node.expr)
-        case Call() if node.func in _PER_SERIES_CALLS:
+        case Call() if node.func in PER_SERIES_CALLS:
             inner = [a for a in node.args if not isinstance(a, (Number, String))]
             return per_series_selector(inner[0]) if len(inner) == 1 else None
         case Binary() if node.op not in SET_OPS:

@@ -33,39 +33,25 @@ sub-window answers reproduces; ``avg_over_time``, ``quantile_over_time``, ``stdd
 ``last_over_time``, ``changes``, ``resets`` and the rest; ``count(count_over_time(..))`` and
 other wrappers that are not the recombining aggregation.
 
-``time_splittable=False`` marks what depends on the query's own start/end/step (the
-promql-parser extensions ``start()``, ``end()``, ``range()``, ``step()``): such a query is not
+``time_splittable=False`` marks what depends on the query's own start/end/step (Prometheus
+3.12's experimental ``start()``, ``end()``, ``range()``, ``step()``): such a query is not
 cut in time either. Everything else evaluates each step independently.
+
+The rule of each name is a column of the function table (``shardplanner/functions.py``:
+``shard`` and ``why`` of a function or aggregation row, ``time_splittable``); :data:`RULES`
+is derived from it, so a function is classified where it is declared. In short:
 
 =====================================  ============  =========================================
 name                                   kind          why
 =====================================  ============  =========================================
-sum min max count group                merge         sum/min/max of partials; count -> sum
-avg                                    merge         sum pieces / count pieces
+sum min max count group avg            merge         re-aggregate the per-shard partials
 topk bottomk                           merge         per-shard winners, then global per step
 quantile stddev stdvar count_values    group_local   need every series of a group at once
-limitk limit_ratio                     unshardable   experimental (Prometheus 3); not in 2.42
-rate irate increase delta idelta       per_series    one series' samples in, one value out
-deriv predict_linear changes resets    per_series
-double_exponential_smoothing           per_series    (holt_winters in 2.42)
-*_over_time (not absent_over_time)     per_series
-ts_of_*_over_time, first_over_time     per_series
-abs ceil floor round exp ln log2 ...   per_series    element-wise math, trigonometry
-clamp clamp_min clamp_max sgn          per_series
-timestamp, day_of_* hour minute ...    per_series    with an argument; without one they
-                                                     return vector(time()) -> not shardable
-histogram_quantile histogram_fraction  per_series    classic buckets are grouped by every
-                                                     label but ``le``: the shard label stays
-histogram_count/_sum/_avg/_stddev/...  per_series    native histograms, one series each
+rate, *_over_time, abs, clamp, ...     per_series    one series in, one series out
 label_replace label_join               label_write   unshardable onto the shard label
 time pi max_of min_of                  constant      no series involved
-absent absent_over_time                unshardable   creates a series when a shard is empty
-scalar vector                          unshardable   global value / series from nothing
-sort sort_desc sort_by_label[_desc]    unshardable   order of the answer
-info histogram_quantiles               unshardable   joins other series / new label output
-start_timestamp                        unshardable   semantics not in 2.42
+absent scalar vector sort limitk ...   unshardable   a series from nothing, order, all at once
 start end range step                   unshardable   query-parameter functions, no time split
-integral (anything unknown)            unshardable   not known to 2.42
 =====================================  ============  =========================================
 """
 
@@ -90,6 +76,7 @@ from shardplanner.ast import (
     unparen,
     walk,
 )
+from shardplanner.functions import ALL_AGGREGATIONS, ALL_FUNCTIONS, ShardKind
 
 __all__ = [
     "MERGEABLE_AGGREGATIONS",
@@ -104,7 +91,7 @@ __all__ = [
     "unshardable_reasons",
 ]
 
-RuleKind = Literal["merge", "group_local", "per_series", "label_write", "constant", "unshardable"]
+RuleKind = ShardKind
 
 
 @dataclass(frozen=True)
@@ -115,148 +102,17 @@ class Rule:
     time_splittable: bool = True
 
 
-def _agg(kind: RuleKind, reason: str) -> Rule:
-    return Rule("aggregation", kind, reason)
-
-
-def _fn(kind: RuleKind, reason: str, time_splittable: bool = True) -> Rule:
-    return Rule("function", kind, reason, time_splittable)
-
-
-_ONE_SERIES = "one series' samples in, one value out"
-_ELEMENTWISE = "element-wise on each series"
-_DATE = "element-wise on each series' sample value (no argument: vector(time()), not shardable)"
-_NATIVE = "native histograms: one series in, one value out"
-
+# Every aggregation row, then every function row of the table (Prometheus 2.42's and the
+# newer names promql-parser knows, so a newer name is still classified, not "unknown").
 RULES: dict[str, Rule] = {
-    # --- aggregation operators ----------------------------------------------------------
-    "sum": _agg("merge", "sum of per-shard sums"),
-    "min": _agg("merge", "min of per-shard mins"),
-    "max": _agg("merge", "max of per-shard maxes"),
-    "count": _agg("merge", "sum of per-shard counts"),
-    "group": _agg("merge", "1 wherever any shard has the group"),
-    "avg": _agg("merge", "sum of per-shard sums / sum of per-shard counts"),
-    "topk": _agg("merge", "global topk per step over the per-shard topk winners"),
-    "bottomk": _agg("merge", "global bottomk per step over the per-shard bottomk winners"),
-    "quantile": _agg("group_local", "needs every series of a group at once"),
-    "stddev": _agg("group_local", "needs every series of a group at once"),
-    "stdvar": _agg("group_local", "needs every series of a group at once"),
-    "count_values": _agg("group_local", "needs every series of a group at once"),
-    "limitk": _agg("unshardable", "experimental, not in Prometheus 2.42"),
-    "limit_ratio": _agg("unshardable", "experimental, not in Prometheus 2.42"),
-    # --- range-vector functions ---------------------------------------------------------
-    "rate": _fn("per_series", _ONE_SERIES),
-    "irate": _fn("per_series", _ONE_SERIES),
-    "increase": _fn("per_series", _ONE_SERIES),
-    "delta": _fn("per_series", _ONE_SERIES),
-    "idelta": _fn("per_series", _ONE_SERIES),
-    "deriv": _fn("per_series", _ONE_SERIES),
-    "predict_linear": _fn("per_series", _ONE_SERIES),
-    "changes": _fn("per_series", _ONE_SERIES),
-    "resets": _fn("per_series", _ONE_SERIES),
-    "double_exponential_smoothing": _fn("per_series", _ONE_SERIES + " (holt_winters in 2.42)"),
-    "holt_winters": _fn("per_series", _ONE_SERIES),
-    "avg_over_time": _fn("per_series", _ONE_SERIES),
-    "min_over_time": _fn("per_series", _ONE_SERIES),
-    "max_over_time": _fn("per_series", _ONE_SERIES),
-    "sum_over_time": _fn("per_series", _ONE_SERIES),
-    "count_over_time": _fn("per_series", _ONE_SERIES),
-    "quantile_over_time": _fn("per_series", _ONE_SERIES),
-    "stddev_over_time": _fn("per_series", _ONE_SERIES),
-    "stdvar_over_time": _fn("per_series", _ONE_SERIES),
-    "last_over_time": _fn("per_series", _ONE_SERIES),
-    "first_over_time": _fn("per_series", _ONE_SERIES),
-    "present_over_time": _fn("per_series", _ONE_SERIES),
-    "mad_over_time": _fn("per_series", _ONE_SERIES),
-    "ts_of_max_over_time": _fn("per_series", _ONE_SERIES),
-    "ts_of_min_over_time": _fn("per_series", _ONE_SERIES),
-    "ts_of_last_over_time": _fn("per_series", _ONE_SERIES),
-    "ts_of_first_over_time": _fn("per_series", _ONE_SERIES),
-    "absent_over_time": _fn("unshardable", "creates a series when a shard has no samples"),
-    # --- element-wise ---------------------------------------------------------------------
-    **{
-        name: _fn("per_series", _ELEMENTWISE)
-        for name in (
-            "abs",
-            "ceil",
-            "floor",
-            "round",
-            "exp",
-            "ln",
-            "log2",
-            "log10",
-            "sqrt",
-            "sgn",
-            "clamp",
-            "clamp_min",
-            "clamp_max",
-            "timestamp",
-            "acos",
-            "acosh",
-            "asin",
-            "asinh",
-            "atan",
-            "atanh",
-            "cos",
-            "cosh",
-            "sin",
-            "sinh",
-            "tan",
-            "tanh",
-            "deg",
-            "rad",
-        )
-    },
-    **{
-        name: _fn("per_series", _DATE)
-        for name in (
-            "day_of_month",
-            "day_of_week",
-            "day_of_year",
-            "days_in_month",
-            "hour",
-            "minute",
-            "month",
-            "year",
-        )
-    },
-    # --- histograms -----------------------------------------------------------------------
-    "histogram_quantile": _fn(
-        "per_series", "classic buckets are grouped by every label but le: the shard label stays"
-    ),
-    "histogram_fraction": _fn("per_series", _NATIVE),
-    "histogram_count": _fn("per_series", _NATIVE),
-    "histogram_sum": _fn("per_series", _NATIVE),
-    "histogram_avg": _fn("per_series", _NATIVE),
-    "histogram_stddev": _fn("per_series", _NATIVE),
-    "histogram_stdvar": _fn("per_series", _NATIVE),
-    "histogram_quantiles": _fn("unshardable", "promql-parser extension: adds a label, not in 2.42"),
-    # --- labels -----------------------------------------------------------------------------
-    "label_replace": _fn("label_write", "per series, unless it writes the shard label"),
-    "label_join": _fn("label_write", "per series, unless it writes the shard label"),
-    # --- constants --------------------------------------------------------------------------
-    "time": _fn("constant", "the evaluation time: the same in every shard"),
-    "pi": _fn("constant", "a constant"),
-    "max_of": _fn("constant", "scalar of scalars: constant when its arguments are"),
-    "min_of": _fn("constant", "scalar of scalars: constant when its arguments are"),
-    # --- never sharded --------------------------------------------------------------------------
-    "absent": _fn("unshardable", "creates a series when a shard has none"),
-    "scalar": _fn("unshardable", "needs the single series of the whole vector"),
-    "vector": _fn("unshardable", "creates a series from nothing in every shard"),
-    "sort": _fn("unshardable", "the order of the answer is the point"),
-    "sort_desc": _fn("unshardable", "the order of the answer is the point"),
-    "sort_by_label": _fn("unshardable", "the order of the answer is the point"),
-    "sort_by_label_desc": _fn("unshardable", "the order of the answer is the point"),
-    "info": _fn("unshardable", "joins info series that may live in another shard"),
-    "start_timestamp": _fn("unshardable", "promql-parser extension, not in Prometheus 2.42"),
-    "start": _fn("unshardable", "query start: differs per time piece", time_splittable=False),
-    "end": _fn("unshardable", "query end: differs per time piece", time_splittable=False),
-    "range": _fn("unshardable", "query range: differs per time piece", time_splittable=False),
-    "step": _fn("unshardable", "query step", time_splittable=False),
-    "integral": _fn("unshardable", "newer than Prometheus 2.42 and promql-parser 0.12"),
+    **{a.name: Rule("aggregation", a.shard, a.why) for a in ALL_AGGREGATIONS.values()},
+    **{f.name: Rule("function", f.shard, f.why, f.time_splittable) for f in ALL_FUNCTIONS.values()},
 }
 
 MERGEABLE_AGGREGATIONS = frozenset(n for n, r in RULES.items() if r.kind == "merge")
+
+# Aggregations whose string parameter names a label they write (count_values).
+_WRITES_PARAM_LABEL = {a.name: a.param == "string" for a in ALL_AGGREGATIONS.values()}
 
 _UNKNOWN = Rule("function", "unshardable", "unknown to the planner", time_splittable=True)
 
@@ -312,8 +168,8 @@ def is_shard_local(node: Expr, label: str) -> bool:
                 return False
             if node.param is not None and not is_constant(node.param):
                 return False
-            if node.op == "count_values" and node.param == String(label):
-                return False  # writes the shard label
+            if _WRITES_PARAM_LABEL.get(node.op) and node.param == String(label):
+                return False  # count_values writes the label its parameter names: the shard label
             return is_shard_local(node.expr, label)
         case Binary():
             return _binary_is_local(node, label)
