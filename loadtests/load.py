@@ -73,6 +73,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+from loadtests.exporters import write_fleet
 from loadtests.gen import (
     BENCH_SPEC,
     CI_SPEC,
@@ -279,7 +280,7 @@ def build_tsdb(spec: FleetSpec, data_dir: str, *, slice_seconds: int = SLICE_SEC
             path = os.path.join(scratch, f"slice-{i:03d}.om")
             tg = time.perf_counter()
             with open(path, "wb", buffering=1 << 20) as f:
-                st = fleet.write(f, a, b, keep=keep)
+                st = write_fleet(fleet, f, a, b, keep=keep)
             gen_s += time.perf_counter() - tg
             total.add(st)
             say(f"slice {i}: generated {st.samples} samples, {st.bytes / 2**20:.0f} MiB "
@@ -490,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
                 tot = Stats()
                 with open(os.devnull, "wb") as f:
                     for lo, hi in slice_bounds(spec, SLICE_SECONDS):
-                        tot.add(fl.write(f, lo, hi))
+                        tot.add(write_fleet(fl, f, lo, hi))
                 print(f"  {tot.samples} samples, {tot.series} series (summed over slices), "
                       f"{tot.bytes / 2**20:.0f} MiB, {time.perf_counter() - t:.1f} s")
         return 0

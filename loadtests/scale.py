@@ -35,6 +35,7 @@ import httpx
 import numpy as np
 
 from loadtests.dashboard import load_dashboard, panel_requests
+from loadtests.exporters import write_fleet
 from loadtests.gen import CI_SPEC, Fleet, FleetSpec
 from loadtests.load import build_tsdb, running_prometheus
 from proxy.codec.json_decode import decode_prometheus_json
@@ -58,7 +59,7 @@ def samples_per_scrape() -> tuple[float, float, float, list[tuple[int, int, int]
     for nodes, gpn in ((4, 4), (4, 8), (8, 8), (16, 8)):
         spec = FleetSpec(nodes=nodes, gpus_per_node=gpn, hours=1)
         with open(os.devnull, "wb") as f:
-            st = Fleet(spec).write(f)
+            st = write_fleet(Fleet(spec), f)
         rows.append((nodes, nodes * gpn, st.samples // spec.n_scrapes))
     a = np.array([[g, n, 1.0] for n, g, _ in rows])
     y = np.array([s for _, _, s in rows], dtype=float)

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadtests import gen
+from loadtests import exporters, gen
 from loadtests.gen import (
     DEFAULT_END,
     MODEL_DOTS,
@@ -174,7 +174,7 @@ def test_format_lines_matches_python(values: list[float], dec: int) -> None:
         values = [v if np.isnan(v) or v < 1e9 else v / 1e7 for v in values]
     vals = np.array(values, np.float64)
     ts = np.arange(len(vals), dtype=np.int64) * 30 + DEFAULT_END
-    blob, lens = gen._format_lines(vals, dec, gen._ts_tail(ts))
+    blob, lens = exporters.format_lines(vals, dec, exporters.ts_tail(ts))
     lines = blob.decode().split("\n")
     assert lines[0] == ""
     assert [len(x) + 1 for x in lines[1:]] == lens.tolist()
@@ -319,7 +319,7 @@ def test_slices_union_is_the_whole_window() -> None:
     parts = []
     for a, b in slice_bounds(TINY, 1800):
         buf = io.BytesIO()
-        fleet.write(buf, a, b)
+        exporters.write_fleet(fleet, buf, a, b)
         text = buf.getvalue()
         parse(text)
         parts += [x for x in text.split(b"\n") if x and not x.startswith(b"#")]
