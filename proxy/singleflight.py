@@ -35,6 +35,10 @@ class SingleFlight(Generic[K, V]):
         """Calls in flight."""
         return len(self._calls)
 
+    def __contains__(self, key: object) -> bool:
+        """Whether a call for `key` is in flight."""
+        return key in self._calls
+
     async def do(self, key: K, fn: Callable[[], Awaitable[V]]) -> V:
         task = self._calls.get(key)
         if task is None:

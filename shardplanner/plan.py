@@ -130,9 +130,15 @@ class PlannerSettings:
     auto_shards: bool = False
     max_samples_per_piece: int = 10_000_000
     # Samples-touched estimate (see `planner.estimate_samples`): series per node (value of
-    # the shard label) for one metric, and the scrape interval (samples per range window).
+    # the shard label) for one metric -- the fallback for a metric whose series count is not
+    # known --, and the scrape interval (samples per range window).
     series_per_node: int = 8
     scrape_interval_ms: int = 30_000
+    # Known series counts, (metric name, series) pairs sorted by name: counted by the caller
+    # (the proxy asks the backend, `proxy/pipeline/series_counts.py`) and passed in as data.
+    # A listed metric's selectors are estimated from its real count instead of
+    # nodes x series_per_node.
+    series_counts: tuple[tuple[str, int], ...] = ()
     # (metric-name regex, shard label); first match wins.
     shard_labels: tuple[tuple[str, str], ...] = (
         ("DCGM_.*", "Hostname"),

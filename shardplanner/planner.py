@@ -21,8 +21,9 @@ Stages, in order, each on the output of the one before:
               Shard count: settings.shards, or with settings.auto_shards (`shards: auto`)
                   shards = min(ceil(S / max_samples_per_piece), settings.shards)
               where S is the estimated samples of the largest piece before sharding
-              (`estimate_samples`: known nodes x series_per_node x steps x samples per
-              step), and 1 -- not sharded -- when that is below 2 (`_auto_shard_count`).
+              (`estimate_samples`: the metric's real series count -- or, unknown, known
+              nodes x series_per_node -- x steps x samples per step), and 1 -- not
+              sharded -- when that is below 2 (`_auto_shard_count`).
 4. split      range query, settings.split_interval_ms set, range >= min_range_to_split_ms:
               epoch-aligned time pieces on the query's own step grid (`timesplit`); the
               query text is the same for every time piece. Every range query can be cut this
@@ -90,7 +91,7 @@ from shardplanner.timesplit import (
     split_window,
 )
 
-__all__ = ["estimate_samples", "plan", "samples_limit_message", "shard_label_for"]
+__all__ = ["estimate_samples", "metrics_to_count", "plan", "samples_limit_message", "shard_label_for"]
 
 _ROLE_ORDER = ("sum", "count")
 # Instant window split: *_over_time function -> (the aggregation that recombines the
@@ -535,15 +536,18 @@ def estimate_samples(
 ) -> tuple[int, int] | None:
     """(samples, series) a query touches, estimated; None when it cannot be estimated.
 
-        samples = sum over selectors of  nodes x series_per_node x steps x per_step
+        samples = sum over selectors of  series x steps x per_step
 
     - nodes: the known values of the selector's shard label (the shard-label snapshot the
       planner gets anyway, so no extra backend call), narrowed by the selector's own matchers
       on that label (`{Hostname=~"gpu-node-00.."}` counts only those nodes);
-    - series_per_node (`planner.series_per_node`, default 8: one series per GPU of an 8-GPU
-      node for a DCGM metric): a fixed estimate, because counting series needs a backend
-      call per query; series that churn (a pod's series replace each other on one GPU) overlap
-      only briefly, so GPUs, not series ever seen, is what bounds the samples;
+    - series: the metric's real series count when `settings.series_counts` has it (the proxy
+      counts the series a metric has at one instant, cached: `metrics_to_count` says which
+      metrics), times nodes / known nodes when the selector keeps only some nodes; otherwise
+      nodes x series_per_node (`planner.series_per_node`, default 8: one series per GPU of
+      an 8-GPU node for a DCGM metric), the configured guess. Series that churn (a pod's
+      series replace each other on one GPU) overlap only briefly, so the series present at
+      one instant, not series ever seen, is what bounds the samples;
     - steps: evaluation steps of the query (1 for an instant query);
     - per_step: 1 for an instant selector (one sample per series per step), range / scrape
       interval (`planner.scrape_interval`) for `x[range]`, times range / step of each
@@ -553,14 +557,47 @@ def estimate_samples(
     label values: the estimate has nothing to stand on, and the guardrail and `shards: auto`
     then leave the query alone. A query with no selectors touches 0 samples."""
     samples = series = 0
+    counts = dict(settings.series_counts)
     for sel, per_step in _weighted_selectors(expr, 1, settings):
         nodes = _nodes_selected(sel, settings, shard_values)
         if nodes is None:
             return None
-        n_series = nodes * settings.series_per_node
+        n_series = _series_selected(sel, nodes, counts, settings, shard_values)
         series += n_series
         samples += n_series * steps * per_step
     return samples, series
+
+
+def _series_selected(sel: Selector, nodes: int, counts: Mapping[str, int], settings: PlannerSettings,
+                     shard_values: Mapping[str, Sequence[str]]) -> int:
+    """Series of `sel` on `nodes` of the known nodes: its metric's real count (spread evenly
+    over the known nodes: a selector that keeps 2 nodes of 8 keeps a quarter of the series),
+    or the configured guess, nodes x series_per_node, when the count is not known."""
+    name = sel.metric_name
+    count = counts.get(name) if name is not None else None
+    if count is None:
+        return nodes * settings.series_per_node
+    label, _ = shard_label_for(sel, settings.shard_labels)
+    total = sum(1 for v in shard_values.get(label or "", ()) if v)
+    if nodes >= total:
+        return count
+    return -(-count * nodes // total)  # rounded up: an estimate that is never 0 for a node with series
+
+
+def metrics_to_count(req: QueryRequest, settings: PlannerSettings) -> tuple[str, ...]:
+    """The metrics whose real series counts `estimate_samples` would use (sorted): the plain
+    metric names of the query's selectors that have a configured shard label (the others
+    are not estimated at all). () when the query cannot be parsed."""
+    try:
+        expr = parse(req.query)
+    except (CannotParse, TooComplex):
+        return ()
+    names = set()
+    for sel in selectors(expr):
+        name = sel.metric_name
+        if name is not None and shard_label_for(sel, settings.shard_labels)[0] is not None:
+            names.add(name)
+    return tuple(sorted(names))
 
 
 def _auto_shard_count(

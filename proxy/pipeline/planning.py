@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-import math
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
@@ -16,8 +13,8 @@ from shardplanner.answer_size import answer_bytes
 from shardplanner.explain import reason_code
 from shardplanner.plan import Plan as QueryPlan
 from shardplanner.plan import PlannerSettings, QueryRequest
+from shardplanner.planner import metrics_to_count, samples_limit_message
 from shardplanner.planner import plan as make_plan
-from shardplanner.planner import samples_limit_message
 from shardplanner.timesplit import DAY_MS
 
 from ..backends import Backend
@@ -26,6 +23,8 @@ from ..config import Config
 from ..errors import PromError
 from ..metrics import METRICS
 from ..primitives.clock import wall_ms
+from .discovery import Discovered
+from .series_counts import SeriesCounts
 from .stage import Stage
 from .values import PLANNED_PARAMS, UNKEYED_PARAMS, Answer, CacheCtx, Query
 
@@ -56,7 +55,8 @@ def planner_settings(config: Config) -> PlannerSettings:
 
 
 class ShardValues:
-    """Shard-label values discovered through /api/v1/label/<name>/values, cached with a TTL.
+    """Shard-label values discovered through /api/v1/label/<name>/values, cached with a TTL
+    (`discovery.Discovered`, keyed by tenant scope and label).
 
     Stale values are still a correct partition (the last shard is the complement of the
     listed values), so a refresh happens in the background and never blocks a query once
@@ -73,58 +73,27 @@ class ShardValues:
     def __init__(self, backend: Backend, ttl_ms: int) -> None:
         self.backend = backend
         self.ttl_s = ttl_ms / 1000
-        self._values: dict[tuple[str, str], tuple[float, tuple[str, ...]]] = {}
-        self._refreshing: dict[tuple[str, str], asyncio.Task[None]] = {}
-        self._failed: dict[tuple[str, str], float] = {}  # (scope, label) -> when discovery failed
+        self.values: Discovered[tuple[str, str], tuple[str, ...]] = Discovered(
+            "shard_values", self._fetch, ttl_ms, max_entries=self.MAX_ENTRIES,
+            retry_after_failure_s=self.RETRY_AFTER_FAILURE_S)
 
-    async def _fetch(self, label: str) -> None:
-        key = (tenant_scope(), label)
-        self._failed.pop(key, None)
-        try:
-            reply = await self.backend.request(
-                "GET", f"/api/v1/label/{label}/values", timeout_s=10, endpoint="/api/v1/label/:name/values"
-            )
-            if reply.ok:
-                data = orjson.loads(reply.body).get("data") or []
-                self._values.pop(key, None)
-                self._values[key] = (time.monotonic(), tuple(sorted(str(v) for v in data)))
-                while len(self._values) > self.MAX_ENTRIES:
-                    del self._values[next(iter(self._values))]
-        except (PromError, ValueError) as exc:
-            log.warning("could not discover values of shard label %s: %s", label, exc)
-        if key not in self._values or self._values[key][0] < time.monotonic() - self.ttl_s:
-            self._failed[key] = time.monotonic()
-            while len(self._failed) > self.MAX_ENTRIES:
-                del self._failed[next(iter(self._failed))]
-
-    def _refreshed(self, key: tuple[str, str], _task: asyncio.Task[None]) -> None:
-        self._refreshing.pop(key, None)
-
-    def _discover(self, scope: str, label: str) -> asyncio.Task[None]:
-        key = (scope, label)
-        task = self._refreshing.get(key)
-        if task is None:
-            task = asyncio.create_task(self._fetch(label))  # inherits the tenant (contextvar)
-            self._refreshing[key] = task
-            task.add_done_callback(functools.partial(self._refreshed, key))
-        return task
+    async def _fetch(self, key: tuple[str, str]) -> tuple[str, ...]:
+        label = key[1]  # key[0], the tenant scope, is whose headers the call carries
+        reply = await self.backend.request(
+            "GET", f"/api/v1/label/{label}/values", timeout_s=10, endpoint="/api/v1/label/:name/values"
+        )
+        data = orjson.loads(reply.body).get("data") if reply.ok else None
+        if not isinstance(data, list):
+            raise PromError("unavailable", f"could not discover the values of shard label {label} "
+                            f"(HTTP {reply.status})")
+        return tuple(sorted(str(v) for v in data))
 
     async def get(self, labels: Sequence[str]) -> dict[str, tuple[str, ...]]:
+        """The values of these labels that are known or could be discovered now (a label whose
+        discovery failed is left out: the planner then does not shard by it)."""
         scope = tenant_scope()
-        now = time.monotonic()
-        missing = [lb for lb in labels if (scope, lb) not in self._values
-                   and now - self._failed.get((scope, lb), -math.inf) > self.RETRY_AFTER_FAILURE_S]
-        if missing:
-            # Concurrent first queries share one discovery per label.
-            await asyncio.gather(*(asyncio.shield(self._discover(scope, lb)) for lb in missing))
-        now = time.monotonic()
-        for lb in labels:
-            key = (scope, lb)
-            entry = self._values.get(key)
-            if entry and now - entry[0] > self.ttl_s and key not in self._refreshing \
-                    and now - self._failed.get(key, -math.inf) > self.RETRY_AFTER_FAILURE_S:
-                self._discover(scope, lb)
-        return {lb: self._values[(scope, lb)][1] for lb in labels if (scope, lb) in self._values}
+        got = await self.values.get_many((scope, lb) for lb in labels)
+        return {lb: vals for (_, lb), vals in got.items()}
 
 
 class Planner:
@@ -135,13 +104,24 @@ class Planner:
         self.config = config
         self.settings = planner_settings(config)
         self.shard_values = ShardValues(primary, config.planner.shard_values_ttl)
+        self.series_counts = SeriesCounts(primary, config.planner.shard_values_ttl)
 
     async def plan(self, req: QueryRequest) -> QueryPlan:
         values: Mapping[str, Sequence[str]] = {}
+        settings = self.settings
         max_samples = self.config.limits.max_samples
-        if self.settings.shards > 1 or max_samples:
-            values = await self._shard_values()
-        plan = make_plan(req, self.settings, values, self.day_cells_until())
+        if settings.shards > 1 or max_samples:
+            if settings.auto_shards or max_samples:
+                # The estimate sizes shards / guards the samples: from real series counts
+                # where they can be learnt (else series_per_node), asked beside the values.
+                values, counts = await asyncio.gather(
+                    self._shard_values(),
+                    self.series_counts.get(metrics_to_count(req, settings), req.span.end_ms))
+                if counts:
+                    settings = replace(settings, series_counts=tuple(sorted(counts.items())))
+            else:
+                values = await self._shard_values()
+        plan = make_plan(req, settings, values, self.day_cells_until())
         refusal = samples_limit_message(plan, max_samples)  # limits.max_samples (0: off)
         if refusal is not None:
             raise PromError("execution", refusal)
