@@ -93,7 +93,7 @@ def _setup(args: argparse.Namespace, cfg: Config) -> None:
     # and for a hybrid fleet the kernels promaccel evaluates above the stores.
     took = warm_up()
     if len(cfg.backends) > 1 or any(b.holds is not None for b in cfg.backends):
-        from .result.warmup import warm_up as warm_up_cross_store
+        from .engine.warmup import warm_up as warm_up_cross_store
 
         took += warm_up_cross_store()
     if took > 2:
@@ -268,7 +268,7 @@ def _serve(args: argparse.Namespace, argv: list[str]) -> int:
         from uvicorn.supervisors import multiprocess
 
         subprocess.run([sys.executable, "-c", "from proxy.codec.warmup import warm_up; warm_up(); "
-                        "from proxy.result.warmup import warm_up as w; w()"], check=False)
+                        "from proxy.engine.warmup import warm_up as w; w()"], check=False)
         os.environ[WORKER_ARGV_ENV] = json.dumps(argv)
         if cfg.cache.enabled and not cfg.cache.redis_url:
             print(f"promaccel: {args.workers} workers without Redis: each worker has its own "

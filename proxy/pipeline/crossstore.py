@@ -18,19 +18,14 @@ operator -- never a guess."""
 from __future__ import annotations
 
 import asyncio
-import functools
-import os
 import re
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from shardplanner.analysis import ABSENT_LIKE, absent_like, pinned_at
 from shardplanner.ast import (
-    COMPARISON_OPS,
-    SET_OPS,
     Agg,
     Binary,
     Call,
@@ -44,7 +39,7 @@ from shardplanner.ast import (
     transform,
 )
 from shardplanner.explain import reason_code
-from shardplanner.functions import AT_UNSAFE, unknown_names
+from shardplanner.functions import unknown_names
 from shardplanner.holdings import ALL_METRICS, BackendHolding
 from shardplanner.names import NO_METRIC, fixed_names, needs_names, per_series_selector, resolve_names, with_names
 from shardplanner.plan import Plan, QueryRequest, Span
@@ -53,19 +48,36 @@ from shardplanner.routing import listed_names, served_segments
 from shardplanner.serialize import to_promql
 
 from ..backends import Backend
+from ..engine.aggregate import AGGREGATIONS
+from ..engine.evaluator import constant, evaluate_off_loop, param_args, range_arg
+from ..engine.functions import INSTANT_FUNCTIONS
+from ..engine.local_ops import grid_of
+from ..engine.nodes import (
+    AbsentNode,
+    AggregateNode,
+    BinaryNode,
+    CallNode,
+    Inner,
+    Leaf,
+    Literal,
+    Node,
+    PinnedNode,
+    RawWindow,
+    SegmentsNode,
+    SubqueryNode,
+    UnionNode,
+    WindowNode,
+    children,
+    leaves,
+)
+from ..engine.windows import RANGE_FUNCTIONS
+from ..engine.work import WorkBudget
 from ..errors import PromError
 from ..hybrid import Router
 from ..metrics import METRICS
 from ..result import QueryResult
-from ..result.aggregate import AGGREGATIONS, evaluate_aggregation
-from ..result.binop import evaluate_binary
-from ..result.functions import INSTANT_FUNCTIONS, evaluate_call
-from ..result.stepwise import scalar_steps
-from ..result.windows import RANGE_FUNCTIONS, eval_range_function
-from ..result.work import WorkBudget
 from .ask import Asker
 from .eval_interval import EvaluationIntervals
-from .local_ops import absent_or_scalar, as_answer, check_distinct, grid_of, joined, restamp
 from .names import MetricNames
 from .planning import Planner
 from .raw_fetch import RawCache, fetch_raw, window_parts
@@ -74,55 +86,16 @@ from .stage import Stage
 from .values import Answer, PieceFailed, Query
 
 _ABSENT_LIKE = ABSENT_LIKE
-# Evaluation runs in these threads, never on the event loop (the window kernels release the
-# GIL; numpy mostly does). A node whose inputs hold fewer samples than INLINE_SAMPLES is
-# evaluated in place: a thread hop costs more than the work.
-_POOL = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="promaccel-eval")
-INLINE_SAMPLES = 20_000
 
 
-async def off_loop(budget: WorkBudget, fn: Callable[[], Any], inline: bool = False) -> Any:
-    """`fn()` in an evaluation thread; a cancellation (the query's deadline, a client gone)
-    cancels the budget, so the thread stops at its next check."""
-    if inline:
-        budget.check()
-        return fn()
-    try:
-        return await asyncio.get_running_loop().run_in_executor(_POOL, fn)
-    except asyncio.CancelledError:
-        budget.cancel()
-        raise
-
-
-@dataclass(frozen=True)
-class Sub:
+@dataclass(frozen=True, eq=False)
+class Sub(Leaf):
     """A subtree one backend (or an overlap, or a time split) answers: planned, and run from
-    Merge down like any query."""
+    Merge down like any query. A leaf of the engine's tree (proxy/engine/nodes.py)."""
 
-    req: QueryRequest
     plan: Plan
     route: PieceRoute
     extra: tuple[BackendHolding, ...] = ()  # holdings of names no store has (`_resolved`)
-
-
-@dataclass(frozen=True)
-class Op:
-    """What promaccel evaluates over `req`'s steps, above its arguments: `binary`, `absent`
-    (absent, absent_over_time, scalar), `aggregate`, `function`, `pinned` (an `@`-pinned
-    answer restamped at every step), `segments` (each arg answers a stretch of the steps),
-    `window` (a range function over raw samples; `reads`: (backend, from, to) stretches of
-    its window), `subquery` (a range function over its one arg, the inner expression
-    evaluated on the subquery's grid)."""
-
-    kind: str
-    node: Any
-    args: tuple[Step, ...]
-    req: QueryRequest
-    reads: tuple[tuple[str, int, int], ...] = ()
-    window: tuple[int, int] | None = None  # `window`: the samples' time, first to last (ms)
-
-
-Step = Sub | Op | float | str  # float: a number literal; str: a string literal
 
 
 class CrossStore:
@@ -162,7 +135,9 @@ class CrossStore:
             async with asyncio.timeout(q.timeout_s):
                 tree = await self.tree(q)
                 pieces = str(piece_count(tree))
-                result = await self._execute(tree, q, budget, cached)
+                answers, windows = await self._leaves(tree, q, cached)
+                result = await evaluate_off_loop(tree, answers, windows, budget,
+                                                 max_subquery_samples=self.max_window_samples)
         except TimeoutError:  # EvalCancelled too
             raise PromError("timeout", f"query timed out after {q.timeout_s:g}s") from None
         except PieceFailed as failed:
@@ -174,7 +149,7 @@ class CrossStore:
         return Answer(result=result, headers={"X-Promaccel-Pieces": pieces, "X-Cache": cache_status(cached)},
                       arrow=q.want_arrow)
 
-    async def tree(self, q: Query) -> Step:
+    async def tree(self, q: Query) -> Node:
         """The evaluation tree of `q` (routed: `q.router`, `q.whole` set); a PromError (422) for
         a query that cannot be answered exactly."""
         assert q.whole is not None and q.plan is not None and q.router is not None
@@ -183,7 +158,7 @@ class CrossStore:
             raise PromError("execution", reason)
         expr, router = await self._resolved(q.plan.expr, q.router)
         tree = await self._tree(expr, q.req, router, reason)
-        if isinstance(tree, (float, str)):
+        if isinstance(tree, Literal):
             raise PromError("execution", reason)
         return tree
 
@@ -211,14 +186,16 @@ class CrossStore:
         extra = (BackendHolding(self.backends[0].name, tuple(re.escape(n) for n in nowhere), primary=True),)
         return resolved, router.with_holdings(extra)
 
-    async def _tree(self, node: Any, req: QueryRequest, router: Router, reason: str) -> Step:
+    async def _tree(self, node: Any, req: QueryRequest, router: Router, reason: str) -> Node:
+        """The evaluation tree of `node` over `req`'s steps: the decision of what runs where,
+        one case per shape, in the order they are tried."""
         while isinstance(node, Paren):
             node = node.expr
         folded = constant(node)
         if folded is not None:
-            return folded
+            return Literal(folded)
         if isinstance(node, String):
-            return node.value
+            return Literal(node.value)
         if isinstance(node, Unary):  # -v: v * -1, the metric name dropped, as Prometheus does
             node = Binary("*", node.expr, Number(-1.0))
         span = req.span
@@ -234,8 +211,8 @@ class CrossStore:
             free = transform(node, lambda n: replace(n, at=None) if isinstance(n, Selector) else n)
             at_t = QueryRequest.instant(to_promql(free), pinned, req.lookback_ms)
             inner = await self._tree(free, at_t, router, reason)
-            if not isinstance(inner, (float, str)):
-                return Op("pinned", node, (inner,), req)
+            if not isinstance(inner, Literal):
+                return PinnedNode(node, req, inner)
         if r.kind != "unroutable" and not (merges(r) and absent_like(node)):
             # A scalar-typed side (scalar(x), time()) comes back as a one-series matrix for a
             # range query; evaluate_binary knows it is a scalar from the expression.
@@ -249,16 +226,16 @@ class CrossStore:
                 parts = await asyncio.gather(*(
                     self._tree(node, replace(req, span=Span.range(a, b, span.step_ms)), router, reason)
                     for a, b, _ in segs))
-                return Op("segments", node, tuple(parts), req)
+                return SegmentsNode(node, req, tuple(parts))
         groups = self._name_groups(node, req, router)
         if groups is not None:
             # Series of different metrics held by different stores: a union of each store's.
             parts = await asyncio.gather(*(self._tree(n, req, router, reason) for n in groups))
-            return Op("union", node, tuple(parts), req)
+            return UnionNode(node, req, tuple(parts))
         if isinstance(node, Binary):
             lhs, rhs = await asyncio.gather(self._tree(node.lhs, req, router, reason),
                                             self._tree(node.rhs, req, router, reason))
-            return Op("binary", node, (lhs, rhs), req)
+            return BinaryNode(node, req, lhs, rhs)
         if isinstance(node, Call) and node.func in _ABSENT_LIKE and len(node.args) == 1:
             # absent()/scalar() over backends that are merged: the merge cannot see that an
             # "absent" from a backend in an outage is wrong, so the argument is merged first
@@ -266,20 +243,20 @@ class CrossStore:
             arg = node.args[0]
             inner_expr = Call("count_over_time", (arg,)) if node.func == "absent_over_time" else arg
             inner = await self._tree(inner_expr, req, router, reason)
-            if not isinstance(inner, (float, str)):
-                return Op("absent", node, (inner,), req)
+            if not isinstance(inner, Literal):
+                return AbsentNode(node, req, inner)
         if isinstance(node, Call) and node.func in RANGE_FUNCTIONS:
             return await self._range_function(node, req, router, reason)
         if isinstance(node, Call) and node.func in INSTANT_FUNCTIONS and not _stamps_samples(node):
             args = await asyncio.gather(*(self._tree(a, req, router, reason) for a in node.args))
-            return Op("function", node, tuple(args), req)
+            return CallNode(node, req, tuple(args))
         if isinstance(node, Agg) and node.op in AGGREGATIONS:
             # The parameter may be any expression (`topk(2 * 3, ...)`, `quantile(scalar(y), ...)`):
             # evaluated as its own tree, a scalar per step (engine.go aggregation()).
             parts = await asyncio.gather(self._tree(node.expr, req, router, reason),
                                          *([self._tree(node.param, req, router, reason)] if node.param else []))
-            if not isinstance(parts[0], (float, str)):
-                return Op("aggregate", node, tuple(parts), req)
+            if not isinstance(parts[0], Literal):
+                return AggregateNode(node, req, parts[0], parts[1] if len(parts) > 1 else None)
         if isinstance(node, (MatrixSel, Subquery)) and not span.is_range:
             # A bare range vector at the top of an instant query: its samples, as they are.
             return await self._range_function(Call("__range__", (node,)), req, router, reason)
@@ -306,20 +283,21 @@ class CrossStore:
             return None
         return [with_names(node, sel, tuple(g)) for g in groups.values()]
 
-    async def _range_function(self, node: Call, req: QueryRequest, router: Router, reason: str) -> Step:
+    async def _range_function(self, node: Call, req: QueryRequest, router: Router, reason: str) -> Node:
         """`func(x[r])` / `func(expr[r:s])` whose window no single backend holds: over raw
         samples from each store (`window`), or over the inner expression evaluated on the
         subquery's grid (`subquery`); the other arguments must be number literals."""
-        arg = _range_arg(node)
+        arg = range_arg(node)
         grid = grid_of(req)
-        params = tuple(await asyncio.gather(*(self._tree(a, req, router, reason) for a in _param_args(node))))
+        params = tuple(await asyncio.gather(*(self._tree(a, req, router, reason) for a in param_args(node))))
         if (isinstance(arg, MatrixSel) and isinstance(arg.selector.at, (int, type(None)))
                 and any(h.holds_metric(arg.selector.metric_name) for h in router.holdings)):
             sel = arg.selector
             first_t, last_t = _read_times(node.func, sel.at, grid)
             lo = first_t - sel.offset_ms - arg.range_ms
             hi = last_t - sel.offset_ms
-            return Op("window", node, params, req, tuple(window_parts(router.holdings, sel, lo, hi)), (lo, hi))
+            window = RawWindow(sel, tuple(window_parts(router.holdings, sel, lo, hi)), lo, hi)
+            return WindowNode(node, req, window, params)
         if isinstance(arg, Subquery) and isinstance(arg.at, (int, type(None))):
             # `[5m:]`: the primary's global.evaluation_interval, as Prometheus steps it.
             step = arg.step_ms or await self.intervals.of(self.backends[0])
@@ -337,106 +315,36 @@ class CrossStore:
             if start <= end:
                 inner_req = QueryRequest.range(to_promql(arg.expr), start, end, step, req.lookback_ms)
                 inner = await self._tree(arg.expr, inner_req, router, reason)
-                if not isinstance(inner, (float, str)):
-                    return Op("subquery", node, (inner, *params), req)
+                if not isinstance(inner, Literal):
+                    return SubqueryNode(node, req, inner, params)
         raise PromError("execution", reason)
 
-    async def _execute(self, step: Step, q: Query, budget: WorkBudget,
-                       cached: list[str]) -> QueryResult | float | str:
-        if isinstance(step, (float, str)):
-            return step
-        if isinstance(step, Sub):
-            answer = await self.run(replace(q, req=step.req, plan=step.plan, whole=None,
-                                            router=router_for(self.backends, step.req, step.plan, step.extra)))
-            assert answer.result is not None
-            cached.append(answer.headers.get("X-Cache", "MISS"))
-            return answer.result
-        args = await asyncio.gather(*(self._execute(a, q, budget, cached) for a in step.args))
-        if step.kind == "window":
-            return await self._window(step, q, budget, args, cached)
-        if step.kind == "subquery":
-            inner = args[0]
-            bound = self.max_window_samples
-            if isinstance(inner, QueryResult) and bound and inner.n_samples > bound:
-                raise PromError("execution", f"the subquery {to_promql(_range_arg(step.node))} gathers "
-                                f"{inner.n_samples:,} samples, more than the query may gather ({bound:,}: "
-                                "limits.max_window_samples, or limits.max_samples if lower)")
-        size = sum(a.n_samples for a in args if isinstance(a, QueryResult))
-        out: QueryResult | float = await off_loop(budget, functools.partial(self._evaluate_within, step, args, budget),
-                              inline=size < INLINE_SAMPLES)
-        return out
+    async def _leaves(self, tree: Node, q: Query, cached: list[str]
+                      ) -> tuple[dict[Leaf, QueryResult], dict[RawWindow, QueryResult]]:
+        """Every leaf of `tree`, fetched at once: each subquery through the planned path
+        (`self.run`), each raw window from the stores that hold its stretches; `cached` gets
+        each one's X-Cache."""
+        found, raws = leaves(tree)
+        subs = [s for s in found if isinstance(s, Sub)]  # the only leaves this stage builds
+        got = await asyncio.gather(*(self._subquery(s, q) for s in subs), *(self._window(w, q) for w in raws))
+        cached += [c for _, c in got]
+        values = [r for r, _ in got]
+        return dict(zip(subs, values[:len(subs)])), dict(zip(raws, values[len(subs):]))
 
-    async def _window(self, step: Op, q: Query, budget: WorkBudget, params: list[Any],
-                      cached: list[str]) -> QueryResult:
-        node: Call = step.node
-        arg = _range_arg(node)
-        assert isinstance(arg, MatrixSel)
+    async def _subquery(self, sub: Sub, q: Query) -> tuple[QueryResult, str]:
+        answer = await self.run(replace(q, req=sub.req, plan=sub.plan, whole=None,
+                                        router=router_for(self.backends, sub.req, sub.plan, sub.extra)))
+        assert answer.result is not None
+        return answer.result, answer.headers.get("X-Cache", "MISS")
+
+    async def _window(self, window: RawWindow, q: Query) -> tuple[QueryResult, str]:
         by_name = {b.name: b for b in self.backends}
         cache = self.raw_cache if q.cache is not None else None  # the query may use the cache
         chunks: dict[str, int] = {}
-        raw = await fetch_raw(arg.selector, step.reads, by_name, q.timeout_s, self.max_window_samples, cache,
+        raw = await fetch_raw(window.selector, window.reads, by_name, q.timeout_s, self.max_window_samples, cache,
                               tally=chunks)
         hits, misses = chunks.get("hit", 0), chunks.get("miss", 0)
-        cached.append("HIT" if hits and not misses else "MISS" if misses and not hits else "PARTIAL")
-
-        def evaluate() -> QueryResult:
-            out = range_call(node, raw, params, step.req, arg.range_ms, arg.selector.offset_ms, arg.selector.at,
-                             budget)
-            budget.series(out.n_series, to_promql(node))
-            return out
-
-        return await off_loop(budget, evaluate, inline=raw.n_samples < INLINE_SAMPLES)  # type: ignore[no-any-return]
-
-    @classmethod
-    def _evaluate_within(cls, step: Op, args: list[QueryResult | float | str],
-                         budget: WorkBudget) -> QueryResult | float:
-        """`_evaluate` charged to `budget`: its input samples before it runs (a 422 over
-        limits.max_eval_work), its output's after (and its series against max_eval_series)."""
-        what = operator_text(step)
-        steps = len(grid_of(step.req))
-        work = sum(a.n_samples if a.result_type == "matrix" else a.n_series * steps
-                   for a in args if isinstance(a, QueryResult))
-        budget.charge(work, what)
-        out = cls._evaluate(step, args, budget)  # Prometheus's refusals: EvalError, a 422
-        if isinstance(out, QueryResult):
-            budget.series(out.n_series, what)
-            budget.charge(out.n_samples, what)
-        return out
-
-    @staticmethod
-    def _evaluate(step: Op, args: list[QueryResult | float | str], budget: WorkBudget) -> QueryResult | float:
-        node, req = step.node, step.req
-        if step.kind == "binary":
-            lhs, rhs = args
-            assert not isinstance(lhs, str) and not isinstance(rhs, str)
-            return evaluate_binary(node, lhs, rhs)
-        if step.kind == "function":
-            return evaluate_call(node, args, grid_of(req), req.is_range)
-        if step.kind in ("segments", "union"):
-            assert all(isinstance(a, QueryResult) for a in args)
-            results = [a for a in args if isinstance(a, QueryResult)]
-            if step.kind == "union":
-                check_distinct(results)
-            return joined(results, req)
-        inner = args[0]
-        assert isinstance(inner, QueryResult)  # tree() never puts a literal under these
-        if step.kind == "subquery":
-            sub = _range_arg(node)
-            assert isinstance(sub, Subquery)
-            return range_call(node, inner, args[1:], req, sub.range_ms, sub.offset_ms, sub.at, budget)
-        if step.kind == "pinned":
-            return restamp(inner, req)
-        if step.kind == "absent":
-            return absent_or_scalar(node, inner, req)
-        param = args[1] if len(args) > 1 else None
-        assert not isinstance(param, str) or node.op == "count_values"
-        return evaluate_aggregation(node, inner, param, grid_of(req), req.is_range)
-
-
-# The argument of each range function that is its range vector (functions.go's signatures);
-# the others are its scalar parameters, in call order. `__range__`: a bare range vector at the
-# top of an instant query (its samples are the answer).
-_MATRIX_ARG = {"quantile_over_time": 1}
+        return raw, "HIT" if hits and not misses else "MISS" if misses and not hits else "PARTIAL"
 
 
 def _read_times(func: str, at: Any, grid: Any) -> tuple[int, int]:
@@ -449,72 +357,6 @@ def _read_times(func: str, at: Any, grid: Any) -> tuple[int, int]:
     if not isinstance(at, int):
         return int(grid[0]), int(grid[-1])
     return at, at
-
-
-def _range_arg(node: Call) -> Any:
-    """A range function's range-vector argument, parentheses off."""
-    i = _MATRIX_ARG.get(node.func, 0)
-    arg: Any = node.args[i] if i < len(node.args) else None
-    while isinstance(arg, Paren):
-        arg = arg.expr
-    return arg
-
-
-def _param_args(node: Call) -> list[Any]:
-    """A range function's scalar parameters (quantile, predict_linear's t, holt_winters's
-    factors): expressions, evaluated per step."""
-    i = _MATRIX_ARG.get(node.func, 0)
-    return [a for j, a in enumerate(node.args) if j != i]
-
-
-def constant(node: Any) -> float | None:
-    """The value of a number-only arithmetic expression (`2 * 3`, `(3)`, `-1`, `99/100`),
-    folded here with binop's scalarBinop (Go's arithmetic, math.Pow and math.Mod included)
-    instead of asking a backend; None for anything else (comparisons: the backend's
-    business)."""
-    while isinstance(node, Paren):
-        node = node.expr
-    if isinstance(node, Number):
-        return node.value
-    if isinstance(node, Unary):
-        v = constant(node.expr)
-        return None if v is None else -v
-    if isinstance(node, Binary) and node.op not in COMPARISON_OPS and node.op not in SET_OPS:
-        a = constant(node.lhs)
-        b = constant(node.rhs) if a is not None else None
-        if a is None or b is None:
-            return None
-        out = evaluate_binary(node, a, b)
-        return out if isinstance(out, float) else None
-    return None
-
-
-def range_call(node: Call, samples: QueryResult, params: Sequence[Any], req: QueryRequest, range_ms: int,
-               offset_ms: int, at: Any, budget: WorkBudget) -> QueryResult:
-    """`node.func` over a range vector whose samples are `samples` (a window's raw samples, or
-    a subquery's inner answer), at every step of `req`, as engine.go evaluates it:
-    - `__range__` (a bare range vector at the top of an instant query): the samples themselves;
-    - without `@`: the window walks with the steps;
-    - with `@ T`: every step reads the same window, ending at T - offset; the function is
-      evaluated once at T and its answer restamped at every step (step invariant), except for
-      the AtModifierUnsafeFunctions (predict_linear), which are evaluated at each step."""
-    grid = grid_of(req)
-    if node.func == "__range__":
-        return samples
-    steps = [scalar_steps(p, grid) for p in params]
-    if at is None:
-        out = eval_range_function(node.func, steps, samples, grid, range_ms, offset_ms=offset_ms, budget=budget)
-        return as_answer(out, req)
-    if node.func in AT_UNSAFE:
-        # engine.go setOffsetForAtModifier: `@ T` becomes the offset (start - T) at every step.
-        out = eval_range_function(node.func, steps, samples, grid, range_ms, offset_ms=offset_ms + int(grid[0]) - at,
-                                  budget=budget)
-        return as_answer(out, req)
-    # Step invariant (engine.go wraps it in a StepInvariantExpr): evaluated once, at the start
-    # (the parameters' values there), and its answer stamped at every step.
-    once = eval_range_function(node.func, [p[:1] for p in steps], samples, [at], range_ms,
-                               offset_ms=offset_ms, budget=budget)
-    return restamp(as_answer(once, QueryRequest.instant("", at, req.lookback_ms)), req)
 
 
 def _stamps_samples(node: Call) -> bool:
@@ -536,83 +378,36 @@ def cache_status(parts: Sequence[str]) -> str:
     return "PARTIAL"
 
 
-def piece_count(step: Step) -> int:
+def piece_count(tree: Node) -> int:
     """The pieces the subqueries of a tree plan (X-Promaccel-Pieces of its answer)."""
-    if isinstance(step, Sub):
-        return len(step.plan.pieces)
-    if isinstance(step, Op):
-        return sum(piece_count(a) for a in step.args)
-    return 0
+    return sum(len(s.plan.pieces) for s in subqueries(tree))
 
 
-def subqueries(step: Step) -> list[Sub]:
+def subqueries(tree: Node) -> list[Sub]:
     """The subtrees of a tree that run as queries of their own, left to right."""
-    if isinstance(step, Sub):
-        return [step]
-    if isinstance(step, Op):
-        return [s for a in step.args for s in subqueries(a)]
-    return []
+    return [s for s in leaves(tree)[0] if isinstance(s, Sub)]
 
 
-def uncovered(op: Op) -> list[tuple[int, int]]:
+def uncovered(node: WindowNode) -> list[tuple[int, int]]:
     """The stretches of a window's time that no store holds (read by nobody: no data there,
     as in a Prometheus with that retention)."""
-    if op.window is None:
-        return []
-    lo, hi = op.window
-    out: list[tuple[int, int]] = []
-    at = lo
-    for _, a, b in sorted(op.reads, key=lambda r: r[1]):
-        if a > at:
-            out.append((at, a - 1))
-        at = max(at, b + 1)
-    if at <= hi:
-        out.append((at, hi))
-    return out
+    return node.window.uncovered()
 
 
-def tree_backends(step: Step) -> list[str]:
-    """Every backend a tree asks: its subqueries' and its windows' raw reads'."""
+def tree_backends(tree: Node) -> list[str]:
+    """Every backend a tree asks: its subqueries' and its windows' raw reads', left to right."""
     out: dict[str, None] = {}
-    if isinstance(step, Sub):
-        out.update(dict.fromkeys(step.route.backends))
-    elif isinstance(step, Op):
-        out.update(dict.fromkeys(b for b, _, _ in step.reads))
-        for a in step.args:
-            out.update(dict.fromkeys(tree_backends(a)))
+    if isinstance(tree, Sub):
+        out.update(dict.fromkeys(tree.route.backends))
+    elif isinstance(tree, WindowNode):
+        out.update(dict.fromkeys(b for b, _, _ in tree.window.reads))
+    for a in children(tree):
+        out.update(dict.fromkeys(tree_backends(a)))
     return list(out)
 
 
-def operator_text(op: Op) -> str:
-    """What promaccel evaluates at `op`, in PromQL words: `* on (Hostname) group_left ()`,
+def operator_text(node: Inner) -> str:
+    """What promaccel evaluates at `node`, in PromQL words: `* on (Hostname) group_left ()`,
     `sum by (namespace)`, `topk(5)`, `absent`, `@ 1761955200`, `increase(...[1h])`,
     `max_over_time(...[30m:1m])`."""
-    node = op.node
-    if op.kind == "binary":
-        text = str(node.op) + (" bool" if node.return_bool else "")
-        m = node.matching
-        if m is not None:
-            text += f" {'on' if m.on else 'ignoring'} ({', '.join(m.labels)})"
-            if m.group is not None:
-                text += f" group_{m.group} ({', '.join(m.include)})"
-        return text
-    if op.kind == "aggregate":
-        text = str(node.op)
-        if node.grouping is not None:
-            text += f" {'without' if node.without else 'by'} ({', '.join(node.grouping)})"
-        if isinstance(node.param, Number):
-            text += f" (param {node.param.value:g})"
-        elif isinstance(node.param, String):
-            text += f" (param {node.param.value!r})"
-        return text
-    if op.kind in ("absent", "function"):
-        return str(node.func)
-    if op.kind == "segments":
-        return "the steps no single backend answers, joined to the steps routed as usual"
-    if op.kind == "union":
-        return "the union of metrics held by different stores"
-    if op.kind in ("window", "subquery"):
-        return to_promql(node)
-    at = pinned_at(node)
-    assert at is not None
-    return f"@ {at / 1000:g}"
+    return node.text()

@@ -19,9 +19,10 @@ from ..backends.tenancy import scope as tenant_scope
 from ..cache import PieceStore, make_store
 from ..cache.revalidate import Revalidator
 from ..config import Config
+from ..engine.nodes import Inner, Literal, Node, WindowNode, children
 from ..errors import PromError
 from ..hybrid import Router
-from .crossstore import Op, Step, Sub, operator_text, piece_count, subqueries, tree_backends, uncovered
+from .crossstore import Sub, operator_text, piece_count, subqueries, tree_backends, uncovered
 from .path import Parts, build
 from .routing import check_mergeable, goes_cross_store, router_for, whole_route
 from .stage import Stage
@@ -188,7 +189,7 @@ class QueryService:
             },
         }
 
-    async def _explain_cross_store(self, data: dict[str, Any], q: Query, tree: Step) -> dict[str, Any]:
+    async def _explain_cross_store(self, data: dict[str, Any], q: Query, tree: Node) -> dict[str, Any]:
         """Explain of a query CrossStore evaluates: the whole query's own pieces are not what
         runs; the subqueries' pieces are (X-Promaccel-Pieces counts them)."""
         subs = subqueries(tree)
@@ -306,22 +307,23 @@ def _unheld(router: Router, route: PieceRoute, expr: Any, req: QueryRequest) -> 
     return unheld_reads(expr, route, router.holdings, req.span.start_ms, req.span.end_ms, router.lookback_ms)
 
 
-def _tree_data(step: Step, described: dict[int, dict[str, Any]]) -> dict[str, Any]:
+def _tree_data(node: Node, described: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """A cross-store tree as explain shows it: `{"subquery": {...}}` where one backend (or an
     overlap, or a time split) answers, `{"evaluate": "<operator>", "by": "promaccel", "args":
-    [...]}` above them, `{"number": v}` for literals."""
-    if isinstance(step, Sub):
-        return {"subquery": described[id(step)]}
-    if isinstance(step, Op):
-        span = step.req.span
-        out: dict[str, Any] = {"evaluate": operator_text(step), "kind": step.kind, "by": "promaccel",
+    [...]}` above them, `{"number": v}` / `{"string": v}` for literals."""
+    if isinstance(node, Sub):
+        return {"subquery": described[id(node)]}
+    if isinstance(node, Inner):
+        span = node.req.span
+        out: dict[str, Any] = {"evaluate": operator_text(node), "kind": node.KIND, "by": "promaccel",
                                "steps": [span.start_ms, span.end_ms] if span.is_range else [span.start_ms],
-                               "args": [_tree_data(a, described) for a in step.args]}
-        if step.kind == "window":
+                               "args": [_tree_data(a, described) for a in children(node)]}
+        if isinstance(node, WindowNode):
             # Where the window's raw samples come from; time nobody holds is not read.
-            out["reads"] = [{"backend": b, "from_ms": a, "to_ms": z} for b, a, z in step.reads]
-            out["uncovered"] = [{"from_ms": a, "to_ms": z} for a, z in uncovered(step)]
+            out["reads"] = [{"backend": b, "from_ms": a, "to_ms": z} for b, a, z in node.window.reads]
+            out["uncovered"] = [{"from_ms": a, "to_ms": z} for a, z in uncovered(node)]
         return out
-    if isinstance(step, str):
-        return {"string": step}
-    return {"number": step}
+    assert isinstance(node, Literal)
+    if isinstance(node.value, str):
+        return {"string": node.value}
+    return {"number": node.value}

@@ -1,4 +1,4 @@
-"""proxy.result.functions / proxy.result.aggregate against a real Prometheus 2.42.
+"""proxy.engine.functions / proxy.engine.aggregate against a real Prometheus 2.42.
 
 For every case, the arguments of the outermost call or aggregation are asked of Prometheus on
 their own (a range query over an unaligned start with an odd step, and instant queries at an
@@ -29,10 +29,10 @@ import pytest
 
 from proxy.codec.json_decode import decode_prometheus_json
 from proxy.codec.json_encode import encode_prometheus_json
+from proxy.engine.aggregate import AGGREGATIONS, evaluate_aggregation
+from proxy.engine.errors import EvalError
+from proxy.engine.functions import INSTANT_FUNCTIONS, evaluate_call
 from proxy.result import QueryResult
-from proxy.result.aggregate import AGGREGATIONS, evaluate_aggregation
-from proxy.result.functions import INSTANT_FUNCTIONS, evaluate_call
-from proxy.result.stepwise import EvalError
 from shardplanner.ast import Agg, Call, Number, String, unparen
 from shardplanner.promql import parse
 from shardplanner.serialize import to_promql

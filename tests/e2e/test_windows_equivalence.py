@@ -1,4 +1,4 @@
-"""proxy.result.windows against a real Prometheus 2.42, the way hybrid evaluation will use it:
+"""proxy.engine.windows against a real Prometheus 2.42, the way hybrid evaluation will use it:
 the raw samples of a selector come from Prometheus itself (the matrix selector `sel[W]` asked
 as an instant query at the last evaluation time, W = range + offset + the span of the
 evaluation times), eval_range_function computes `func(sel[range] offset o)` over the step
@@ -31,8 +31,8 @@ import pytest
 from loadtests.compare import answer_kind, diff_answers
 from proxy.codec.json_decode import decode_prometheus_json
 from proxy.codec.json_encode import encode_prometheus_json
+from proxy.engine.windows import RANGE_FUNCTIONS, eval_range_function, subquery_times
 from proxy.errors import PromError
-from proxy.result.windows import RANGE_FUNCTIONS, eval_range_function, subquery_times
 from tests.equivalence import TALLY
 
 pytestmark = pytest.mark.prom

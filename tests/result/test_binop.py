@@ -1,4 +1,4 @@
-"""proxy.result.binop in-process: hand-built answers for each rule of Prometheus's binary operators,
+"""proxy.engine.binop in-process: hand-built answers for each rule of Prometheus's binary operators,
 Go's float functions, the error texts, and a randomised comparison of the vectorised join
 with the one-step transcription of VectorBinop it defers to."""
 
@@ -11,8 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from proxy.engine.binop import evaluate_binary, is_scalar_expr
+from proxy.engine.errors import EvalError
+from proxy.engine.matching import Matching, binop_step
 from proxy.result import QueryResult
-from proxy.result.binop import EvalError, _binop_step, _Matching, evaluate_binary, is_scalar_expr
 from proxy.result.golang import go_atan2, go_pow, go_quote
 from shardplanner.ast import Binary, Call, Number, Paren, Selector, Unary, unparen
 from shardplanner.promql import parse
@@ -412,7 +414,7 @@ def _random_side(rng: random.Random, name: str, n_steps: int) -> QueryResult:
 
 
 def _reference(n: Binary, lhs: QueryResult, rhs: QueryResult, n_steps: int) -> dict[Any, Any] | str:
-    m = _Matching.of(n)
+    m = Matching.of(n)
     out: dict[Any, Any] = {}
     for st in range(n_steps):
         t = T0 + st * STEP
@@ -429,7 +431,7 @@ def _reference(n: Binary, lhs: QueryResult, rhs: QueryResult, n_steps: int) -> d
                 res = lv + [(lab, v) for lab, v in rv if m.signature(lab) not in lsig]
         else:
             try:
-                res = _binop_step(n.op, n.return_bool, m, lv, rv)
+                res = binop_step(n.op, n.return_bool, m, lv, rv)
             except EvalError as exc:
                 return exc.message
         for lab, v in res:

@@ -1,4 +1,4 @@
-"""proxy.result.binop against a real Prometheus 2.42: each side of `lhs op rhs` is queried alone,
+"""proxy.engine.binop against a real Prometheus 2.42: each side of `lhs op rhs` is queried alone,
 decoded, combined by `evaluate_binary`, encoded, and compared with Prometheus's own answer to
 the whole expression (instant at two times, and a range query at step 5m over 4 hours).
 
@@ -23,8 +23,9 @@ import pytest
 from loadtests.compare import diff_answers
 from proxy.codec.json_decode import decode_prometheus_json
 from proxy.codec.json_encode import encode_prometheus_json, format_value
+from proxy.engine.binop import evaluate_binary
+from proxy.engine.errors import EvalError
 from proxy.result import QueryResult
-from proxy.result.binop import EvalError, evaluate_binary
 from shardplanner.ast import Binary, Number, unparen
 from shardplanner.promql import parse
 

@@ -1,4 +1,4 @@
-"""proxy.result.functions / aggregate / histogram / gosort in-process: edge cases (NaN, Inf,
+"""proxy.engine.functions / aggregate / histogram / gosort in-process: edge cases (NaN, Inf,
 -0, empty inputs, duplicate label sets, bad parameters) against Prometheus 2.42's code paths.
 Expected values come from Go's definitions (cited per test); the real-Prometheus comparison is
 tests/e2e/test_functions_equivalence.py."""
@@ -11,14 +11,14 @@ import random
 import numpy as np
 import pytest
 
+from proxy.engine.aggregate import AGGREGATIONS, evaluate_aggregation
+from proxy.engine.errors import EvalError
+from proxy.engine.functions import INSTANT_FUNCTIONS, evaluate_call
+from proxy.engine.histogram import go_parse_float
 from proxy.result import QueryResult
-from proxy.result.aggregate import AGGREGATIONS, evaluate_aggregation
-from proxy.result.functions import INSTANT_FUNCTIONS, evaluate_call
 from proxy.result.golang import go_format_f, go_format_v, go_max, go_min
 from proxy.result.gomath import go_log, go_sin
 from proxy.result.gosort import go_search, go_sort, heap_pop, heap_push
-from proxy.result.histogram import go_parse_float
-from proxy.result.stepwise import EvalError
 from shardplanner.ast import Agg, Call
 from shardplanner.promql import parse
 

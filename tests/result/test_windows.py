@@ -1,4 +1,4 @@
-"""proxy.result.windows in-process: edge cases worked out from Prometheus 2.42's rules, and
+"""proxy.engine.windows in-process: edge cases worked out from Prometheus 2.42's rules, and
 the compiled kernels against `_reference`, a plain-Python transcription of
 promql/functions.go that reads every window from scratch (no reset index, prefix sums or
 sliding sorted buffer, no shared window walk). Python floats are IEEE doubles operated on in
@@ -13,9 +13,9 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
+from proxy.engine.windows import RANGE_FUNCTIONS, eval_range_function, go_duration_seconds, subquery_times
 from proxy.errors import PromError
 from proxy.result import QueryResult
-from proxy.result.windows import RANGE_FUNCTIONS, eval_range_function, go_duration_seconds, subquery_times
 
 # -- the reference: Go's functions, one window at a time ------------------------------------
 
@@ -416,8 +416,8 @@ def _wide(n_series: int = 12, per: int = 2880) -> QueryResult:
 @pytest.mark.parametrize("func,params", [("max_over_time", []), ("rate", []), ("holt_winters", [0.3, 0.6]),
                                          ("quantile_over_time", [0.9]), ("changes", [])])
 def test_chunked_evaluation_is_the_same_answer(func: str, params: list[float], monkeypatch: pytest.MonkeyPatch) -> None:
-    from proxy.result import windows
-    from proxy.result.work import WorkBudget
+    from proxy.engine.work import WorkBudget
+    from proxy.engine import windows
 
     raw = _wide()
     times = np.arange(3_600_000, 86_400_000, 60_000, dtype=np.int64)
@@ -433,9 +433,9 @@ def test_chunked_evaluation_is_the_same_answer(func: str, params: list[float], m
 def test_the_budget_stops_between_chunks_and_refuses_over_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
+    from proxy.engine.work import EvalCancelled, WorkBudget
     from proxy.errors import PromError
-    from proxy.result import windows
-    from proxy.result.work import EvalCancelled, WorkBudget
+    from proxy.engine import windows
 
     raw = _wide()
     times = np.arange(3_600_000, 86_400_000, 1_000, dtype=np.int64)
@@ -465,10 +465,10 @@ def test_the_budget_stops_between_chunks_and_refuses_over_the_bound(monkeypatch:
 
 
 def test_topk_k_bound_is_engine_go_convertible_to_int64() -> None:
-    from proxy.result.aggregate import _k_per_step
-    from proxy.result.stepwise import EvalError
+    from proxy.engine.aggregate import k_per_step
+    from proxy.engine.errors import EvalError
 
-    assert _k_per_step(np.array([9223372036854774784.0])).tolist() == [9223372036854774784]
+    assert k_per_step(np.array([9223372036854774784.0])).tolist() == [9223372036854774784]
     with pytest.raises(EvalError, match="overflows int64"):
-        _k_per_step(np.array([9223372036854775807.0]))  # float64(2**63 - 1) == 2**63
-    assert _k_per_step(np.array([-9223372036854775808.0])).tolist() == [-9223372036854775808]
+        k_per_step(np.array([9223372036854775807.0]))  # float64(2**63 - 1) == 2**63
+    assert k_per_step(np.array([-9223372036854775808.0])).tolist() == [-9223372036854775808]

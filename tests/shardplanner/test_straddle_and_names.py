@@ -103,7 +103,8 @@ def test_per_series_selector_and_with_names() -> None:
 
 
 def test_explain_names_the_time_no_store_holds() -> None:
-    from proxy.pipeline.crossstore import Op, uncovered
+    from proxy.engine.nodes import RawWindow, WindowNode
+    from proxy.pipeline.crossstore import uncovered
     from proxy.pipeline.raw_fetch import window_parts
     from shardplanner.plan import QueryRequest
 
@@ -112,7 +113,7 @@ def test_explain_names_the_time_no_store_holds() -> None:
     lo, hi = T - H, T + 2 * H
     reads = tuple(window_parts(gap, sel, lo, hi))
     assert [r[0] for r in reads] == ["old", "old", "new", "new"]  # cut on absolute hours (T itself: old)
-    op = Op("window", parse("increase(x[3h])"), (), QueryRequest.instant("increase(x[3h])", hi), reads, (lo, hi))
+    op = WindowNode(parse("increase(x[3h])"), QueryRequest.instant("increase(x[3h])", hi), RawWindow(sel, reads, lo, hi))
     assert uncovered(op) == [(T + 1, T + H - 1)]
-    whole = Op("window", op.node, (), op.req, tuple(window_parts(BY_TIME, sel, lo, hi)), (lo, hi))
+    whole = WindowNode(op.node, op.req, RawWindow(sel, tuple(window_parts(BY_TIME, sel, lo, hi)), lo, hi))
     assert uncovered(whole) == []

@@ -10,7 +10,7 @@ it.
     check_unique(sid, step, n)      rangeEval's "vector cannot contain metrics with the same
                                     labelset", raised as Prometheus raises it
 
-Conventions (the executor's, as proxy/result/binop.py): a vector-typed value is a "vector"
+Conventions (the executor's, as proxy/engine/binop.py): a vector-typed value is a "vector"
 QueryResult for an instant query and a "matrix" whose samples sit on the step grid for a range
 query; a scalar-typed value is a float (a number literal), a "scalar" QueryResult (instant) or
 a one-series "matrix" (range).
@@ -25,26 +25,15 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from proxy.errors import PromError
+from proxy.engine.errors import DuplicateLabelset
 from proxy.result.query_result import QueryResult
 
-__all__ = ["DUP_LABELSET", "EvalError", "Interner", "Samples", "build", "check_unique", "notes", "scalar_steps"]
+__all__ = ["Interner", "Samples", "build", "check_unique", "notes", "scalar_steps"]
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 Labels = dict[str, str]
 Key = tuple[tuple[str, str], ...]
-
-DUP_LABELSET = "vector cannot contain metrics with the same labelset"
-
-
-class EvalError(PromError):
-    """Prometheus refused to evaluate the expression; `message` is its error text (errorType
-    "execution", HTTP 422)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__("execution", message)
-
 
 def as_grid(grid: Sequence[int] | npt.NDArray[np.int64]) -> I64:
     g = np.asarray(grid, dtype=np.int64).reshape(-1)
@@ -140,7 +129,7 @@ def check_unique(sid: I64, step: I64, n_steps: int) -> None:
     key = sid * max(n_steps, 1) + step
     s = np.sort(key)
     if np.any(s[1:] == s[:-1]):
-        raise EvalError(DUP_LABELSET)
+        raise DuplicateLabelset()
 
 
 def build(rtype: Literal["vector", "matrix"], grid: I64, interner: Interner, sid: I64, step: I64,

@@ -18,9 +18,9 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
+from proxy.engine.stepwise import Interner, Samples
 from proxy.result.golang import go_parse_float
 from proxy.result.gosort import go_sort
-from proxy.result.stepwise import Interner, Samples
 
 __all__ = ["go_parse_float", "histogram_quantile"]
 

@@ -45,12 +45,8 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from proxy.result import golang as go
-from proxy.result import gomath
-from proxy.result.gosort import go_sort
-from proxy.result.query_result import QueryResult
-from proxy.result.stepwise import (
-    EvalError,
+from proxy.engine.errors import EvalError
+from proxy.engine.stepwise import (
     Interner,
     Samples,
     as_grid,
@@ -61,9 +57,13 @@ from proxy.result.stepwise import (
     scalar_steps,
     without_name,
 )
+from proxy.result import golang as go
+from proxy.result import gomath
+from proxy.result.gosort import go_sort
+from proxy.result.query_result import QueryResult
 from shardplanner.ast import Call, Selector, unparen
 
-__all__ = ["INSTANT_FUNCTIONS", "EvalError", "evaluate_call"]
+__all__ = ["INSTANT_FUNCTIONS", "evaluate_call"]
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -148,7 +148,7 @@ def evaluate_call(node: Call, args: Sequence[Arg], grid: Sequence[int] | I64, is
     if name in ("sort", "sort_desc"):
         return _sort(name, rtype, g, s, warnings, infos)
     if name == "histogram_quantile":
-        from proxy.result.histogram import histogram_quantile
+        from proxy.engine.histogram import histogram_quantile
 
         interner, sid, step, value = histogram_quantile(scalar_steps(_scalar_arg(args[0]), g), s, len(g))
         check_unique(sid, step, len(g))

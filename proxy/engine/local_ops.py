@@ -11,11 +11,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from proxy.engine.errors import DuplicateLabelset
+from proxy.result import QueryResult, ResultType
+from proxy.result.merge import concat
 from shardplanner.plan import QueryRequest
-
-from ..errors import PromError
-from ..result import QueryResult, ResultType
-from ..result.merge import concat
 
 
 def restamp(value: QueryResult, req: QueryRequest) -> QueryResult:
@@ -102,5 +101,5 @@ def check_distinct(parts: list[QueryResult]) -> None:
     for p in parts:
         keys = p.canonical_keys()
         if seen.intersection(keys):
-            raise PromError("execution", "vector cannot contain metrics with the same labelset")
+            raise DuplicateLabelset()
         seen.update(keys)

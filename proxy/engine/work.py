@@ -23,14 +23,9 @@ from __future__ import annotations
 import threading
 import time
 
-from proxy.errors import PromError
+from proxy.engine.errors import EvalCancelled, EvalLimit
 
 __all__ = ["EvalCancelled", "WorkBudget"]
-
-
-class EvalCancelled(TimeoutError):
-    """The query's deadline passed, or its request was cancelled, during evaluation."""
-
 
 class WorkBudget:
     def __init__(self, deadline: float | None = None, max_work: int = 0, max_series: int = 0) -> None:
@@ -61,8 +56,7 @@ class WorkBudget:
         self.check()
         self.used += max(0, int(units))
         if self.max_work and self.used > self.max_work:
-            raise PromError(
-                "execution",
+            raise EvalLimit(
                 f"evaluating {what} would take about {self.used:,} units of work (samples visited), more than "
                 f"a query may use ({self.max_work:,}: limits.max_eval_work): narrow the time range, "
                 "raise the step or shorten the window")
@@ -70,7 +64,6 @@ class WorkBudget:
     def series(self, n: int, what: str) -> None:
         """A 422 naming `limits.max_eval_series` when one node's answer has more series."""
         if self.max_series and n > self.max_series:
-            raise PromError(
-                "execution",
+            raise EvalLimit(
                 f"evaluating {what} gives {n:,} series, more than a query may produce "
                 f"({self.max_series:,}: limits.max_eval_series)")

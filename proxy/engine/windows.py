@@ -40,10 +40,9 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from proxy.errors import PromError
+from proxy.engine.errors import DuplicateLabelset, EvalError
+from proxy.engine.work import WorkBudget
 from proxy.result.query_result import QueryResult
-from proxy.result.stepwise import DUP_LABELSET, EvalError
-from proxy.result.work import WorkBudget
 
 __all__ = ["RANGE_FUNCTIONS", "eval_range_function", "go_duration_seconds", "subquery_times"]
 
@@ -106,7 +105,7 @@ def eval_range_function(
     `budget`: the work is estimated (`window_work`) and charged before any kernel runs (a 422
     over `limits.max_eval_work`), and the series are evaluated a chunk at a time with
     `budget.check()` between chunks (the deadline, a cancellation)."""
-    from proxy.result import window_kernels, window_lanes
+    from proxy.engine import window_kernels, window_lanes
 
     if func not in _PARAMS:
         raise ValueError(f"{func!r} is not a range function evaluated here")
@@ -205,8 +204,8 @@ def _check_factors(state: npt.NDArray[np.int8], sf: F64, tf: F64) -> None:
     s, k = np.unravel_index(int(np.argmax(calls.ravel())), calls.shape)
     f_s, f_t = float(sf[k]), float(tf[k])
     if f_s <= 0 or f_s >= 1:
-        raise PromError("execution", f"invalid smoothing factor. Expected: 0 < sf < 1, got: {_go_f(f_s)}")
-    raise PromError("execution", f"invalid trend factor. Expected: 0 < tf < 1, got: {_go_f(f_t)}")
+        raise EvalError(f"invalid smoothing factor. Expected: 0 < sf < 1, got: {_go_f(f_s)}")
+    raise EvalError(f"invalid trend factor. Expected: 0 < tf < 1, got: {_go_f(f_t)}")
 
 
 def _assemble(func: str, raw: QueryResult, times: I64, state: npt.NDArray[np.int8], out: F64) -> QueryResult:
@@ -230,5 +229,5 @@ def _assemble(func: str, raw: QueryResult, times: I64, state: npt.NDArray[np.int
     result = QueryResult("matrix", labels, offsets, t, v, list(raw.warnings), list(raw.infos))
     keys = result.canonical_keys()
     if len(set(keys)) != len(keys):
-        raise EvalError(DUP_LABELSET)
+        raise DuplicateLabelset()
     return concat([result])

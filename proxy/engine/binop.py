@@ -51,9 +51,10 @@ How: every series gets a matching signature (one dict lookup per series), every 
 step index; a join is a sort/searchsorted on `signature * n_steps + step`, and values are
 computed with numpy over all matched samples at once. Steps where anything could go wrong
 (a repeated key on the "one" side, a repeated output label set, a repeated signature among
-one-to-one matches) are replayed by `_binop_step`, a line-by-line transcription of
+one-to-one matches) are replayed by `binop_step`, a line-by-line transcription of
 VectorBinop over that one step, which either raises Prometheus's error or supplies that
-step's output. Go's math.Pow, math.Atan2 and strconv.Quote are in golang.py.
+step's output. Go's math.Pow, math.Atan2 and strconv.Quote are in golang.py; the matching rules
+and the per-step reference in matching.py.
 """
 
 from __future__ import annotations
@@ -65,9 +66,18 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from proxy.result.golang import go_atan2, go_pow, go_quote
+from proxy.engine.errors import DuplicateLabelset, EvalError
+from proxy.engine.matching import (
+    DROP_NAME,
+    Matching,
+    Sample,
+    apply_op,
+    binop_step,
+    result_metric,
+    scalar_values,
+)
+from proxy.engine.stepwise import Interner
 from proxy.result.query_result import QueryResult
-from proxy.result.stepwise import DUP_LABELSET, EvalError
 from shardplanner.analysis import is_scalar_expr
 from shardplanner.ast import (
     ARITHMETIC_OPS,
@@ -76,20 +86,12 @@ from shardplanner.ast import (
     Binary,
 )
 
-__all__ = ["EvalError", "evaluate_binary", "is_scalar_expr"]
+__all__ = ["evaluate_binary", "is_scalar_expr"]
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 Labels = dict[str, str]
 Key = tuple[tuple[str, str], ...]
-
-# shouldDropMetricName: atan2 is not in Prometheus's list, so `a atan2 b` keeps __name__.
-_DROP_NAME = frozenset({"+", "-", "*", "/", "%", "^"})
-
-_ONE_TO_ONE_DUP = "multiple matches for labels: many-to-one matching must be explicit (group_left/group_right)"
-_GROUP_DUP = "multiple matches for labels: grouping labels must ensure unique matches"
-
-
 
 
 # --------------------------------------------------------------------------------------
@@ -120,7 +122,7 @@ def evaluate_binary(node: Binary, lhs: QueryResult | float, rhs: QueryResult | f
     warnings, infos = _notes([lo, ro])
 
     if isinstance(lo, _Vector) and isinstance(ro, _Vector):
-        m = _Matching.of(node)
+        m = Matching.of(node)
         if op in SET_OPS:
             out = _set_op(op, lo, ro, m, grid)
         else:
@@ -217,155 +219,15 @@ class _Grid:
 
 
 # --------------------------------------------------------------------------------------
-# Element operations (vectorElemBinop, scalarBinop)
-# --------------------------------------------------------------------------------------
-
-
-def _apply(op: str, a: F64, b: F64) -> tuple[F64, npt.NDArray[np.bool_]]:
-    """vectorElemBinop over arrays: (value, keep). Comparisons return `a` and the test."""
-    with np.errstate(all="ignore"):
-        if op in COMPARISON_OPS:
-            keep = {
-                "==": np.equal, "!=": np.not_equal, ">": np.greater,
-                "<": np.less, ">=": np.greater_equal, "<=": np.less_equal,
-            }[op](a, b)
-            return np.asarray(a, dtype=np.float64), np.asarray(keep, dtype=bool)
-        if op == "+":
-            v = a + b
-        elif op == "-":
-            v = a - b
-        elif op == "*":
-            v = a * b
-        elif op == "/":
-            v = a / b
-        elif op == "%":
-            v = np.fmod(a, b)
-        elif op == "^":
-            v = go_pow(a, b).reshape(np.shape(a + b))
-        elif op == "atan2":
-            v = go_atan2(a, b)
-        else:
-            raise EvalError(f"operator {op!r} not allowed for operations between vectors")
-    v = np.asarray(v, dtype=np.float64)
-    return v, np.ones(v.shape, dtype=bool)
-
-
-def _scalar_values(op: str, a: F64, b: F64) -> F64:
-    """scalarBinop: comparisons give 0/1."""
-    v, keep = _apply(op, a, b)
-    if op in COMPARISON_OPS:
-        return keep.astype(np.float64)
-    return v
-
-
-def _elem(op: str, a: float, b: float) -> tuple[float, bool]:
-    v, k = _apply(op, np.array([a]), np.array([b]))
-    return float(v[0]), bool(k[0])
-
-
-# --------------------------------------------------------------------------------------
-# Labels
-# --------------------------------------------------------------------------------------
-
-
-def _key(labels: Labels) -> Key:
-    return tuple(sorted(labels.items()))
-
-
-def _labels_string(labels: Labels | Key) -> str:
-    """labels.Labels.String(): `{a="1", b="2"}`."""
-    items = labels if isinstance(labels, tuple) else _key(labels)
-    return "{" + ", ".join(f"{k}={go_quote(v)}" for k, v in sorted(items)) + "}"
-
-
-@dataclass(frozen=True)
-class _Matching:
-    card: Literal["one-to-one", "many-to-one", "one-to-many", "many-to-many"]
-    on: bool
-    labels: tuple[str, ...]
-    include: tuple[str, ...]
-
-    @classmethod
-    def of(cls, node: Binary) -> _Matching:
-        vm = node.matching
-        if node.op in SET_OPS:
-            card: Literal["one-to-one", "many-to-one", "one-to-many", "many-to-many"] = "many-to-many"
-        elif vm is not None and vm.group == "left":
-            card = "many-to-one"
-        elif vm is not None and vm.group == "right":
-            card = "one-to-many"
-        else:
-            card = "one-to-one"
-        if vm is None:
-            return cls(card, False, (), ())
-        return cls(card, vm.on, tuple(vm.labels), tuple(vm.include) if vm.group else ())
-
-    def signature(self, labels: Labels) -> Key:
-        """signatureFunc: on(l) -> the present labels of l; ignoring(l) -> the others but
-        __name__."""
-        if self.on:
-            names = set(self.labels)
-            return tuple(sorted((k, v) for k, v in labels.items() if k in names))
-        drop = set(self.labels) | {"__name__"}
-        return tuple(sorted((k, v) for k, v in labels.items() if k not in drop))
-
-    def match_labels(self, labels: Labels) -> Labels:
-        """labels.MatchLabels(on, names...), for the duplicate-series error."""
-        names = set(self.labels)
-        if self.on:
-            return {k: v for k, v in labels.items() if k in names}
-        return {k: v for k, v in labels.items() if k not in names and k != "__name__"}
-
-
-def _result_metric(many: Labels, one: Labels, op: str, m: _Matching, return_bool: bool) -> Labels:
-    """resultMetric (+ the DropMetricName of `bool`)."""
-    out = dict(many)
-    if op in _DROP_NAME:
-        out.pop("__name__", None)
-    if m.card == "one-to-one":
-        if m.on:
-            keep = set(m.labels)
-            out = {k: v for k, v in out.items() if k in keep}
-        else:
-            for n in m.labels:
-                out.pop(n, None)
-    for n in m.include:
-        v = one.get(n, "")
-        if v:
-            out[n] = v
-        else:
-            out.pop(n, None)
-    if return_bool:
-        out.pop("__name__", None)
-    return out
-
-
-# --------------------------------------------------------------------------------------
 # Output
 # --------------------------------------------------------------------------------------
-
-
-class _Interner:
-    def __init__(self) -> None:
-        self.ids: dict[Key, int] = {}
-        self.labels: list[Labels] = []
-        self.keys: list[Key] = []
-
-    def add(self, labels: Labels) -> int:
-        k = _key(labels)
-        i = self.ids.get(k)
-        if i is None:
-            i = self.ids[k] = len(self.labels)
-            self.labels.append(labels)
-            self.keys.append(k)
-        return i
 
 
 @dataclass
 class _Out:
     """Output samples in evaluation order: (output series id, step, value)."""
 
-    series: _Interner
+    series: Interner
     sid: I64
     step: I64
     value: F64
@@ -426,7 +288,7 @@ def _dup_steps(sid: I64, step: I64, n_steps: int, origin: I64 | None = None) -> 
 
 def _empty_out() -> _Out:
     z = np.zeros(0, dtype=np.int64)
-    return _Out(_Interner(), z, z.copy(), np.zeros(0))
+    return _Out(Interner(), z, z.copy(), np.zeros(0))
 
 
 # --------------------------------------------------------------------------------------
@@ -441,7 +303,7 @@ def _scalar_scalar(node: Binary, lo: _Scalar, ro: _Scalar) -> QueryResult | floa
     if op in COMPARISON_OPS and not node.return_bool:
         raise EvalError("comparisons between scalars must use BOOL modifier")
     if lo.const is not None and ro.const is not None:
-        return float(_scalar_values(op, np.array([lo.const]), np.array([ro.const]))[0])
+        return float(scalar_values(op, np.array([lo.const]), np.array([ro.const]))[0])
     kinds = {lo.kind, ro.kind} - {"float"}
     if kinds == {"scalar", "matrix"}:
         raise ValueError("cannot combine an instant scalar with a range matrix")
@@ -449,7 +311,7 @@ def _scalar_scalar(node: Binary, lo: _Scalar, ro: _Scalar) -> QueryResult | floa
     a = _per_step(lo, grid)
     b = _per_step(ro, grid)
     ok = ~np.isnan(a[1]) & ~np.isnan(b[1])  # presence masks
-    v = _scalar_values(op, a[0][ok], b[0][ok])
+    v = scalar_values(op, a[0][ok], b[0][ok])
     t = grid.t[ok]
     warnings, infos = _notes([lo, ro])
     if "scalar" in kinds:
@@ -495,7 +357,7 @@ def _vector_scalar(node: Binary, vec: _Vector, sc: _Scalar, grid: _Grid, *, swap
         step, vals, ser = step[have], vals[have], ser[have]
         svals = sv[step]
     a, b = (svals, vals) if swap else (vals, svals)
-    value, keep = _apply(op, a, b)
+    value, keep = apply_op(op, a, b)
     if op in COMPARISON_OPS and swap:
         value = vals  # the vector's value, even when the scalar is on the left
     if node.return_bool:
@@ -503,8 +365,8 @@ def _vector_scalar(node: Binary, vec: _Vector, sc: _Scalar, grid: _Grid, *, swap
         keep = np.ones(len(keep), dtype=bool)
     ser, step, value = ser[keep], step[keep], value[keep]
 
-    drop = op in _DROP_NAME or node.return_bool
-    interner = _Interner()
+    drop = op in DROP_NAME or node.return_bool
+    interner = Interner()
     series_labels = vec.result.labels
     used = np.unique(ser)
     sid_of = np.zeros(max(len(series_labels), 1), dtype=np.int64)
@@ -515,7 +377,7 @@ def _vector_scalar(node: Binary, vec: _Vector, sc: _Scalar, grid: _Grid, *, swap
         sid_of[i] = interner.add(lab)
     sid = sid_of[ser]
     if len(_dup_steps(sid, step, grid.n, ser)):
-        raise EvalError(DUP_LABELSET)
+        raise DuplicateLabelset()
     return _Out(interner, sid, step, value.astype(np.float64))
 
 
@@ -524,14 +386,14 @@ def _vector_scalar(node: Binary, vec: _Vector, sc: _Scalar, grid: _Grid, *, swap
 # --------------------------------------------------------------------------------------
 
 
-def _sig_ids(vec: _Vector, m: _Matching, table: dict[Key, int]) -> I64:
+def _sig_ids(vec: _Vector, m: Matching, table: dict[Key, int]) -> I64:
     out = np.empty(vec.result.n_series, dtype=np.int64)
     for i, lab in enumerate(vec.result.labels):
         out[i] = table.setdefault(m.signature(lab), len(table))
     return out
 
 
-def _set_op(op: str, lo: _Vector, ro: _Vector, m: _Matching, grid: _Grid) -> _Out:
+def _set_op(op: str, lo: _Vector, ro: _Vector, m: Matching, grid: _Grid) -> _Out:
     table: dict[Key, int] = {}
     lsig, rsig = _sig_ids(lo, m, table), _sig_ids(ro, m, table)
     n = grid.n
@@ -539,7 +401,7 @@ def _set_op(op: str, lo: _Vector, ro: _Vector, m: _Matching, grid: _Grid) -> _Ou
     lkey = lsig[lo.ser] * n + lstep
     rkey = rsig[ro.ser] * n + rstep
     lval, rval = lo.result.value, ro.result.value
-    interner = _Interner()
+    interner = Interner()
     lids = np.array([interner.add(lab) for lab in lo.result.labels], dtype=np.int64)
     if op == "and":
         k = np.isin(lkey, rkey)
@@ -555,7 +417,7 @@ def _set_op(op: str, lo: _Vector, ro: _Vector, m: _Matching, grid: _Grid) -> _Ou
     value = np.concatenate([lval, rval[k]])
     origin = np.concatenate([lo.ser, ro.ser[k] + lo.result.n_series])
     if len(_dup_steps(sid, step, n, origin)):  # cannot happen: equal label sets share a signature
-        raise EvalError(DUP_LABELSET)
+        raise DuplicateLabelset()
     return _Out(interner, sid, step, value)
 
 
@@ -563,66 +425,8 @@ def _set_op(op: str, lo: _Vector, ro: _Vector, m: _Matching, grid: _Grid) -> _Ou
 # vector op vector (VectorBinop)
 # --------------------------------------------------------------------------------------
 
-_Sample = tuple[Labels, float]
 
-
-def _binop_step(op: str, return_bool: bool, m: _Matching, lhs: list[_Sample],
-                rhs: list[_Sample]) -> list[_Sample]:
-    """VectorBinop at one step, followed by rangeEval's duplicate-labelset check; samples in
-    evaluation order. The reference the vectorised path defers to."""
-    if not lhs or not rhs:
-        return []
-    swapped = m.card == "one-to-many"
-    if swapped:
-        lhs, rhs = rhs, lhs
-    right: dict[Key, _Sample] = {}
-    for rs in rhs:
-        sig = m.signature(rs[0])
-        if sig in right:
-            one_side = "left" if swapped else "right"
-            raise EvalError(
-                f"found duplicate series for the match group {_labels_string(m.match_labels(rs[0]))} "
-                f"on the {one_side} hand-side of the operation: "
-                f"[{_labels_string(rs[0])}, {_labels_string(right[sig][0])}]"
-                ";many-to-many matching not allowed: matching labels must be unique on one side"
-            )
-        right[sig] = rs
-    matched: dict[Key, set[Key] | None] = {}
-    out: list[_Sample] = []
-    for ls in lhs:
-        sig = m.signature(ls[0])
-        match = right.get(sig)
-        if match is None:
-            continue
-        rs = match
-        vl, vr = ls[1], rs[1]
-        if swapped:
-            vl, vr = vr, vl
-        value, keep = _elem(op, vl, vr)
-        if return_bool:
-            value = 1.0 if keep else 0.0
-        elif not keep:
-            continue
-        metric = _result_metric(ls[0], rs[0], op, m, return_bool)
-        if m.card == "one-to-one":
-            if sig in matched:
-                raise EvalError(_ONE_TO_ONE_DUP)
-            matched[sig] = None
-        else:
-            inserted = matched.get(sig)
-            mk = _key(metric)
-            if inserted is None:
-                inserted = matched[sig] = set()
-            elif mk in inserted:
-                raise EvalError(_GROUP_DUP)
-            inserted.add(mk)
-        out.append((metric, value))
-    if len({_key(lab) for lab, _ in out}) != len(out):
-        raise EvalError(DUP_LABELSET)
-    return out
-
-
-def _vector_vector(node: Binary, lo: _Vector, ro: _Vector, m: _Matching, grid: _Grid) -> _Out:
+def _vector_vector(node: Binary, lo: _Vector, ro: _Vector, m: Matching, grid: _Grid) -> _Out:
     op, rb = node.op, node.return_bool
     n = grid.n
     swapped = m.card == "one-to-many"
@@ -649,7 +453,7 @@ def _vector_vector(node: Binary, lo: _Vector, ro: _Vector, m: _Matching, grid: _
     oi = ui[posc[mi]]
     vm, vo = many.result.value[mi], one.result.value[oi]
     vl, vr = (vo, vm) if swapped else (vm, vo)
-    value, keep = _apply(op, vl, vr)
+    value, keep = apply_op(op, vl, vr)
     if rb:
         value = keep.astype(np.float64)
     else:
@@ -657,7 +461,7 @@ def _vector_vector(node: Binary, lo: _Vector, ro: _Vector, m: _Matching, grid: _
     step = mstep[mi]
 
     # Output label sets: per "many" series (one-to-one) or per (many, one) series pair.
-    interner = _Interner()
+    interner = Interner()
     mser, oser = many.ser[mi], one.ser[oi]
     n_one = max(one.result.n_series, 1)
     pair = mser if m.card == "one-to-one" else mser * n_one + oser
@@ -669,7 +473,7 @@ def _vector_vector(node: Binary, lo: _Vector, ro: _Vector, m: _Matching, grid: _
     ids = np.empty(len(upairs), dtype=np.int64)
     for j, p in enumerate(upairs.tolist()):
         a, b = (p, -1) if m.card == "one-to-one" else divmod(p, n_one)
-        lab = _result_metric(many.result.labels[a], one.result.labels[b] if b >= 0 else {}, op, m, rb)
+        lab = result_metric(many.result.labels[a], one.result.labels[b] if b >= 0 else {}, op, m, rb)
         ids[j] = interner.add(lab)
     sid = np.repeat(ids[inv.reshape(-1)], np.diff(np.append(np.nonzero(head)[0], len(pair))))
 
@@ -682,14 +486,14 @@ def _vector_vector(node: Binary, lo: _Vector, ro: _Vector, m: _Matching, grid: _
 
     # Replay the suspicious steps in time order with the reference: the first failing step
     # raises Prometheus's error; the others supply their own output.
-    replaced: list[tuple[int, list[_Sample]]] = []
+    replaced: list[tuple[int, list[Sample]]] = []
     lstep_all, rstep_all = grid.index(lo.steps_t), grid.index(ro.steps_t)
     for st in sorted(suspicious):
         lsel = np.nonzero(lstep_all == st)[0]
         rsel = np.nonzero(rstep_all == st)[0]
         lv = [(lo.result.labels[int(lo.ser[i])], float(lo.result.value[i])) for i in lsel]
         rv = [(ro.result.labels[int(ro.ser[i])], float(ro.result.value[i])) for i in rsel]
-        replaced.append((st, _binop_step(op, rb, m, lv, rv)))
+        replaced.append((st, binop_step(op, rb, m, lv, rv)))
     keep_mask = ~np.isin(step, np.array([st for st, _ in replaced], dtype=np.int64))
     sid, step, value = sid[keep_mask], step[keep_mask], value[keep_mask]
     extra_sid, extra_step, extra_val = [], [], []

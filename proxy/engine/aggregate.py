@@ -39,14 +39,15 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
+from proxy.engine.errors import EvalError
+from proxy.engine.stepwise import Interner, Samples, as_grid, build, notes, scalar_steps
 from proxy.result import golang as go
 from proxy.result.aggops import AVG, CODES, COUNT, GROUP, MAX, MIN, STDDEV, STDVAR, SUM
 from proxy.result.gosort import go_sort
 from proxy.result.query_result import QueryResult
-from proxy.result.stepwise import EvalError, Interner, Samples, as_grid, build, notes, scalar_steps
 from shardplanner.ast import Agg
 
-__all__ = ["AGGREGATIONS", "EvalError", "evaluate_aggregation"]
+__all__ = ["AGGREGATIONS", "evaluate_aggregation", "k_per_step"]
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -213,7 +214,7 @@ def evaluate_aggregation(node: Agg, inner: QueryResult, param: QueryResult | flo
     if op in ("topk", "bottomk"):
         if param is None or isinstance(param, str):
             raise TypeError(f"{op} needs a scalar parameter")
-        ks = _k_per_step(scalar_steps(param, g))
+        ks = k_per_step(scalar_steps(param, g))
     elif op == "quantile":
         if param is None or isinstance(param, str):
             raise TypeError("quantile needs a scalar parameter")
@@ -282,7 +283,7 @@ def _group_labels(d: dict[str, str], by: tuple[str, ...], without: bool,
     return {k: d[k] for k in by if k in d}
 
 
-def _k_per_step(param: F64) -> I64:
+def k_per_step(param: F64) -> I64:
     """topk's k at every step, with Prometheus's check (the first failing step raises)."""
     for f in param.tolist():
         if not (f <= _MAX_I64_F and f >= _MIN_I64_F):

@@ -1,0 +1,1 @@
+"""promaccel's PromQL engine: what it evaluates itself above the stores' answers."""

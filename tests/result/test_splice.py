@@ -1,0 +1,179 @@
+"""Spliced answers (codec/json_splice.py, issue 28): an answer made of cached cells, written
+from their kept encoded samples, is byte for byte the answer the encoder writes -- for
+random cells, cut at random edges (`slice_time`, as the lookup cuts a window's edge cells),
+concatenated (`Concatenation`) -- and gzipped once by the response, it decodes to the same
+bytes with Python's gzip, zlib and httpx."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import gzip
+import random
+import zlib
+
+import httpx
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from proxy.api.compress import FastGZipMiddleware
+from proxy.api.responses import json_response
+from proxy.codec import json_splice
+from proxy.codec.json_encode import encode_prometheus_json
+from proxy.codec.json_splice import memo_bytes, splice_prometheus_json, spliced
+from proxy.result import QueryResult
+from proxy.result.concat import Concatenation, concat
+from proxy.result.pieces import slice_time, split_time
+
+from .test_concat import STEP, T0, fleet
+
+
+def cells_of(whole: QueryResult, n: int, rng: random.Random) -> list[QueryResult]:
+    """`whole` cut into n cells of equal length in time (as cache cells are)."""
+    last = int(whole.t_ms.max()) if whole.n_samples else T0
+    size = max(1, (last - T0) // STEP // n + 1) * STEP
+    bounds = [(T0 + k * size, T0 + (k + 1) * size - 1) for k in range(n)]
+    return split_time(whole, bounds)
+
+
+def window(cells: list[QueryResult], lo: int, hi: int) -> list[QueryResult]:
+    """The cells a window [lo, hi] reads, the edge ones cut as the lookup cuts them."""
+    return [slice_time(c, lo, hi) for c in cells]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 6), st.integers(0, 59), st.integers(0, 59))
+def test_spliced_equals_encoded(seed: int, n_cells: int, a: int, b: int) -> None:
+    rng = random.Random(seed)
+    whole = fleet(rng, rng.randrange(1, 30), 60)
+    cells = cells_of(whole, n_cells, rng)
+    lo, hi = T0 + min(a, b) * STEP, T0 + max(a, b) * STEP
+    for _ in range(2):  # the second time from the kept bytes
+        answer = concat(window(cells, lo, hi), lazy=True)
+        want = encode_prometheus_json(concat(window(cells, lo, hi)))
+        if answer.n_series == 0:  # nothing to splice: the encoder writes `[]`
+            assert splice_prometheus_json(answer) is None
+        elif isinstance(answer, Concatenation):
+            assert splice_prometheus_json(answer) == want
+            with spliced(answer) as view:
+                assert view is not None and bytes(view) == want
+        else:  # one cell: its own samples, spliced once they are kept
+            got = splice_prometheus_json(answer)
+            assert got is None or got == want
+    if isinstance(answer, Concatenation) and answer.n_samples:
+        assert any(c.sample_json is not None for c in cells)  # kept for the next answer
+
+
+def test_edge_cells_reuse_their_cells_bytes() -> None:
+    rng = random.Random(7)
+    whole = fleet(rng, 20, 60)
+    cells = cells_of(whole, 4, rng)
+    answer = concat(window(cells, T0 + 7 * STEP, T0 + 50 * STEP), lazy=True)
+    assert isinstance(answer, Concatenation)
+    assert splice_prometheus_json(answer) == encode_prometheus_json(concat(window(cells, T0 + 7 * STEP, T0 + 50 * STEP)))
+    kept = {id(c): c.sample_json for c in cells}
+    assert all(m is not None for m in kept.values())  # the edge cells were written whole
+    # The next window (slid by one step) splices the same kept bytes: nothing written again.
+    answer = concat(window(cells, T0 + 8 * STEP, T0 + 51 * STEP), lazy=True)
+    with pytestmock_encode() as calls:
+        assert splice_prometheus_json(answer) == encode_prometheus_json(concat(window(cells, T0 + 8 * STEP, T0 + 51 * STEP)))
+    assert calls == []
+    assert all(c.sample_json is kept[id(c)] for c in cells)
+
+
+class pytestmock_encode:
+    """Records calls of json_splice's encode_samples."""
+
+    def __enter__(self) -> list[int]:
+        self.calls: list[int] = []
+        self.orig = json_splice.encode_samples
+
+        def spy(t, v):  # type: ignore[no-untyped-def]
+            self.calls.append(len(t))
+            return self.orig(t, v)
+
+        json_splice.encode_samples = spy  # type: ignore[assignment]
+        return self.calls
+
+    def __exit__(self, *exc: object) -> None:
+        json_splice.encode_samples = self.orig  # type: ignore[assignment]
+
+
+def test_kept_bytes_are_bounded_and_go_with_their_cells(monkeypatch: pytest.MonkeyPatch) -> None:
+    memos = json_splice._Memos(200_000)
+    monkeypatch.setattr(json_splice, "_MEMOS", memos)
+    rng = random.Random(3)
+    wholes = [fleet(rng, 30, 60) for _ in range(12)]
+    cellsets = [cells_of(w, 3, rng) for w in wholes]
+    for cells in cellsets:
+        splice_prometheus_json(concat(cells, lazy=True))
+        assert memos.used <= memos.max_bytes
+    assert sum(c.sample_json is not None for cells in cellsets for c in cells) < 36  # some were dropped
+    del cellsets, cells
+    gc.collect()
+    assert memos.used == 0  # the cells went, and their bytes with them
+    assert memo_bytes() >= 0
+
+
+def test_gathered_or_packed_results_are_encoded() -> None:
+    rng = random.Random(5)
+    cells = cells_of(fleet(rng, 10, 60), 3, rng)
+    fresh = concat(cells)  # gathered: made for one answer, nothing kept to splice
+    assert splice_prometheus_json(fresh) is None
+    vector = QueryResult.from_series("vector", [({"a": "b"}, [T0], [1.0])])
+    assert splice_prometheus_json(vector) is None
+
+
+def _app(result: QueryResult) -> Starlette:
+    async def answer(request: Request) -> Response:
+        return json_response(result, {}, gzip_ok="gzip" in request.headers.get("accept-encoding", ""))
+
+    app = Starlette(routes=[Route("/q", answer)])
+    app.add_middleware(FastGZipMiddleware, minimum_size=1024)
+    return app
+
+
+@pytest.mark.parametrize("n_series", [1, 40, 400])
+def test_the_gzipped_answer_decodes_everywhere(n_series: int) -> None:
+    rng = random.Random(n_series)
+    cells = cells_of(fleet(rng, n_series, 60), 5, rng)
+    want = encode_prometheus_json(concat(cells))
+
+    async def run() -> list[httpx.Response]:
+        out = []
+        for accept in ("gzip", "gzip, deflate, br", "identity"):
+            app = _app(concat(cells, lazy=True))
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+                out.append(await c.get("/q", headers={"Accept-Encoding": accept}))
+        return out
+
+    for r in asyncio.run(run()):
+        assert r.status_code == 200
+        assert r.content == want  # httpx's decoder
+        if r.headers.get("content-encoding") == "gzip":
+            raw = r.extensions.get("raw") or None
+            assert r.headers["vary"] == "Accept-Encoding"
+            assert int(r.headers["content-length"]) < len(want)
+            del raw
+    # The body as sent: one gzip member that Python's gzip and zlib read whole.
+    async def raw_body() -> tuple[httpx.Headers, bytes]:
+        app = _app(concat(cells, lazy=True))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            async with c.stream("GET", "/q", headers={"Accept-Encoding": "gzip"}) as r:
+                return r.headers, b"".join([chunk async for chunk in r.aiter_raw()])
+
+    headers, body = asyncio.run(raw_body())
+    if len(want) >= 1024:
+        assert headers["content-encoding"] == "gzip"
+        assert gzip.decompress(body) == want
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        assert d.decompress(body) + d.flush() == want and d.eof and not d.unused_data
+    else:
+        assert body == want
+    assert np.all(np.frombuffer(want[:1], dtype=np.uint8) == ord("{"))
