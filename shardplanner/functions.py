@@ -34,6 +34,15 @@ Columns of a function row (one row per function, in `_ROWS`):
                     using one is answered with the backend's own 400 bad_data ("unknown
                     function with name ..."), not a routing refusal. Their other columns are
                     read from Prometheus's main branch and serve the shard rules only.
+
+An aggregation row (`_AGGREGATION_ROWS`) has `shard`/`why`, `param` (the type of topk's k,
+count_values' label) and `answer` ("groups": one series per group, "k": up to k per group,
+"series": as many as its input).
+
+Who derives what: rules.RULES (shard, why, time_splittable); names.PER_SERIES_CALLS (which
+calls a per-name union may cross); analysis.ABSENT_LIKE, NOT_PER_SERIES, SCALAR_FUNCS,
+CLOCK_FUNCS, SORTING_FUNCS; answer_size.ONE_SERIES, BY_K, AS_WIDE_AS_INPUT; AT_UNSAFE here.
+tests/shardplanner/test_functions_table.py checks every name promql-parser knows is a row.
 """
 
 from __future__ import annotations
@@ -124,7 +133,6 @@ _DATE = "element-wise on each series' sample value (no argument: vector(time()),
 _NATIVE = "native histograms: one series in, one value out"
 _ORDER = "the order of the answer is the point"
 _LABEL = "per series, unless it writes the shard label"
-_P3 = "promql-parser extension, not in Prometheus 2.42"
 
 _ROWS: tuple[Function, ...] = (
     # --- range vectors (engine.go rangeEval drops __name__ for all but last_over_time) -------
@@ -228,7 +236,8 @@ _ROWS: tuple[Function, ...] = (
        since="2.49"),
     _f("info", "vv", "v", "unshardable", "joins info series that may live in another shard", optional=1,
        keeps_name=True, since="2.55"),
-    _f("start_timestamp", "v", "v", "unshardable", _P3, since="3.14"),
+    _f("start_timestamp", "v", "v", "unshardable", "promql-parser extension, not in Prometheus 2.42",
+       since="3.14"),
     _f("max_of", "ss", "s", "constant", "scalar of scalars: constant when its arguments are", answer="one",
        since="3.13"),
     _f("min_of", "ss", "s", "constant", "scalar of scalars: constant when its arguments are", answer="one",

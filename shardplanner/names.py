@@ -40,8 +40,8 @@ from shardplanner.ast import (
 from shardplanner.functions import FUNCTIONS
 from shardplanner.regex import RegexError, fullmatch
 
-__all__ = ["NO_METRIC", "PER_SERIES_CALLS", "fixed_names", "missing_names", "name_matchers", "needs_names", "per_series_selector",
-           "resolve_names", "with_names"]
+__all__ = ["NO_METRIC", "PER_SERIES_CALLS", "fixed_names", "missing_names", "name_matchers", "needs_names",
+           "per_series_selector", "resolve_names", "with_names"]
 
 # A metric name no store has: what a selector matching no name at all becomes.
 NO_METRIC = "promaccel_no_such_metric"
