@@ -90,6 +90,27 @@ def test_every_row_not_in_242_is_reported_by_unknown_names() -> None:
     assert AGGREGATIONS == {a for a in ALL_AGGREGATIONS if ALL_AGGREGATIONS[a].since == PROMETHEUS}
 
 
+def _parses(name: str, types: tuple[str, ...]) -> bool:
+    try:
+        parse(f"{name}({', '.join(_ARG[a] for a in types)})")
+        return True
+    except CannotParse:
+        return False
+
+
+@pytest.mark.parametrize("f", ALL_FUNCTIONS.values(), ids=lambda f: f.name)
+def test_arity_is_the_parsers(f: Function) -> None:
+    # Variadic as parser.Functions means it: the last argument may be left out, and repeated
+    # up to `optional` arguments in all (without bound for -1).
+    assert _parses(f.name, f.args[:f.min_args])
+    if f.min_args:
+        assert not _parses(f.name, f.args[:f.min_args - 1])
+    most = len(f.args) - 1 + f.optional if f.optional > 0 else len(f.args) if f.optional == 0 else len(f.args) + 3
+    assert _parses(f.name, f.args + f.args[-1:] * (most - len(f.args)))
+    if f.optional >= 0:
+        assert not _parses(f.name, f.args + (f.args[-1:] or ("scalar",)) * (most - len(f.args) + 1))
+
+
 def test_since_is_a_release_or_empty() -> None:
     for f in ALL_FUNCTIONS.values():
         assert f.since == "" or re.fullmatch(r"[23]\.\d+", f.since), f
