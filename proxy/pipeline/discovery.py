@@ -33,6 +33,11 @@ __all__ = ["Discovered"]
 
 log = logging.getLogger("promaccel.discovery")
 
+
+def describe(exc: BaseException | None) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 Fetch = Callable[[K], Awaitable[V]]
@@ -71,7 +76,7 @@ class Discovered(Generic[K, V]):
     async def _load(self, key: K, fetch: Fetch[K, V] | None = None) -> V:
         try:
             value = await (fetch or self._fetch)(key)
-        except BaseException:
+        except Exception:
             held = self._known.get(key)
             if held is None or self._clock() - held[0] > self.ttl_s:
                 self._failed[key] = self._clock()
@@ -101,7 +106,7 @@ class Discovered(Generic[K, V]):
     def _refreshed(self, task: asyncio.Task[V]) -> None:
         self._background.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.warning("%s: a background refresh failed: %s", self.name, task.exception())
+            log.warning("%s: a background refresh failed: %s", self.name, describe(task.exception()))
 
     async def get(self, key: K, *, max_age_s: float | None = None) -> V:
         """The value of `key`: fetched when unknown (or older than `max_age_s`), else the one
@@ -127,10 +132,10 @@ class Discovered(Generic[K, V]):
             got = await asyncio.gather(*(self._flight.do(k, functools.partial(self._load, k, fetch)) for k in missing),
                                        return_exceptions=True)
             for k, g in zip(missing, got):
+                # A shared fetch cancelled under us (shutdown) is a failure like any other;
+                # this caller's own cancellation raises from the gather itself.
                 if isinstance(g, BaseException):
-                    if isinstance(g, asyncio.CancelledError):
-                        raise g
-                    log.warning("%s: could not discover %s: %s", self.name, k, g)
+                    log.warning("%s: could not discover %s: %s", self.name, k, describe(g))
         out: dict[K, V] = {}
         now = self._clock()
         for k in wanted:
