@@ -223,10 +223,10 @@ def _render_dashboard(s: DashboardResult) -> list[str]:
     ]
     prow = []
     for k in refreshes[0].direct.panels:
-        d = [r.direct.panels.get(k) for r in warm]
-        p = [r.promaccel.panels.get(k) for r in warm]
-        pairs = [(a, b) for a, b in zip(d, p) if a is not None and b is not None]
-        prow.append(_latency_row(k, [x for x in d if x is not None], [x for x in p if x is not None], pairs))
+        dk = [r.direct.panels.get(k) for r in warm]
+        pk = [r.promaccel.panels.get(k) for r in warm]
+        pairs = [(a, b) for a, b in zip(dk, pk) if a is not None and b is not None]
+        prow.append(_latency_row(k, [x for x in dk if x is not None], [x for x in pk if x is not None], pairs))
     out += _table(["panel", *_LATENCY_HEADER[1:]], prow)
     if s.sizes:
         out += ["", *size_lines(s.sizes)]

@@ -42,7 +42,9 @@ def run(env: Env) -> CodecResult:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=max(60, env.args.duration_limit))
         out, rc = proc.stdout + (("\n" + proc.stderr) if proc.returncode else ""), proc.returncode
     except subprocess.TimeoutExpired as exc:
-        out, rc = f"timed out after {exc.timeout} s\n{exc.stdout or ''}", -1
+        # the partial output comes as bytes even with text=True
+        partial = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        out, rc = f"timed out after {exc.timeout} s\n{partial}", -1
     s.ran, s.command, s.returncode, s.output = True, shlex.join(["python", *cmd[1:]]), rc, out
     s.elapsed_s = time.perf_counter() - t0
     if rc != 0:

@@ -11,7 +11,7 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 from ..client import Answer, Client, Deadline, RefreshRun, user_refresh
 from ..dashboard import panel_requests
@@ -56,6 +56,10 @@ class UsersResult(ScenarioResult):
     promaccel_peak_rss: float = math.nan
 
 
+def _round_text(client: Client, label: str, total: int) -> Callable[[], str]:
+    return lambda: f"{label}: {client.done}/{total} requests"
+
+
 async def run(env: Env) -> UsersResult:
     a = env.args
     window = smallest_fitting_window(env)
@@ -98,8 +102,7 @@ async def run(env: Env) -> UsersResult:
                     total = a.users * len(reqs)
                     client.done = 0
                     t0 = time.perf_counter()
-                    async with Ticker(env, lambda c=client, m=mode, t=total, i=i: f"(d) round {i + 1}/{len(windows)} "
-                                      f"{m}: {c.done}/{t} requests"):
+                    async with Ticker(env, _round_text(client, f"(d) round {i + 1}/{len(windows)} {mode}", total)):
                         user_runs, meters = await metered(
                             env, asyncio.gather(*(user_refresh(client, reqs) for _ in range(a.users))))
                     runs[mode] = list(user_runs)

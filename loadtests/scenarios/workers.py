@@ -16,7 +16,7 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 from ..client import Answer, Client, Deadline, user_refresh
 from ..dashboard import panel_requests
@@ -66,6 +66,10 @@ class WorkersResult(ScenarioResult):
     runs: list[LayoutRun] = field(default_factory=list)
 
 
+def _round_text(clients: list[Client], label: str, total: int) -> Callable[[], str]:
+    return lambda: f"{label}: {sum(c.done for c in clients)}/{total} requests"
+
+
 async def run(env: Env) -> WorkersResult:
     a = env.args
     window = smallest_fitting_window(env)
@@ -101,8 +105,8 @@ async def run(env: Env) -> WorkersResult:
                         c.done = 0
                     before = env.snapshot()
                     t0 = time.perf_counter()
-                    async with Ticker(env, lambda cs=clients, lb=label, i=i, t=a.users * len(reqs):
-                                      f"(g) {lb}, round {i + 1}/{len(windows)}: {sum(c.done for c in cs)}/{t} requests"):
+                    async with Ticker(env, _round_text(clients, f"(g) {label}, round {i + 1}/{len(windows)}",
+                                                       a.users * len(reqs))):
                         user_runs = await asyncio.gather(*(user_refresh(clients[u % len(clients)], reqs)
                                                            for u in range(a.users)))
                     wall = time.perf_counter() - t0
