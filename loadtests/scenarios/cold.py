@@ -10,7 +10,7 @@ from ..client import Client, Deadline
 from ..timeline import range_request
 from .env import Env, metered
 from .heavy import HEAVY_QUERY, HEAVY_STEP_S
-from .result import Meters, ScenarioResult
+from .result import Meters, ScenarioResult, nest_meters
 
 
 @dataclass
@@ -21,6 +21,8 @@ class ColdRep:
     pieces: str | None = None
     status: tuple[int, int] = (0, 0)  # direct, promaccel
     meters: Meters = field(default_factory=Meters)
+
+    upgrade = staticmethod(nest_meters)
 
 
 @dataclass(kw_only=True)

@@ -16,7 +16,7 @@ from ..dashboard import panel_requests
 from ..services import RssSampler, cpu_seconds
 from ..timeline import panel_key, parse_duration_s, sliding_windows
 from .env import Env, metered
-from .result import Meters, ScenarioResult
+from .result import Meters, ScenarioResult, nest_meters
 from .sizes import PanelSize, probe_sizes
 
 
@@ -29,6 +29,8 @@ class ModeRefresh:
     bytes: int = 0  # decoded JSON the client received
     pieces: list[str | None] | None = None  # X-Promaccel-Pieces per panel (promaccel only)
     meters: Meters = field(default_factory=Meters)
+
+    upgrade = staticmethod(nest_meters)
 
 
 @dataclass

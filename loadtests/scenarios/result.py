@@ -92,9 +92,22 @@ class ScenarioResult:
         return made
 
 
+def nest_meters(data: dict[str, Any]) -> dict[str, Any]:
+    """Runs before the typed results (2026-12-04) wrote a record's meters beside its own keys:
+    gathered under "meters" for `build`."""
+    if "meters" in data:
+        return data
+    names = {f.name for f in dataclasses.fields(Meters)}
+    return {**data, "meters": {k: v for k, v in data.items() if k in names}}
+
+
 def build(cls: type[T], data: dict[str, Any]) -> T:
     """A dataclass from its JSON dict, nested dataclasses (also in lists, dicts and optionals)
-    included; unknown keys are ignored, missing ones take their defaults."""
+    included; unknown keys are ignored, missing ones take their defaults. A class with an
+    `upgrade(data)` static method gets older forms of its dict through it first."""
+    upgrade = getattr(cls, "upgrade", None)
+    if upgrade is not None:
+        data = upgrade(data)
     hints = typing.get_type_hints(cls)
     kwargs = {f.name: _value(hints[f.name], data[f.name]) for f in dataclasses.fields(cls)  # type: ignore[arg-type]
               if f.init and f.name in data}

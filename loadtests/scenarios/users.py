@@ -11,7 +11,7 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar
+from typing import Any, Callable, ClassVar
 
 from ..client import Answer, Client, Deadline, RefreshRun, user_refresh
 from ..dashboard import panel_requests
@@ -43,6 +43,22 @@ class UsersRound:
     index: int
     direct: UsersMode
     promaccel: UsersMode
+
+    @staticmethod
+    def upgrade(data: dict[str, Any]) -> dict[str, Any]:
+        """The form before the typed results: "<mode>_<key>" keys, promaccel's meters flat."""
+        if "direct" in data:
+            return data
+
+        def mode(m: str, **meters: Any) -> dict[str, Any]:
+            return {"wall_s": data.get(f"{m}_wall_s"), "user_s": data.get(f"{m}_user_s", []),
+                    "failures": data.get(f"{m}_failures", 0),
+                    "meters": {"backend_requests": data.get(f"{m}_backend_requests"),
+                               "prometheus_cpu_s": data.get(f"{m}_prometheus_cpu_s"), **meters}}
+
+        return {"index": data.get("index", 0), "direct": mode("direct"),
+                "promaccel": mode("promaccel", **{k: data.get(k) for k in (
+                    "backend_calls", "cache", "cache_errors", "promaccel_cpu_s")})}
 
 
 @dataclass(kw_only=True)

@@ -116,3 +116,32 @@ def test_sizes_by_class_with_and_without_gzip() -> None:
     assert "differ" not in md
     sizes[0].differs = True
     assert "**The gzip and the identity answers differ** for tiny one" in "\n".join(report.size_lines(sizes))
+
+
+def test_results_json_written_before_the_typed_results_still_renders() -> None:
+    """Runs before 2026-12-04 wrote meters beside a record's keys and (d)'s rounds as
+    "<mode>_<key>" keys; `python -m loadtests.report` re-renders them unchanged."""
+    old_mode = lambda w: {"wall_s": w, "panels": {"A": w}, "bytes": 10, "backend_requests": 3,  # noqa: E731
+                          "backend_calls": 4, "cache": {"hit": 2, "miss": 0}}
+    old = {"scenarios": [
+        {"name": "cold", "query": "q", "range": "24h", "step": 60, "points_per_series": 1441, "answer_bytes": 100,
+         "reps": [{"first": "direct", "direct_s": 1.0, "promaccel_s": 0.5, "pieces": "4", "status": [200, 200],
+                   "backend_calls": 7, "backend_bytes": 2048}], "compared": 1, "mismatches": 0},
+        {"name": "dashboard", "window": "1h", "slide_s": 30.0, "panels": 1, "compared": 2, "mismatches": 1,
+         "refreshes": [{"index": i, "start": 0, "end": 1, "first": "direct", "direct": old_mode(1.0),
+                        "promaccel": old_mode(0.5)} for i in range(2)]},
+        {"name": "users", "users": 2, "window": "1h", "slide_s": 30.0, "single_calls": [4],
+         "rounds": [{"index": 0, "direct_wall_s": 1.0, "promaccel_wall_s": 0.5, "direct_user_s": [1.0, 0.9],
+                     "promaccel_user_s": [0.5, 0.4], "backend_calls": 5, "direct_failures": 1,
+                     "promaccel_failures": 0}]},
+    ]}
+    cold, dash, users = (load_result(s) for s in old["scenarios"])
+    assert cold.reps[0].meters.backend_calls == 7 and cold.compared == 1  # type: ignore[attr-defined]
+    assert dash.refreshes[1].promaccel.meters.backend_calls == 4 and dash.mismatches == 1  # type: ignore[attr-defined]
+    assert users.rounds[0].promaccel.meters.backend_calls == 5  # type: ignore[attr-defined]
+    assert users.rounds[0].direct.failures == 1  # type: ignore[attr-defined]
+    md = report.render_markdown(old)
+    assert "could not render" not in md
+    assert "| 0 | direct | 1,000 | 500 | 0.500x | 4 | 7 | 2.0 KiB |" in md
+    assert "| promaccel backend calls (its /metrics) | – | 4 |" in md
+    assert "| 0 | 4 | 5 | 1.250x |" in md and "1 / 0 |" in md
