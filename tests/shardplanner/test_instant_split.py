@@ -286,23 +286,31 @@ def _hostnames(prom: Any) -> int:
     return len([v for v in r.json()["data"] if v])
 
 
+def _series(prom: Any, metric: str) -> int:
+    """The metric's series at the end of the data, as Prometheus counts them: what promaccel
+    learns (proxy/pipeline/series_counts.py) and sizes `shards: auto` and max_samples from."""
+    r = httpx.get(prom.url + "/api/v1/query", params={"query": f"count({metric})", "time": str(prom.end_s)},
+                  timeout=30)
+    return int(r.json()["data"]["result"][0]["value"][1])
+
+
 @pytest.mark.prom
 def test_auto_shards(prom: Any, tmp_path: Path) -> None:
     from tests.servers import Promaccel
 
     cfg = tmp_path / "auto.yaml"
-    # 16 nodes x 8 x 61 steps = 7,808 samples per 1h piece -> ceil(7808 / 2000) = 4 shards.
+    # The real series (16 nodes x 4 GPUs) x 60 steps per 1h piece -> ceil(samples / 2000) shards.
     cfg.write_text("planner: {shards: auto, split_interval: 1h, max_samples_per_piece: 2000, max_parallel: 8}\n")
     server = Promaccel.start(prom.url, ("--config", str(cfg)), tmp_path)
     try:
-        nodes = _hostnames(prom)
+        nodes, series = _hostnames(prom), _series(prom, "DCGM_FI_DEV_GPU_UTIL")
         query = "sum by (namespace) (DCGM_FI_DEV_GPU_UTIL)"
         rng = {"start": str(prom.end_s - 3 * 3600), "end": str(prom.end_s), "step": "60"}
         ex = httpx.get(server.url + "/api/v1/explain", params={"query": query, **rng}, timeout=60).json()["data"]
-        want = min(-(-nodes * 8 * 60 // 2000), 8)  # longest piece: 60 steps
+        want = min(-(-series * 60 // 2000), 8)  # longest piece: 60 steps
         assert want >= 2 and ex["sharded"] and len(ex["shards"]) == want, ex["notes"]
-        assert f"auto: {want} shards for about {nodes * 8 * 60} samples per piece" in ex["notes"]
-        assert ex["estimated_samples"] == nodes * 8 * 181
+        assert f"auto: {want} shards for about {series * 60} samples per piece" in ex["notes"]
+        assert ex["estimated_samples"] == series * 181
         direct = httpx.post(prom.url + "/api/v1/query_range", data={"query": query, **rng}, timeout=60)
         proxied = httpx.post(server.url + "/api/v1/query_range", data={"query": query, **rng}, timeout=60)
         assert diff_answers(direct.json(), proxied.json()) == []
@@ -310,7 +318,9 @@ def test_auto_shards(prom: Any, tmp_path: Path) -> None:
         # A small query is not sharded.
         small = {"query": 'sum(DCGM_FI_DEV_GPU_UTIL{Hostname="gpu-node-0001"})', **rng}
         ex = httpx.get(server.url + "/api/v1/explain", params=small, timeout=60).json()["data"]
-        assert not ex["sharded"] and any("not sharded: auto: every piece within max_samples_per_piece (about 480 of 2000" in n for n in ex["notes"])
+        one = -(-series // nodes) * 60  # 1 node of the 16: its share of the series, rounded up
+        assert not ex["sharded"] and any(f"not sharded: auto: every piece within max_samples_per_piece (about {one} of 2000"
+                                         in n for n in ex["notes"])
     finally:
         server.stop()
 
@@ -319,12 +329,12 @@ def test_auto_shards(prom: Any, tmp_path: Path) -> None:
 def test_max_samples_guardrail(prom: Any, tmp_path: Path) -> None:
     from tests.servers import Promaccel
 
+    series = _series(prom, "DCGM_FI_DEV_POWER_USAGE")
+    limit = series * 100  # 1 h (61 steps) passes, 2 h (121) does not
     cfg = tmp_path / "samples.yaml"
-    cfg.write_text("limits: {max_samples: 10000}\n")
+    cfg.write_text(f"limits: {{max_samples: {limit}}}\n")
     server = Promaccel.start(prom.url, ("--config", str(cfg), "--split-interval", "1h"), tmp_path)
     try:
-        nodes = _hostnames(prom)
-        assert nodes * 8 * 61 <= 10_000 < nodes * 8 * 121  # 1 h passes, 2 h does not
         base = {"query": "sum(DCGM_FI_DEV_POWER_USAGE)", "end": str(prom.end_s), "step": "60"}
         ok = httpx.post(server.url + "/api/v1/query_range", data={**base, "start": str(prom.end_s - 3600)}, timeout=60)
         assert ok.status_code == 200, ok.text
@@ -333,7 +343,7 @@ def test_max_samples_guardrail(prom: Any, tmp_path: Path) -> None:
         body = over.json()
         assert body["status"] == "error" and body["errorType"] == "execution"
         msg = body["error"]
-        assert "limits.max_samples" in msg and f"{nodes * 8 * 121:,} samples" in msg and "10,000" in msg
+        assert "limits.max_samples" in msg and f"{series * 121:,} samples" in msg and f"{limit:,}" in msg
         assert "shorter time range" in msg and "larger step" in msg and "more selective matcher" in msg
         # Narrowed as the message says: fewer nodes, or a larger step.
         narrow = {**base, "start": str(prom.end_s - 7200),
@@ -341,10 +351,11 @@ def test_max_samples_guardrail(prom: Any, tmp_path: Path) -> None:
         assert httpx.post(server.url + "/api/v1/query_range", data=narrow, timeout=60).status_code == 200
         coarse = {**base, "start": str(prom.end_s - 7200), "step": "120"}
         assert httpx.post(server.url + "/api/v1/query_range", data=coarse, timeout=60).status_code == 200
-        # An instant query over a long window: nodes x 8 x (6h / 30s) samples.
+        # An instant query over a long window: series x (6h / 30s) samples.
         inst = httpx.post(server.url + "/api/v1/query",
                           data={"query": "max_over_time(DCGM_FI_DEV_GPU_UTIL[6h])", "time": str(prom.end_s)}, timeout=60)
-        assert inst.status_code == 422 and f"{nodes * 8 * 720:,} samples" in inst.json()["error"]
+        util = _series(prom, "DCGM_FI_DEV_GPU_UTIL")
+        assert inst.status_code == 422 and f"{util * 720:,} samples" in inst.json()["error"]
         # A metric without a shard label cannot be estimated: never refused.
         up = httpx.post(server.url + "/api/v1/query",
                         data={"query": "count_over_time(up[6h])", "time": str(prom.end_s)}, timeout=60)
