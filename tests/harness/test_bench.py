@@ -23,8 +23,10 @@ def test_parse_args_bounds_and_scenarios() -> None:
     assert bench.parse_args([]).scenarios == list(SCENARIOS)
     assert bench.parse_args(["--scenario", "g"]).scenarios == ["workers"]
     assert bench.parse_args([]).workers == 2
+    assert bench.parse_args([]).size_reps == 5 and bench.parse_args(["--size-reps", "0"]).size_reps == 0
     for bad in (["--users", "0"], ["--users", "1000"], ["--scenario", "nope"], ["--refreshes", "0"],
-                ["--window", "banana"], ["--heavy", "1000"], ["--workers", "0"], ["--workers", "99"]):
+                ["--window", "banana"], ["--heavy", "1000"], ["--workers", "0"], ["--workers", "99"],
+                ["--size-reps", "-1"], ["--size-reps", "101"]):
         with pytest.raises(SystemExit):
             bench.parse_args(bad)
 
