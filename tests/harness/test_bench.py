@@ -53,7 +53,11 @@ def test_bench_smoke_small(tmp_path: Path) -> None:
     assert sum(s.get("mismatches", 0) for s in results["scenarios"]) == 0
     assert sum(s.get("compared", 0) for s in results["scenarios"]) > 50
     assert all(s.get("failures", 0) == 0 for s in results["scenarios"])
+    for name in ("dashboard", "tiny"):  # warm answers by size, with and without gzip (issue 28 item 5)
+        sizes = next(s for s in results["scenarios"] if s["name"] == name)["sizes"]
+        assert sizes and all(z["gzip_s"] and z["identity_s"] and not z["differs"] for z in sizes), name
     summary = (out / "summary.md").read_text()
+    assert summary.count("Warm answers by size") == 2
     assert summary.startswith("# promaccel benchmark") and "loadtests.bench --small" in summary
     for png in ("dashboard-1h.png", "cold.png", "tiny.png", "users.png", "heavy-rss.png"):
         assert (out / png).exists(), png
