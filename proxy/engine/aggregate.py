@@ -16,7 +16,7 @@ order (the input's series order), with its arithmetic:
   int64(param) with "Scalar value %v overflows int64", k < 1 -> nothing; an instant answer
   lists each group's winners as Go's sort.Sort(sort.Reverse(heap)) leaves them;
 - quantile sorts with Go's pdqsort when a NaN is present (where it lands is Go's), then
-  interpolates as quantile();
+  interpolates as quantile() (quantile.py, the one quantile_over_time uses too);
 - count_values labels each series with strconv.FormatFloat(v, 'f', -1) and counts;
   `invalid label name "..."` for a bad label.
 Output labels: `by` keeps the listed labels present, `without` drops them and `__name__`;
@@ -40,6 +40,7 @@ import numpy.typing as npt
 from numba import njit
 
 from proxy.engine.errors import EvalError
+from proxy.engine.quantile import quantile, quantiles
 from proxy.engine.stepwise import Interner, Samples, as_grid, build, notes, scalar_steps
 from proxy.result import golang as go
 from proxy.result.aggops import AVG, CODES, COUNT, GROUP, MAX, MIN, STDDEV, STDVAR, SUM
@@ -167,31 +168,6 @@ def _select(v, starts, ks, bottom):  # type: ignore[no-untyped-def]
     return heap_all[:o], heap_start
 
 
-@njit(cache=True, error_model="numpy")
-def _quantiles(q, v, starts):  # type: ignore[no-untyped-def]
-    out = np.empty(len(starts) - 1)
-    for r in range(len(starts) - 1):
-        out[r] = _quantile(q[r], np.sort(v[starts[r]:starts[r + 1]]))
-    return out
-
-
-@njit(cache=True, error_model="numpy")
-def _quantile(q, values):  # type: ignore[no-untyped-def]
-    """quantile() over already sorted values."""
-    if math.isnan(q):
-        return math.nan
-    if q < 0:
-        return -math.inf
-    if q > 1:
-        return math.inf
-    n = float(len(values))
-    rank = q * (n - 1)
-    lower = max(0.0, math.floor(rank))
-    upper = min(n - 1, lower + 1)
-    weight = rank - math.floor(rank)
-    return values[int(lower)] * (1 - weight) + values[int(upper)] * weight
-
-
 def evaluate_aggregation(node: Agg, inner: QueryResult, param: QueryResult | float | str | None,
                          grid: npt.ArrayLike, is_range: bool) -> QueryResult:
     """`node.op by/without (...) ([param,] inner)` as Prometheus 2.42 evaluates it."""
@@ -292,14 +268,14 @@ def k_per_step(param: F64) -> I64:
 
 
 def _quantile_cells(q: F64, v: F64, starts: I64) -> F64:
-    out = _quantiles(q, v, starts)
+    out = quantiles(q, v, starts)
     nan = np.isnan(v)
     if nan.any():  # where NaNs land is decided by Go's sort: redo those cells with it
         runs = np.searchsorted(starts, np.flatnonzero(nan), side="right") - 1
         for r in np.unique(runs).tolist():
             vals = v[starts[r]:starts[r + 1]].tolist()
             go_sort(vals, lambda a, b: math.isnan(a) or a < b)
-            out[r] = _quantile(q[r], np.asarray(vals, dtype=np.float64))
+            out[r] = quantile(q[r], 0, np.asarray(vals, dtype=np.float64))
     return out
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 import unicodedata
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -62,12 +63,92 @@ from proxy.result import gomath
 from proxy.result.gosort import go_sort
 from proxy.result.query_result import QueryResult
 from shardplanner.ast import Call, Selector, unparen
+from shardplanner.functions import FUNCTIONS
 
-__all__ = ["INSTANT_FUNCTIONS", "evaluate_call"]
+__all__ = ["INSTANT_FUNCTIONS", "KERNELS", "CallArgs", "InstantKernel", "evaluate_call", "kernel"]
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 Arg = QueryResult | float | str
+
+
+@dataclass(frozen=True)
+class CallArgs:
+    """One call's evaluated arguments on the step grid, as every kernel receives them."""
+
+    node: Call
+    args: Sequence[Arg]
+    grid: I64
+    is_range: bool
+    warnings: list[str]
+    infos: list[str]
+
+    @property
+    def rtype(self) -> Literal["vector", "matrix"]:
+        return "matrix" if self.is_range else "vector"
+
+    def vector(self) -> Samples:
+        """The vector argument's samples (the row's first "vector" argument)."""
+        pos = FUNCTIONS[self.node.func].args.index("vector")
+        return Samples.of(_vector_arg(self.args[pos]), self.grid, self.is_range)
+
+    def scalar(self, i: int) -> F64:
+        """Argument `i` (a scalar) at every step."""
+        return scalar_steps(_scalar_arg(self.args[i]), self.grid)
+
+    def per_step(self, rtype_scalar: bool, values: F64) -> QueryResult:
+        return per_step_answer(rtype_scalar, self.is_range, self.grid, values, self.warnings, self.infos)
+
+
+InstantKernel = Callable[[CallArgs], QueryResult]
+# Function name -> its kernel (functions.go FunctionCalls); kernels.py joins it with the rows
+# of shardplanner/functions.py.
+KERNELS: dict[str, InstantKernel] = {}
+
+
+def kernel(*names: str) -> Callable[[InstantKernel], InstantKernel]:
+    """Register the decorated function as the kernel of `names`."""
+    def register(fn: InstantKernel) -> InstantKernel:
+        for name in names:
+            if name in KERNELS:
+                raise ValueError(f"{name}() has two kernels")
+            KERNELS[name] = fn
+        return fn
+    return register
+
+
+def evaluate_call(node: Call, args: Sequence[Arg], grid: Sequence[int] | I64, is_range: bool) -> QueryResult:
+    """`node.func(*args)` as Prometheus 2.42 evaluates it over `grid`."""
+    fn = KERNELS.get(node.func)
+    if fn is None:
+        raise ValueError(f"{node.func}() is not an instant-vector function evaluate_call knows")
+    if len(args) != len(node.args):
+        raise ValueError(f"{node.func}() got {len(args)} evaluated arguments for {len(node.args)} in the query")
+    g = as_grid(grid)
+    if not is_range and len(g) != 1:
+        raise ValueError("an instant query has one evaluation time")
+    warnings, infos = notes(args)
+    return fn(CallArgs(node, args, g, is_range, warnings, infos))
+
+
+# --------------------------------------------------------------------------------------
+# Element-wise functions: one output sample per input sample, `__name__` dropped
+# --------------------------------------------------------------------------------------
+
+
+def _elementwise(c: CallArgs, s: Samples, out: F64, keep: npt.NDArray[np.bool_] | None = None) -> QueryResult:
+    dropped = [without_name(d) for d in s.result.labels]
+    if keep is not None:
+        s, out = Samples(s.result, s.ser[keep], s.step[keep], s.value[keep]), out[keep]
+    return _per_series(c.rtype, c.grid, dropped, s, np.asarray(out, dtype=np.float64), c.warnings, c.infos)
+
+
+def _math(fn: Callable[[F64], F64]) -> InstantKernel:
+    def run(c: CallArgs) -> QueryResult:
+        s = c.vector()
+        with np.errstate(all="ignore"):
+            return _elementwise(c, s, fn(s.value))
+    return run
 
 
 def _rad(v: F64) -> F64:
@@ -82,7 +163,7 @@ def _sgn(v: F64) -> F64:
     return np.where(v < 0, -1.0, np.where(v > 0, 1.0, v))
 
 
-_SIMPLE: dict[str, Callable[[F64], F64]] = {
+_MATH: dict[str, Callable[[F64], F64]] = {
     "abs": np.abs, "ceil": np.ceil, "floor": np.floor, "exp": np.exp, "sqrt": np.sqrt, "ln": gomath.go_log,
     "log2": gomath.go_log2, "log10": gomath.go_log10, "sin": gomath.go_sin, "cos": gomath.go_cos,
     "tan": gomath.go_tan,
@@ -90,98 +171,135 @@ _SIMPLE: dict[str, Callable[[F64], F64]] = {
     "tanh": np.tanh, "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh, "rad": _rad,
     "deg": _deg, "sgn": _sgn,
 }
+for _name, _fn in _MATH.items():
+    kernel(_name)(_math(_fn))
+
+
+@kernel("round")
+def _round(c: CallArgs) -> QueryResult:
+    s = c.vector()
+    v = s.value
+    to_nearest = c.scalar(1)[s.step] if len(c.args) > 1 else np.ones(len(v))
+    with np.errstate(all="ignore"):
+        inv = 1.0 / to_nearest
+        return _elementwise(c, s, np.floor(v * inv + 0.5) / inv)
+
+
+@kernel("clamp")
+def _clamp(c: CallArgs) -> QueryResult:
+    s = c.vector()
+    lo, hi = c.scalar(1)[s.step], c.scalar(2)[s.step]
+    with np.errstate(all="ignore"):
+        return _elementwise(c, s, go.go_max(lo, go.go_min(hi, s.value)), ~(hi < lo))
+
+
+@kernel("clamp_max")
+def _clamp_max(c: CallArgs) -> QueryResult:
+    s = c.vector()
+    with np.errstate(all="ignore"):
+        return _elementwise(c, s, go.go_min(c.scalar(1)[s.step], s.value))
+
+
+@kernel("clamp_min")
+def _clamp_min(c: CallArgs) -> QueryResult:
+    s = c.vector()
+    with np.errstate(all="ignore"):
+        return _elementwise(c, s, go.go_max(c.scalar(1)[s.step], s.value))
+
+
 _DATE = {
     "day_of_month": "day", "day_of_week": "weekday", "day_of_year": "yday", "hour": "hour",
     "minute": "minute", "month": "month", "year": "year", "days_in_month": "days_in_month",
 }
-_NATIVE_ONLY = frozenset({"histogram_count", "histogram_sum", "histogram_fraction"})
-_OTHERS = frozenset({
-    "round", "clamp", "clamp_min", "clamp_max", "pi", "time", "scalar", "vector", "timestamp",
-    "label_replace", "label_join", "sort", "sort_desc", "histogram_quantile",
-})
-INSTANT_FUNCTIONS: frozenset[str] = frozenset(_SIMPLE) | frozenset(_DATE) | _NATIVE_ONLY | _OTHERS
 
 
-
-def evaluate_call(node: Call, args: Sequence[Arg], grid: Sequence[int] | I64, is_range: bool) -> QueryResult:
-    """`node.func(*args)` as Prometheus 2.42 evaluates it over `grid`."""
-    name = node.func
-    if name not in INSTANT_FUNCTIONS:
-        raise ValueError(f"{name}() is not an instant-vector function evaluate_call knows")
-    if len(args) != len(node.args):
-        raise ValueError(f"{name}() got {len(args)} evaluated arguments for {len(node.args)} in the query")
-    g = as_grid(grid)
-    if not is_range and len(g) != 1:
-        raise ValueError("an instant query has one evaluation time")
-    warnings, infos = notes(args)
-    rtype: Literal["vector", "matrix"] = "matrix" if is_range else "vector"
-
-    if name == "pi":
-        return per_step_answer(True, is_range, g, np.full(len(g), math.pi), warnings, infos)
-    if name == "time":
-        return per_step_answer(True, is_range, g, g.astype(np.float64) / 1000, warnings, infos)
-    if name == "vector":
-        return per_step_answer(False, is_range, g, scalar_steps(_scalar_arg(args[0]), g), warnings, infos)
-    if name in _DATE and not args:
-        secs = np.fix(g / 1000).astype(np.int64)  # enh.Ts/1000 (truncating) seconds
-        return per_step_answer(False, is_range, g, _date_values(name, secs), warnings, infos)
-    if name == "timestamp" and isinstance(unparen(node.args[0]), Selector):
-        raise ValueError("timestamp() of a selector reads the raw samples' times: evaluate it on a backend")
-
-    vec_pos = 1 if name == "histogram_quantile" else 2 if name == "histogram_fraction" else 0
-    s = Samples.of(_vector_arg(args[vec_pos]), g, is_range)
-    labels = s.result.labels
-
-    if name == "scalar":
-        counts = np.bincount(s.step, minlength=len(g))
-        values = np.full(len(g), np.nan)
-        values[s.step] = s.value
-        values[counts != 1] = np.nan
-        return per_step_answer(True, is_range, g, values, warnings, infos)
-    if name in _NATIVE_ONLY:
-        for a in args[:vec_pos]:
-            scalar_steps(_scalar_arg(a), g)
-        return QueryResult.empty(rtype, warnings=warnings, infos=infos)
-    if name in ("label_replace", "label_join"):
-        out_labels = _label_replace(labels, args) if name == "label_replace" else _label_join(labels, args)
-        return _per_series(rtype, g, out_labels, s, s.value, warnings, infos)
-    if name in ("sort", "sort_desc"):
-        return _sort(name, rtype, g, s, warnings, infos)
-    if name == "histogram_quantile":
-        from proxy.engine.histogram import histogram_quantile
-
-        interner, sid, step, value = histogram_quantile(scalar_steps(_scalar_arg(args[0]), g), s, len(g))
-        check_unique(sid, step, len(g))
-        return build(rtype, g, interner, sid, step, value, warnings, infos)
-
-    dropped = [without_name(d) for d in labels]
-    v = s.value
-    keep: npt.NDArray[np.bool_] | None = None
+@kernel(*_DATE)
+def _date(c: CallArgs) -> QueryResult:
+    name = c.node.func
+    if not c.args:  # vector(time()): the step's own time, truncated to seconds (enh.Ts/1000)
+        return c.per_step(False, _date_values(name, np.fix(c.grid / 1000).astype(np.int64)))
+    s = c.vector()
     with np.errstate(all="ignore"):
-        if name in _SIMPLE:
-            out = _SIMPLE[name](v)
-        elif name in _DATE:
-            out = _date_values(name, go.go_float_to_int64(v))
-        elif name == "timestamp":
-            out = g[s.step].astype(np.float64) / 1000
-        elif name == "round":
-            to_nearest = scalar_steps(_scalar_arg(args[1]), g)[s.step] if len(args) > 1 else np.ones(len(v))
-            inv = 1.0 / to_nearest
-            out = np.floor(v * inv + 0.5) / inv
-        elif name == "clamp":
-            lo = scalar_steps(_scalar_arg(args[1]), g)[s.step]
-            hi = scalar_steps(_scalar_arg(args[2]), g)[s.step]
-            out = go.go_max(lo, go.go_min(hi, v))
-            keep = ~(hi < lo)
-        elif name == "clamp_max":
-            out = go.go_min(scalar_steps(_scalar_arg(args[1]), g)[s.step], v)
-        elif name == "clamp_min":
-            out = go.go_max(scalar_steps(_scalar_arg(args[1]), g)[s.step], v)
-        else:  # pragma: no cover - INSTANT_FUNCTIONS is covered above
-            raise AssertionError(name)
-    s2 = s if keep is None else Samples(s.result, s.ser[keep], s.step[keep], s.value[keep])
-    return _per_series(rtype, g, dropped, s2, np.asarray(out, dtype=np.float64)[keep] if keep is not None
-                       else np.asarray(out, dtype=np.float64), warnings, infos)
+        return _elementwise(c, s, _date_values(name, go.go_float_to_int64(s.value)))
+
+
+@kernel("timestamp")
+def _timestamp(c: CallArgs) -> QueryResult:
+    if isinstance(unparen(c.node.args[0]), Selector):
+        raise ValueError("timestamp() of a selector reads the raw samples' times: evaluate it on a backend")
+    s = c.vector()
+    return _elementwise(c, s, c.grid[s.step].astype(np.float64) / 1000)
+
+
+# --------------------------------------------------------------------------------------
+# Values at every step: pi, time, vector, scalar
+# --------------------------------------------------------------------------------------
+
+
+@kernel("pi")
+def _pi(c: CallArgs) -> QueryResult:
+    return c.per_step(True, np.full(len(c.grid), math.pi))
+
+
+@kernel("time")
+def _time(c: CallArgs) -> QueryResult:
+    return c.per_step(True, c.grid.astype(np.float64) / 1000)
+
+
+@kernel("vector")
+def _vector(c: CallArgs) -> QueryResult:
+    return c.per_step(False, c.scalar(0))
+
+
+@kernel("scalar")
+def _scalar(c: CallArgs) -> QueryResult:
+    s = c.vector()
+    counts = np.bincount(s.step, minlength=len(c.grid))
+    values = np.full(len(c.grid), np.nan)
+    values[s.step] = s.value
+    values[counts != 1] = np.nan  # a value only where exactly one series has a sample
+    return c.per_step(True, values)
+
+
+# --------------------------------------------------------------------------------------
+# Histograms, labels, order
+# --------------------------------------------------------------------------------------
+
+
+@kernel("histogram_count", "histogram_sum", "histogram_fraction")
+def _native_only(c: CallArgs) -> QueryResult:
+    """Native histograms only: float samples give nothing (the scalar arguments still are
+    evaluated, and refused if they are not scalars)."""
+    c.vector()
+    for i, t in enumerate(FUNCTIONS[c.node.func].args):
+        if t == "scalar":
+            c.scalar(i)
+    return QueryResult.empty(c.rtype, warnings=c.warnings, infos=c.infos)
+
+
+@kernel("histogram_quantile")
+def _histogram_quantile(c: CallArgs) -> QueryResult:
+    from proxy.engine.histogram import histogram_quantile
+
+    interner, sid, step, value = histogram_quantile(c.scalar(0), c.vector(), len(c.grid))
+    check_unique(sid, step, len(c.grid))
+    return build(c.rtype, c.grid, interner, sid, step, value, c.warnings, c.infos)
+
+
+@kernel("label_replace", "label_join")
+def _label_write(c: CallArgs) -> QueryResult:
+    s = c.vector()
+    labels = s.result.labels
+    out = _label_replace(labels, c.args) if c.node.func == "label_replace" else _label_join(labels, c.args)
+    return _per_series(c.rtype, c.grid, out, s, s.value, c.warnings, c.infos)
+
+
+@kernel("sort", "sort_desc")
+def _sort_kernel(c: CallArgs) -> QueryResult:
+    return _sort(c.node.func, c.rtype, c.grid, c.vector(), c.warnings, c.infos)
+
+
+INSTANT_FUNCTIONS: frozenset[str] = frozenset(KERNELS)
 
 
 def _vector_arg(a: Arg) -> QueryResult:

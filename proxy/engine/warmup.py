@@ -16,7 +16,7 @@ import numpy as np
 
 from proxy.engine.aggregate import AGGREGATIONS, evaluate_aggregation
 from proxy.engine.functions import evaluate_call
-from proxy.engine.windows import _PARAMS, eval_range_function
+from proxy.engine.windows import PARAMS, eval_range_function
 from proxy.result.query_result import QueryResult
 from shardplanner.ast import Number, String
 from shardplanner.promql import parse
@@ -38,7 +38,7 @@ def warm_up() -> float:
     raw = _raw()
     grid = np.array([_T0 + 60_000, _T0 + 120_000, _T0 + 165_000], dtype=np.int64)
     params = {0: [], 1: [0.5], 2: [0.5, 0.5]}
-    for func, n in _PARAMS.items():
+    for func, n in PARAMS.items():
         eval_range_function(func, params[n], raw, grid, 60_000)
     stepped = eval_range_function("last_over_time", [], raw, grid, 60_000)
     param: dict[str, float | str] = {"topk": 1.0, "bottomk": 1.0, "quantile": 0.5, "count_values": "v"}

@@ -19,10 +19,8 @@ predict_linear, holt_winters) are in window_lanes.py: Go's loops, four windows i
 
 Exact shortcuts (same result as Go's loop, less work): counter resets inside a rate window
 are found through a next-reset index (their values are still added in window order);
-changes()/resets() count through prefix sums of integer flags; quantile_over_time keeps the
-window's non-NaN values in a sorted buffer that slides with the window (Go sorts each window;
-only the multiset of values reaches the result, NaN sorting first as Go's vectorByValueHeap
-puts it).
+changes()/resets() count through prefix sums of integer flags. quantile_over_time is in
+quantile.py, beside the one quantile() the aggregation uses too.
 """
 
 from __future__ import annotations
@@ -32,16 +30,23 @@ import math
 import numpy as np
 from numba import njit
 
-__all__ = ["CODES", "run"]
+from proxy.engine.window_codes import (
+    CHANGES,
+    COUNT_OVER_TIME,
+    DELTA,
+    IDELTA,
+    INCREASE,
+    IRATE,
+    LAST_OVER_TIME,
+    MAX_OVER_TIME,
+    MIN_OVER_TIME,
+    PRESENT_OVER_TIME,
+    RATE,
+    RESETS,
+)
 
-CODES: dict[str, int] = {
-    "rate": 0, "increase": 1, "delta": 2, "irate": 3, "idelta": 4,
-    "avg_over_time": 5, "min_over_time": 6, "max_over_time": 7, "sum_over_time": 8,
-    "count_over_time": 9, "quantile_over_time": 10, "stddev_over_time": 11,
-    "stdvar_over_time": 12, "last_over_time": 13, "present_over_time": 14,
-    "changes": 15, "resets": 16, "deriv": 17, "predict_linear": 18, "holt_winters": 19,
-}
-_QUANTILE = 10
+__all__ = ["run"]
+
 
 _jit = njit(cache=True, nogil=True, error_model="numpy")
 _jit_inline = njit(cache=True, nogil=True, error_model="numpy", inline="always")
@@ -115,11 +120,11 @@ def _series_aux(code, offsets, v):  # type: ignore[no-untyped-def]
     """Per sample: `nxt[j]` the first counter reset at or after j (its series' end if none;
     a reset at r: v[r] < v[r-1]); `pre[j]` the number of changes()/resets() flags at the
     samples after its series' first up to j."""
-    nxt = np.empty(len(v) + 1 if code <= 1 else 0, dtype=np.int64)
-    pre = np.zeros(len(v) if code == 15 or code == 16 else 0, dtype=np.int64)
+    nxt = np.empty(len(v) + 1 if code <= INCREASE else 0, dtype=np.int64)
+    pre = np.zeros(len(v) if code == CHANGES or code == RESETS else 0, dtype=np.int64)
     for s in range(len(offsets) - 1):
         a, b = offsets[s], offsets[s + 1]
-        if code <= 1:
+        if code <= INCREASE:
             nxt[b] = b
             following = b
             for j in range(b - 1, a, -1):
@@ -128,11 +133,11 @@ def _series_aux(code, offsets, v):  # type: ignore[no-untyped-def]
                 nxt[j] = following
             if b > a:
                 nxt[a] = following
-        elif code == 15 or code == 16:
+        elif code == CHANGES or code == RESETS:
             acc = 0
             for j in range(a + 1, b):
                 cur, prev = v[j], v[j - 1]
-                if code == 15:
+                if code == CHANGES:
                     if cur != prev and not (math.isnan(cur) and math.isnan(prev)):
                         acc += 1
                 elif cur < prev:
@@ -142,70 +147,17 @@ def _series_aux(code, offsets, v):  # type: ignore[no-untyped-def]
 
 
 @_jit
-def _insert(buf, m, x):  # type: ignore[no-untyped-def]
-    lo, hi = 0, m
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if buf[mid] <= x:
-            lo = mid + 1
-        else:
-            hi = mid
-    for i in range(m, lo, -1):
-        buf[i] = buf[i - 1]
-    buf[lo] = x
-
-
-@_jit
-def _remove(buf, m, x):  # type: ignore[no-untyped-def]
-    lo, hi = 0, m
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if buf[mid] < x:
-            lo = mid + 1
-        else:
-            hi = mid
-    for i in range(lo, m - 1):
-        buf[i] = buf[i + 1]
-
-
-@_jit
-def _quantile(buf, m, n, q):  # type: ignore[no-untyped-def]
-    """quantile() over n values of which the n - m NaNs sort first, then buf[:m]."""
-    if math.isnan(q):
-        return math.nan
-    if q < 0:
-        return -math.inf
-    if q > 1:
-        return math.inf
-    nans = n - m
-    fn = float(n)
-    rank = q * (fn - 1)
-    lower = max(0.0, math.floor(rank))
-    upper = min(fn - 1, lower + 1)
-    weight = rank - math.floor(rank)
-    li, ui = int(lower), int(upper)
-    a = math.nan if li < nans else buf[li - nans]
-    b = math.nan if ui < nans else buf[ui - nans]
-    return a * (1 - weight) + b * weight
-
-
-@_jit
 def run(code, offsets, t, v, eval_ms, range_ms, offset_ms, range_s, p0, p1):  # type: ignore[no-untyped-def]
-    """Every code but window_lanes.SERIAL (window_lanes.run_serial)."""
+    """Every code but window_codes.SERIAL (window_lanes.run_serial) and QUANTILE_OVER_TIME
+    (quantile.run_quantile_over_time)."""
     n_series = len(offsets) - 1
     n_steps = len(eval_ms)
     state = np.zeros(n_series * n_steps, dtype=np.int8)
     out = np.zeros(n_series * n_steps, dtype=np.float64)
     nxt, pre = _series_aux(code, offsets, v)
-    longest = 0
-    for s in range(n_series):
-        longest = max(longest, offsets[s + 1] - offsets[s])
-    buf = np.empty(longest + 1 if code == _QUANTILE else 0, dtype=np.float64)
     for s in range(n_series):
         a, b = offsets[s], offsets[s + 1]
         lo = hi = a
-        blo = bhi = a  # quantile: buf[:m] holds the sorted non-NaN values of v[blo:bhi]
-        m = 0
         for k in range(n_steps):
             maxt = eval_ms[k] - offset_ms
             mint = maxt - range_ms
@@ -219,43 +171,22 @@ def run(code, offsets, t, v, eval_ms, range_ms, offset_ms, range_s, p0, p1):  # 
                 continue
             cell = s * n_steps + k
             state[cell] = 1
-            if code == _QUANTILE:
-                if lo >= bhi or (lo - blo) + (hi - bhi) > 32:
-                    m = 0
-                    for j in range(lo, hi):
-                        if not math.isnan(v[j]):
-                            buf[m] = v[j]
-                            m += 1
-                    buf[:m].sort()
-                else:
-                    for j in range(blo, lo):
-                        if not math.isnan(v[j]):
-                            _remove(buf, m, v[j])
-                            m -= 1
-                    for j in range(bhi, hi):
-                        if not math.isnan(v[j]):
-                            _insert(buf, m, v[j])
-                            m += 1
-                blo, bhi = lo, hi
-                out[cell] = _quantile(buf, m, hi - lo, p0[k])
-                state[cell] = 2
-                continue
             n = hi - lo
-            if n < 2 and code <= 4:
+            if n < 2 and code <= IDELTA:
                 continue  # rate and friends: two samples
             ts = eval_ms[k]
             ok = True
-            if code <= 2:
-                val = _extrapolated(t, v, lo, hi, ts, range_ms, offset_ms, range_s, code <= 1, code == 0, nxt)
-            elif code <= 4:
-                val, ok = _instant(t, v, lo, hi, code == 3)
-            elif code == 6 or code == 7:
-                val = _min_max(v, lo, hi, code == 6)
-            elif code == 9:
+            if code <= DELTA:
+                val = _extrapolated(t, v, lo, hi, ts, range_ms, offset_ms, range_s, code <= INCREASE, code == RATE, nxt)
+            elif code <= IDELTA:
+                val, ok = _instant(t, v, lo, hi, code == IRATE)
+            elif code == MIN_OVER_TIME or code == MAX_OVER_TIME:
+                val = _min_max(v, lo, hi, code == MIN_OVER_TIME)
+            elif code == COUNT_OVER_TIME:
                 val = float(n)
-            elif code == 13:
+            elif code == LAST_OVER_TIME:
                 val = v[hi - 1]
-            elif code == 14:
+            elif code == PRESENT_OVER_TIME:
                 val = 1.0
             else:  # changes, resets: the flags of samples lo+1 .. hi-1
                 val = float(pre[hi - 1] - pre[lo])

@@ -22,13 +22,22 @@ import math
 import numpy as np
 from numba import njit
 
+from proxy.engine.window_codes import (
+    AVG_OVER_TIME,
+    DERIV,
+    HOLT_WINTERS,
+    PREDICT_LINEAR,
+    SERIAL,
+    STDDEV_OVER_TIME,
+    STDVAR_OVER_TIME,
+    SUM_OVER_TIME,
+)
+
 __all__ = ["SERIAL", "run_serial"]
 
-# The codes of window_kernels.CODES handled here: avg, sum, stddev, stdvar, deriv,
-# predict_linear, holt_winters. windows.py picks the kernel: a compiled call into another
-# file would keep a stale numba cache when that file changes (numba checks only the
-# caller's own file).
-SERIAL = frozenset({5, 8, 11, 12, 17, 18, 19})
+# The codes handled here: window_codes.SERIAL. windows.py picks the kernel: a compiled call
+# into another file would keep a stale numba cache when that file changes (numba checks only
+# the caller's own file).
 
 _jit = njit(cache=True, nogil=True, error_model="numpy")
 _jit_inline = njit(cache=True, nogil=True, error_model="numpy", inline="always")
@@ -47,9 +56,9 @@ def _kahan(inc, s, c):  # type: ignore[no-untyped-def]
 @_jit_inline
 def _begin(code, v, lo):  # type: ignore[no-untyped-def]
     z = 0.0
-    if code == 17 or code == 18:
+    if code == DERIV or code == PREDICT_LINEAR:
         return (z, z, z, z, z, z, z, z, z, 1.0, v[lo])
-    if code == 19:
+    if code == HOLT_WINTERS:
         return (z, v[lo], v[lo + 1] - v[lo], 1.0, z, z, z, z, z, z, z)
     return (z, z, z, z, z, z, z, z, z, z, z)
 
@@ -57,23 +66,23 @@ def _begin(code, v, lo):  # type: ignore[no-untyped-def]
 @_jit_inline
 def _step(code, x, tx, at, sf, tf, st):  # type: ignore[no-untyped-def]
     z = 0.0
-    if code == 5:  # funcAvgOverTime
+    if code == AVG_OVER_TIME:  # funcAvgOverTime
         mean, c, count = st[0], st[1], st[2] + 1
         if math.isinf(mean) and ((math.isinf(x) and (mean > 0) == (x > 0))
                                  or (not math.isinf(x) and not math.isnan(x))):
             return (mean, c, count, z, z, z, z, z, z, z, z)
         mean, c = _kahan(x / count - mean / count, mean, c)
         return (mean, c, count, z, z, z, z, z, z, z, z)
-    if code == 8:  # funcSumOverTime
+    if code == SUM_OVER_TIME:  # funcSumOverTime
         s, c = _kahan(x, st[0], st[1])
         return (s, c, z, z, z, z, z, z, z, z, z)
-    if code == 11 or code == 12:  # funcStdvarOverTime
+    if code == STDDEV_OVER_TIME or code == STDVAR_OVER_TIME:  # funcStdvarOverTime
         count = st[0] + 1
         delta = x - (st[1] + st[2])
         mean, c_mean = _kahan(delta / count, st[1], st[2])
         aux, c_aux = _kahan(delta * (x - (mean + c_mean)), st[3], st[4])
         return (count, mean, c_mean, aux, c_aux, z, z, z, z, z, z)
-    if code == 17 or code == 18:  # linearRegression
+    if code == DERIV or code == PREDICT_LINEAR:  # linearRegression
         const_y = st[9]
         if const_y == 1.0 and st[0] > 0 and x != st[10]:
             const_y = 0.0
@@ -94,16 +103,16 @@ def _step(code, x, tx, at, sf, tf, st):  # type: ignore[no-untyped-def]
 
 @_jit_inline
 def _finish(code, st, p0):  # type: ignore[no-untyped-def]
-    if code == 5 or code == 8:
+    if code == AVG_OVER_TIME or code == SUM_OVER_TIME:
         return st[0] if math.isinf(st[0]) else st[0] + st[1]
-    if code == 11 or code == 12:
+    if code == STDDEV_OVER_TIME or code == STDVAR_OVER_TIME:
         var = (st[3] + st[4]) / st[0]
-        return math.sqrt(var) if code == 11 else var
-    if code == 17 or code == 18:
+        return math.sqrt(var) if code == STDDEV_OVER_TIME else var
+    if code == DERIV or code == PREDICT_LINEAR:
         if st[9] == 1.0:
             if math.isinf(st[10]):
                 return math.nan
-            return 0.0 if code == 17 else 0.0 * p0 + st[10]
+            return 0.0 if code == DERIV else 0.0 * p0 + st[10]
         n = st[0]
         sum_x = st[1] + st[2]
         sum_y = st[3] + st[4]
@@ -112,7 +121,7 @@ def _finish(code, st, p0):  # type: ignore[no-untyped-def]
         cov_xy = sum_xy - sum_x * sum_y / n
         var_x = sum_x2 - sum_x * sum_x / n
         slope = cov_xy / var_x
-        if code == 17:
+        if code == DERIV:
             return slope
         intercept = sum_y / n - slope * sum_x / n
         return slope * p0 + intercept
@@ -125,10 +134,10 @@ def _four(code, t, v, lo, n, at, sf, tf):  # type: ignore[no-untyped-def]
     l0, l1, l2, l3 = lo[0], lo[1], lo[2], lo[3]
     n0, n1, n2, n3 = n[0], n[1], n[2], n[3]
     a0, a1, a2, a3 = at[0], at[1], at[2], at[3]
-    s0 = _begin(code, v, l0 - 1 if code == 19 else l0) if n0 > 0 else _begin(5, v, 0)
-    s1 = _begin(code, v, l1 - 1 if code == 19 else l1) if n1 > 0 else _begin(5, v, 0)
-    s2 = _begin(code, v, l2 - 1 if code == 19 else l2) if n2 > 0 else _begin(5, v, 0)
-    s3 = _begin(code, v, l3 - 1 if code == 19 else l3) if n3 > 0 else _begin(5, v, 0)
+    s0 = _begin(code, v, l0 - 1 if code == HOLT_WINTERS else l0) if n0 > 0 else _begin(AVG_OVER_TIME, v, 0)
+    s1 = _begin(code, v, l1 - 1 if code == HOLT_WINTERS else l1) if n1 > 0 else _begin(AVG_OVER_TIME, v, 0)
+    s2 = _begin(code, v, l2 - 1 if code == HOLT_WINTERS else l2) if n2 > 0 else _begin(AVG_OVER_TIME, v, 0)
+    s3 = _begin(code, v, l3 - 1 if code == HOLT_WINTERS else l3) if n3 > 0 else _begin(AVG_OVER_TIME, v, 0)
     for i in range(max(max(n0, n1), max(n2, n3))):
         if i < n0:
             s0 = _step(code, v[l0 + i], t[l0 + i], a0, sf[0], tf[0], s0)
@@ -149,7 +158,7 @@ def run_serial(code, offsets, t, v, eval_ms, range_ms, offset_ms, p0, p1):  # ty
     state = np.zeros(n_cells, dtype=np.int8)
     out = np.zeros(n_cells, dtype=np.float64)
     n_steps = len(eval_ms)
-    need = 2 if code >= 17 else 1  # samples for an output point
+    need = 2 if code >= DERIV else 1  # samples for an output point
     lo4 = np.zeros(4, dtype=np.int64)
     n4 = np.zeros(4, dtype=np.int64)
     at4 = np.zeros(4, dtype=np.int64)
@@ -176,10 +185,10 @@ def run_serial(code, offsets, t, v, eval_ms, range_ms, offset_ms, p0, p1):  # ty
                 state[cell] = 1
                 if hi - lo < need:
                     continue
-                first = lo + 1 if code == 19 else lo
+                first = lo + 1 if code == HOLT_WINTERS else lo
                 lo4[lanes] = first
                 n4[lanes] = hi - first
-                at4[lanes] = t[lo] if code == 17 else eval_ms[k]
+                at4[lanes] = t[lo] if code == DERIV else eval_ms[k]
                 sf4[lanes] = p0[k]
                 tf4[lanes] = p1[k]
                 cell4[lanes] = cell

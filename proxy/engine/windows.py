@@ -41,23 +41,20 @@ import numpy as np
 import numpy.typing as npt
 
 from proxy.engine.errors import DuplicateLabelset, EvalError
+from proxy.engine.window_codes import CODES, QUANTILE_OVER_TIME, SERIAL
 from proxy.engine.work import WorkBudget
 from proxy.result.query_result import QueryResult
+from shardplanner.functions import FUNCTIONS
 
-__all__ = ["RANGE_FUNCTIONS", "eval_range_function", "go_duration_seconds", "subquery_times"]
+__all__ = ["PARAMS", "RANGE_FUNCTIONS", "eval_range_function", "go_duration_seconds", "subquery_times"]
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
-# Function -> number of scalar parameters besides the range vector.
-_PARAMS: dict[str, int] = {
-    "rate": 0, "increase": 0, "delta": 0, "irate": 0, "idelta": 0,
-    "avg_over_time": 0, "min_over_time": 0, "max_over_time": 0, "sum_over_time": 0,
-    "count_over_time": 0, "quantile_over_time": 1, "stddev_over_time": 0,
-    "stdvar_over_time": 0, "last_over_time": 0, "present_over_time": 0,
-    "changes": 0, "resets": 0, "deriv": 0, "predict_linear": 1, "holt_winters": 2,
-}
-RANGE_FUNCTIONS: frozenset[str] = frozenset(_PARAMS)
+# The range functions with a window kernel, and how many scalar parameters each takes
+# besides its range vector: from their rows' argument types (shardplanner/functions.py).
+PARAMS: dict[str, int] = {name: FUNCTIONS[name].args.count("scalar") for name in CODES}
+RANGE_FUNCTIONS: frozenset[str] = frozenset(PARAMS)
 
 
 
@@ -106,8 +103,9 @@ def eval_range_function(
     over `limits.max_eval_work`), and the series are evaluated a chunk at a time with
     `budget.check()` between chunks (the deadline, a cancellation)."""
     from proxy.engine import window_kernels, window_lanes
+    from proxy.engine.quantile import run_quantile_over_time
 
-    if func not in _PARAMS:
+    if func not in PARAMS:
         raise ValueError(f"{func!r} is not a range function evaluated here")
     if raw.result_type != "matrix":
         raise ValueError(f"range functions read a matrix, not a {raw.result_type}")
@@ -116,13 +114,13 @@ def eval_range_function(
         raise ValueError("eval_ms must be strictly ascending times")
     if range_ms <= 0:
         raise ValueError("the range must be positive")
-    if len(params) != _PARAMS[func]:
-        raise ValueError(f"{func} takes {_PARAMS[func]} scalar parameter(s), got {len(params)}")
+    if len(params) != PARAMS[func]:
+        raise ValueError(f"{func} takes {PARAMS[func]} scalar parameter(s), got {len(params)}")
     n_steps = len(times)
     p = [np.ascontiguousarray(np.broadcast_to(np.asarray(x, dtype=np.float64), (n_steps,))) for x in params]
     while len(p) < 2:
         p.append(np.zeros(n_steps, dtype=np.float64))
-    code = window_kernels.CODES[func]
+    code = CODES[func]
     offsets = np.ascontiguousarray(raw.offsets, dtype=np.int64)
     t_ms, value = np.ascontiguousarray(raw.t_ms), np.ascontiguousarray(raw.value)
     per_series = window_work(offsets, times, range_ms)
@@ -134,8 +132,10 @@ def eval_range_function(
             budget.check()
         lo, hi = int(offsets[a]), int(offsets[b])
         columns = (offsets[a : b + 1] - lo, t_ms[lo:hi], value[lo:hi], times, int(range_ms), int(offset_ms))
-        if code in window_lanes.SERIAL:
+        if code in SERIAL:
             st, o = window_lanes.run_serial(code, *columns, p[0], p[1])
+        elif code == QUANTILE_OVER_TIME:
+            st, o = run_quantile_over_time(*columns, p[0])
         else:
             st, o = window_kernels.run(code, *columns, go_duration_seconds(range_ms), p[0], p[1])
         states.append(st)

@@ -50,7 +50,7 @@ from shardplanner.serialize import to_promql
 from ..backends import Backend
 from ..engine.aggregate import AGGREGATIONS
 from ..engine.evaluator import constant, evaluate_off_loop, param_args, range_arg
-from ..engine.functions import INSTANT_FUNCTIONS
+from ..engine.kernels import TABLE
 from ..engine.local_ops import grid_of
 from ..engine.nodes import (
     AbsentNode,
@@ -70,7 +70,6 @@ from ..engine.nodes import (
     children,
     leaves,
 )
-from ..engine.windows import RANGE_FUNCTIONS
 from ..engine.work import WorkBudget
 from ..errors import PromError
 from ..hybrid import Router
@@ -245,9 +244,10 @@ class CrossStore:
             inner = await self._tree(inner_expr, req, router, reason)
             if not isinstance(inner, Literal):
                 return AbsentNode(node, req, inner)
-        if isinstance(node, Call) and node.func in RANGE_FUNCTIONS:
+        entry = TABLE.get(node.func) if isinstance(node, Call) else None  # its kernel, by name
+        if isinstance(node, Call) and entry is not None and entry.window is not None:
             return await self._range_function(node, req, router, reason)
-        if isinstance(node, Call) and node.func in INSTANT_FUNCTIONS and not _stamps_samples(node):
+        if isinstance(node, Call) and entry is not None and entry.instant is not None and not _stamps_samples(node):
             args = await asyncio.gather(*(self._tree(a, req, router, reason) for a in node.args))
             return CallNode(node, req, tuple(args))
         if isinstance(node, Agg) and node.op in AGGREGATIONS:
