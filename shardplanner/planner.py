@@ -491,18 +491,31 @@ def _nodes_selected(
 ) -> int | None:
     """Known values of the selector's shard label that its own matchers on that label let
     through (all of them without such a matcher); None if unknown."""
+    got = _selection(sel, settings, shard_values)
+    return None if got is None else got[0]
+
+
+def _selection(
+    sel: Selector, settings: PlannerSettings, shard_values: Mapping[str, Sequence[str]]
+) -> tuple[int, int] | None:
+    """(nodes the selector keeps, nodes known) of its shard label; None if unknown."""
     label, _ = shard_label_for(sel, settings.shard_labels)
     values = shard_values.get(label) if label is not None else None
     if label is None or not values:
         return None
-    groups = tuple(
-        tuple(m for m in g if m.name == label) for g in (sel.or_matchers or (sel.matchers,))
-    )
+    snapshot = isinstance(values, tuple)  # the executor's snapshot: the same tuple until refreshed
+    known = _count_known_cached(values) if snapshot else _count_known(values)
+    groups = tuple(tuple(m for m in g if m.name == label) for g in (sel.or_matchers or (sel.matchers,)))
     if not any(groups):
-        return sum(1 for v in values if v)
-    if isinstance(values, tuple):  # the executor's snapshot: the same tuple until refreshed
-        return _count_selected_cached(values, groups)
-    return _count_selected(values, groups)
+        return known, known
+    return (_count_selected_cached(values, groups) if snapshot else _count_selected(values, groups)), known
+
+
+def _count_known(values: Sequence[str]) -> int:
+    return sum(1 for v in values if v)
+
+
+_count_known_cached = functools.lru_cache(maxsize=256)(_count_known)
 
 
 def _count_selected(values: Sequence[str], groups: tuple[tuple[Matcher, ...], ...]) -> int:
@@ -559,29 +572,27 @@ def estimate_samples(
     samples = series = 0
     counts = dict(settings.series_counts)
     for sel, per_step in _weighted_selectors(expr, 1, settings):
-        nodes = _nodes_selected(sel, settings, shard_values)
-        if nodes is None:
+        selection = _selection(sel, settings, shard_values)
+        if selection is None:
             return None
-        n_series = _series_selected(sel, nodes, counts, settings, shard_values)
+        n_series = _series_selected(sel, *selection, counts, settings)
         series += n_series
         samples += n_series * steps * per_step
     return samples, series
 
 
-def _series_selected(sel: Selector, nodes: int, counts: Mapping[str, int], settings: PlannerSettings,
-                     shard_values: Mapping[str, Sequence[str]]) -> int:
-    """Series of `sel` on `nodes` of the known nodes: its metric's real count (spread evenly
+def _series_selected(sel: Selector, nodes: int, known: int, counts: Mapping[str, int],
+                     settings: PlannerSettings) -> int:
+    """Series of `sel` on `nodes` of the `known` nodes: its metric's real count (spread evenly
     over the known nodes: a selector that keeps 2 nodes of 8 keeps a quarter of the series),
     or the configured guess, nodes x series_per_node, when the count is not known."""
     name = sel.metric_name
-    count = counts.get(name) if name is not None else None
+    count = counts.get(name) if name is not None and counts else None
     if count is None:
         return nodes * settings.series_per_node
-    label, _ = shard_label_for(sel, settings.shard_labels)
-    total = sum(1 for v in shard_values.get(label or "", ()) if v)
-    if nodes >= total:
+    if nodes >= known:
         return count
-    return -(-count * nodes // total)  # rounded up: an estimate that is never 0 for a node with series
+    return -(-count * nodes // known)  # rounded up: an estimate that is never 0 for a node with series
 
 
 def metrics_to_count(req: QueryRequest, settings: PlannerSettings) -> tuple[str, ...]:
@@ -592,12 +603,8 @@ def metrics_to_count(req: QueryRequest, settings: PlannerSettings) -> tuple[str,
         expr = parse(req.query)
     except (CannotParse, TooComplex):
         return ()
-    names = set()
-    for sel in selectors(expr):
-        name = sel.metric_name
-        if name is not None and shard_label_for(sel, settings.shard_labels)[0] is not None:
-            names.add(name)
-    return tuple(sorted(names))
+    return tuple(sorted({sel.metric_name for sel in selectors(expr) if sel.metric_name is not None
+                         and shard_label_for(sel, settings.shard_labels)[0] is not None}))
 
 
 def _auto_shard_count(
