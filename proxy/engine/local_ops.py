@@ -1,7 +1,7 @@
-"""Small pieces of what CrossStore evaluates itself, on decoded answers: an `@`-pinned answer
+"""Small pieces of what the engine evaluates, on decoded answers: an `@`-pinned answer
 restamped at every step, absent()/scalar() of merged series, a range function's answer as an
 instant answer, and answers of step stretches (or of a union of stores) put back together.
-Functions, aggregations and range functions are in proxy/result/ (functions.py,
+Functions, aggregations and range functions are in this package (functions.py,
 aggregate.py, windows.py)."""
 
 from __future__ import annotations

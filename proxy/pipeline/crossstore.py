@@ -1,17 +1,19 @@
 """Cross-store evaluation: a query no single backend can answer. The largest subtrees one
 backend can answer run as queries of their own (planned, cached, sharded like any query), and
-promaccel evaluates what lies above them on the decoded answers:
+promaccel evaluates what lies above them on the decoded answers. This stage DECIDES what runs
+where, as the engine's typed tree (proxy/engine/nodes.py), fetches the tree's leaves, and
+hands them to the engine's evaluator (proxy/engine/evaluator.py):
 
 - a range query's steps that some backend answers whole are routed as usual; only the
-  stretches of steps no single backend answers are evaluated here (`segments`);
+  stretches of steps no single backend answers are evaluated here (SegmentsNode);
 - operators, functions and aggregations above subtrees held by different stores (a join of
-  AMP's DCGM_* with the local node_*): `binary`, `function`, `aggregate`, `absent`;
+  AMP's DCGM_* with the local node_*): BinaryNode, CallNode, AggregateNode, AbsentNode;
 - a range function whose window straddles two stores (`increase(x[6h])` where AMP stops and
   the local Prometheus starts): the window's raw samples come from each store for the
-  stretch it holds (proxy/pipeline/raw_fetch.py) and the function is evaluated here with
-  Prometheus 2's semantics (`window`); over a subquery, its inner expression is asked on
-  the subquery's own step grid (routed like any query) and the function applied here
-  (`subquery`).
+  stretch it holds (a RawWindow leaf, proxy/pipeline/raw_fetch.py) and the function is
+  evaluated with Prometheus 2's semantics (WindowNode); over a subquery, its inner expression
+  is asked on the subquery's own step grid (routed like any query) and the function applied
+  (SubqueryNode).
 Whatever cannot be answered exactly gets a 422 naming the metrics, the backends and the
 operator -- never a guess."""
 
