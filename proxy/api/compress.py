@@ -28,6 +28,17 @@ LEVEL = 1
 WBITS_GZIP = 16 + zlib.MAX_WBITS
 
 
+# Bodies under this many bytes are sent as they are (api/app.py gives the middleware this).
+MINIMUM_SIZE = 1024
+
+
+def gzip_bytes(data: bytes | memoryview) -> bytes:
+    """`data` as one gzip member, at LEVEL (answers compressed before the middleware sees
+    them: responses.py)."""
+    out: bytes = _deflate.compress(data, LEVEL, WBITS_GZIP)
+    return out
+
+
 def compressor() -> Any:
     """A streaming gzip compressor (the object `zlib.compressobj` returns, or ISA-L's)."""
     return _deflate.compressobj(LEVEL, _deflate.DEFLATED, WBITS_GZIP)

@@ -48,7 +48,7 @@ def _service(request: Request) -> QueryService:
 def _answer(request: Request, req: QueryRequest, answer: Answer) -> Response:
     """The response, and what the access log says about the query (request.state)."""
     request.state.promaccel_query = {"query": req.query[:1000], "range": req.is_range, **answer.info}
-    return response_of(answer)
+    return response_of(answer, "gzip" in request.headers.get("accept-encoding", ""))
 
 
 async def _expired(request: Request, path: str, pairs: Pairs) -> Response:

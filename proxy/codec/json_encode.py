@@ -34,7 +34,8 @@ from proxy.result.labels import go_json_string
 
 from .json_scan import _lit
 
-__all__ = ["encode_prometheus_json", "format_timestamp", "format_value", "iter_prometheus_json"]
+__all__ = ["encode_prometheus_json", "encode_samples", "format_timestamp", "format_value", "head_tail",
+           "iter_prometheus_json"]
 
 _W_METRIC = _lit(b'{"metric":')
 _W_VALUES = _lit(b',"values":[')
@@ -240,6 +241,78 @@ def _non_integral(v):  # type: ignore[no-untyped-def]
     return out[:n]
 
 
+@njit(cache=True, inline='always')
+def _put_sample(out, o, t, x, tok, p, dig, hi_dig, hi):  # type: ignore[no-untyped-def]
+    """One sample `[t,"x"]` at o. tok[p:] is orjson's dump of the non-integral values from
+    this one on (their tokens in order); hi holds the digits of the timestamp's seconds above
+    the last four written last time (their value, their length in hi_dig). Returns (end, p)."""
+    out[o] = 91
+    o += 1
+    # Timestamp: the digits above the last four repeat from sample to sample.
+    if t < 0:
+        out[o] = 45
+        o += 1
+        t = -t
+    sec = t // 1000
+    frac = t - sec * 1000
+    h = sec // 10000
+    lo = sec - h * 10000
+    if h > 0:
+        if h != hi[0]:
+            hi[0] = h
+            hi[1] = _put_uint(hi_dig, 0, h)
+        n = hi[1]
+        for j in range(n):
+            out[o + j] = hi_dig[j]
+        o += n
+        for j in range(4):
+            out[o + j] = _D4[lo, j]
+        o += 4
+    else:
+        o = _put_small(out, o, lo)
+    if frac != 0:
+        out[o] = 46
+        out[o + 1] = _D4[frac, 1]
+        out[o + 2] = _D4[frac, 2]
+        out[o + 3] = _D4[frac, 3]
+        o += 4
+    out[o] = 44
+    out[o + 1] = 34
+    o += 2
+    a = abs(x)
+    if a < 9007199254740992.0 and np.floor(x) == x:
+        if x < 0 or (x == 0 and math.copysign(1.0, x) < 0):
+            out[o] = 45
+            o += 1
+        ia = np.int64(a)
+        if ia < 10000:
+            o = _put_small(out, o, ia)
+        else:
+            o = _put_uint(out, o, ia)
+    else:
+        # Copy orjson's token while looking for its end (one pass); its
+        # positional form is Go's, but for a trailing ".0"; rewrite the others.
+        q = p
+        o0 = o
+        has_e = False
+        c = tok[q]
+        while c != 44 and c != 93:
+            out[o] = c
+            o += 1
+            has_e = has_e or c == 101
+            q += 1
+            c = tok[q]
+        if x != x or a == np.inf or has_e:
+            o = _put_value(out, o0, x, tok, p, q, dig)
+        elif q - p >= 2 and tok[q - 1] == 48 and tok[q - 2] == 46:
+            o -= 2
+        p = q + 1
+    out[o] = 34
+    out[o + 1] = 93
+    o += 2
+    return o, p
+
+
 @njit(cache=True, nogil=True)
 def _encode_series_block(out, o, lab_buf, lab_s, lab_e, offsets, s0, s1, t_ms, v, tok, is_matrix):  # type: ignore[no-untyped-def]
     """Series s0..s1-1 as Prometheus result elements joined by ','. Integral values
@@ -247,8 +320,7 @@ def _encode_series_block(out, o, lab_buf, lab_s, lab_e, offsets, s0, s1, t_ms, v
     v[offsets[s0]:offsets[s1]], in order, non-finite ones replaced by 0. Returns the end."""
     dig = np.empty(40, dtype=np.uint8)
     hi_dig = np.empty(24, dtype=np.uint8)
-    hi_len = 0
-    hi_val = -1
+    hi = np.array([-1, 0], dtype=np.int64)  # the digits in hi_dig: their value, their length
     p = 1  # after '['
     for s in range(s0, s1):
         if s > s0:
@@ -263,71 +335,7 @@ def _encode_series_block(out, o, lab_buf, lab_s, lab_e, offsets, s0, s1, t_ms, v
             if k > offsets[s]:
                 out[o] = 44
                 o += 1
-            out[o] = 91
-            o += 1
-            # Timestamp: the digits above the last four repeat from sample to sample.
-            t = t_ms[k]
-            if t < 0:
-                out[o] = 45
-                o += 1
-                t = -t
-            sec = t // 1000
-            frac = t - sec * 1000
-            hi = sec // 10000
-            lo = sec - hi * 10000
-            if hi > 0:
-                if hi != hi_val:
-                    hi_val = hi
-                    hi_len = _put_uint(hi_dig, 0, hi)
-                for j in range(hi_len):
-                    out[o + j] = hi_dig[j]
-                o += hi_len
-                for j in range(4):
-                    out[o + j] = _D4[lo, j]
-                o += 4
-            else:
-                o = _put_small(out, o, lo)
-            if frac != 0:
-                out[o] = 46
-                out[o + 1] = _D4[frac, 1]
-                out[o + 2] = _D4[frac, 2]
-                out[o + 3] = _D4[frac, 3]
-                o += 4
-            out[o] = 44
-            out[o + 1] = 34
-            o += 2
-            x = v[k]
-            a = abs(x)
-            if a < 9007199254740992.0 and np.floor(x) == x:
-                if x < 0 or (x == 0 and math.copysign(1.0, x) < 0):
-                    out[o] = 45
-                    o += 1
-                ia = np.int64(a)
-                if ia < 10000:
-                    o = _put_small(out, o, ia)
-                else:
-                    o = _put_uint(out, o, ia)
-            else:
-                # Copy orjson's token while looking for its end (one pass); its
-                # positional form is Go's, but for a trailing ".0"; rewrite the others.
-                q = p
-                o0 = o
-                has_e = False
-                c = tok[q]
-                while c != 44 and c != 93:
-                    out[o] = c
-                    o += 1
-                    has_e = has_e or c == 101
-                    q += 1
-                    c = tok[q]
-                if x != x or a == np.inf or has_e:
-                    o = _put_value(out, o0, x, tok, p, q, dig)
-                elif q - p >= 2 and tok[q - 1] == 48 and tok[q - 2] == 46:
-                    o -= 2
-                p = q + 1
-            out[o] = 34
-            out[o + 1] = 93
-            o += 2
+            o, p = _put_sample(out, o, t_ms[k], v[k], tok, p, dig, hi_dig, hi)
         if is_matrix:
             out[o] = 93
             o += 1
@@ -350,7 +358,7 @@ def iter_prometheus_json(
 ) -> Iterator[bytes]:
     """The same bytes as `encode_prometheus_json`, in chunks of about `batch_samples`
     samples (whole series per chunk; None: one chunk), for streaming large answers."""
-    head, tail = _head_tail(result)
+    head, tail = head_tail(result)
     if result.result_type in ("scalar", "string"):
         yield head + _small_body(result) + tail
     elif result.n_series == 0:
@@ -359,7 +367,7 @@ def iter_prometheus_json(
         yield from _iter_blocks(result, batch_samples, head, tail)
 
 
-def _head_tail(result: QueryResult) -> tuple[bytes, bytes]:
+def head_tail(result: QueryResult) -> tuple[bytes, bytes]:
     head = b'{"status":"success","data":{"resultType":"' + result.result_type.encode() + b'","result":'
     tail = b"}"
     if result.warnings:
@@ -439,3 +447,38 @@ def _iter_blocks(result: QueryResult, batch_samples: int | None, head: bytes, ta
             )
             out[end : end + len(suffix)] = np.frombuffer(suffix, dtype=np.uint8)
             yield out[: end + len(suffix)].tobytes()
+
+
+# -- the encoded samples of one result, for splicing (codec/json_splice.py) ------------------
+
+@njit(cache=True, nogil=True)
+def _encode_samples(out, at, t_ms, v, tok):  # type: ignore[no-untyped-def]
+    """Every sample as `,[t,"v"]`, back to back (series boundaries are the caller's: the
+    samples of a series are a contiguous run); at[k] is where sample k's comma is, at[n] the
+    end. tok as for `_encode_series_block`, over all of v. Returns the end."""
+    dig = np.empty(40, dtype=np.uint8)
+    hi_dig = np.empty(24, dtype=np.uint8)
+    hi = np.array([-1, 0], dtype=np.int64)
+    o = 0
+    p = 1
+    for k in range(len(t_ms)):
+        at[k] = o
+        out[o] = 44
+        o, p = _put_sample(out, o + 1, t_ms[k], v[k], tok, p, dig, hi_dig, hi)
+    at[len(t_ms)] = o
+    return o
+
+
+def encode_samples(t_ms: npt.NDArray[np.int64], value: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+    """The samples as the encoder writes them, each as `,[t,"v"]` (a leading comma), and
+    where each starts: samples a..b-1 of a series are `buf[at[a] + 1 : at[b]]` in its
+    `"values":[...]`, and runs of one series' samples from several results join as they are."""
+    t = np.ascontiguousarray(t_ms, dtype=np.int64)
+    v = np.ascontiguousarray(value, dtype=np.float64)
+    tok = np.frombuffer(orjson.dumps(_non_integral(v), option=orjson.OPT_SERIALIZE_NUMPY), dtype=np.uint8)
+    # Not the thread's scratch buffer: this runs in worker threads too, each of which
+    # would keep one.
+    out = np.empty(len(t) * 60 + 1, dtype=np.uint8)
+    at = np.empty(len(t) + 1, dtype=np.int64)
+    end = _encode_samples(out, at, t, v, tok)
+    return out[:end].copy(), at

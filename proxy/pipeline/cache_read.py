@@ -6,8 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+
+try:
+    from isal.isal_zlib import adler32 as _adler32
+    from isal.isal_zlib import crc32 as _crc32
+except ImportError:  # pragma: no cover -- zlib's are the same checksums, slower
+    from zlib import adler32 as _adler32
+    from zlib import crc32 as _crc32
 
 from shardplanner.plan import Span
 from shardplanner.timesplit import day_cell, day_cells_fit
@@ -34,6 +42,19 @@ DECODE_IN_THREAD_BYTES = 256 * 1024
 DECODED_MAX_SAMPLES = 1_000_000
 # Room above 24 bytes a sample for a kept cell's payload (its labels, Arrow's framing).
 MEMO_SLACK_BYTES = 1 << 20
+# Cells this process stored, kept after they left the landing zone for the first read of
+# their key (`DecodedCells.adopt`): at most this many samples in all (~4 MiB of columns,
+# as the landing zone's grace), for at most this long (a dashboard refreshes every 10 s to
+# a few minutes).
+ADOPT_MAX_SAMPLES = 1 << 18
+ADOPT_WITHIN_S = 300.0
+
+
+def payload_signature(payload: Payload) -> tuple[int, int]:
+    """A payload's length and a 64-bit checksum of it (CRC-32 and Adler-32): what tells a
+    cell read again from one that changed (both were authenticated by the store). ~5x
+    cheaper than hash() with ISA-L's checksums: a warm 24 h panel reads megabytes a refresh."""
+    return len(payload), (_crc32(payload) << 32) | _adler32(payload)
 
 
 class DecodedCells:
@@ -45,13 +66,48 @@ class DecodedCells:
         self.max_samples = max_samples
         self._cells: OrderedDict[str, tuple[int, int, QueryResult]] = OrderedDict()
         self._samples = 0
+        # digest -> (when, cell): cells this process fetched and stored, for the first read
+        # of their key (`adopt`).
+        self._adopted: OrderedDict[str, tuple[float, QueryResult]] = OrderedDict()
+        self._adopted_samples = 0
 
     def get(self, digest: str, payload: Payload) -> QueryResult | None:
         cell = self._cells.get(digest)
-        if cell is None or cell[0] != len(payload) or cell[1] != hash(payload):
+        if cell is None:
+            return self._adopt_for(digest, payload)
+        if cell[0] != len(payload) or cell[1] != payload_signature(payload)[1]:
             return None
         self._cells.move_to_end(digest)
         return cell[2]
+
+    def adopt(self, digest: str, result: QueryResult) -> None:
+        """A cell this process fetched and stored, leaving the landing zone: the first read
+        of its key within ADOPT_WITHIN_S takes it as that payload's decoded cell (the payload
+        was encoded from it, and the landing zone served it until now on the same terms)
+        rather than decoding the payload again -- and writing its JSON again (the encoder
+        keeps a cell's encoded samples on the cell: codec/json_splice.py). Without this, the
+        first warm refresh after a miss paid both for every cell it read (issue 28)."""
+        n = result.n_samples
+        if n > min(self.max_samples // 4, ADOPT_MAX_SAMPLES // 4) or result.result_type != "matrix":
+            return
+        self._unadopt(digest)
+        self._adopted[digest] = (time.monotonic(), result)
+        self._adopted_samples += n
+        while self._adopted_samples > ADOPT_MAX_SAMPLES:
+            self._unadopt(next(iter(self._adopted)))
+
+    def _unadopt(self, digest: str) -> tuple[float, QueryResult] | None:
+        entry = self._adopted.pop(digest, None)
+        if entry is not None:
+            self._adopted_samples -= entry[1].n_samples
+        return entry
+
+    def _adopt_for(self, digest: str, payload: Payload) -> QueryResult | None:
+        entry = self._unadopt(digest) if self._adopted else None
+        if entry is None or time.monotonic() - entry[0] > ADOPT_WITHIN_S or not self.keeps(payload):
+            return None
+        self.put(digest, payload_signature(payload), entry[1])
+        return entry[1]
 
     def keeps(self, payload: Payload) -> bool:
         """Whether the cell of `payload` may be kept: not when the payload is too large for a
@@ -60,7 +116,7 @@ class DecodedCells:
         return len(payload) <= 24 * (self.max_samples // 4) + MEMO_SLACK_BYTES
 
     def put(self, digest: str, signature: tuple[int, int], result: QueryResult) -> None:
-        """Keep `result`, decoded from a payload of `signature` (its length and hash)."""
+        """Keep `result`, decoded from a payload of `signature` (`payload_signature()`)."""
         n = result.n_samples
         if n > self.max_samples // 4:
             return  # a large cell would push out a whole dashboard's worth of small ones
@@ -76,6 +132,8 @@ class DecodedCells:
     def clear(self) -> None:
         self._cells.clear()
         self._samples = 0
+        self._adopted.clear()
+        self._adopted_samples = 0
 
 
 class CacheReader:
@@ -85,8 +143,10 @@ class CacheReader:
         self.landing = landing
         self.slots = slots
         # Decoded payloads: lookups that joined one read (50 users on one dashboard), and the
-        # next refresh's lookups of the same cells, decode each payload once.
+        # next refresh's lookups of the same cells, decode each payload once; the cells this
+        # process stored are not decoded at all (`DecodedCells.adopt`).
         self.decoded = DecodedCells()
+        landing.on_unland = self.decoded.adopt
 
     async def lookup(self, slots: Sequence[Slot]) -> None:
         """Fill the slots that the landing zone or the store can answer (one get_many)."""
@@ -133,7 +193,7 @@ class CacheReader:
             if memo is not None:
                 found[k.digest] = memo
             else:
-                todo_keys.append((k, (len(payload), hash(payload)) if self.decoded.keeps(payload) else None))
+                todo_keys.append((k, payload_signature(payload) if self.decoded.keeps(payload) else None))
                 todo.append(payload)
         if isinstance(payloads, list):
             payloads.clear()  # consumed: each payload goes once decoded (see decode_payloads)

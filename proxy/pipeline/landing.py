@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..primitives.clock import wall_ms
@@ -51,6 +52,8 @@ class Landing:
         # Anything fetched before this must not be served or stored any more.
         self.invalidated_at_ms = 0
         self._grace_bytes = 0  # of the units kept for the grace after their put landed
+        # Told of each unit leaving the landing zone (the cache reader's decoded cells adopt it).
+        self.on_unland: Callable[[str, QueryResult], None] | None = None
 
     def landed(self, digest: str | None) -> QueryResult | None:
         """A unit fetched by this process whose put has not landed yet (or just did)."""
@@ -87,6 +90,8 @@ class Landing:
             entry = self.landing.get(digest)
             if entry is not None and entry[0] is r:
                 del self.landing[digest]
+                if self.on_unland is not None and entry[1] >= self.invalidated_at_ms:
+                    self.on_unland(digest, r)
 
     def recent_call(self, key: tuple[Any, ...]) -> Any:
         entry = self._recent.get(key)

@@ -283,7 +283,8 @@ def concat(results: Sequence[QueryResult], *, keep_first: bool = False, lazy: bo
     out_labels = None if labels is None else [labels[g] for g in kept]
     out_keys = [ckeys[g] for g in kept]
     if t is None or v is None:
-        if lazy and rtype == "matrix" and total > LAZY_ABOVE_SAMPLES:
+        # Several pieces stay in them too: their encoded samples are spliced (json_splice).
+        if lazy and rtype == "matrix" and (total > LAZY_ABOVE_SAMPLES or len(results) > 1):
             return Concatenation(rtype, out_labels, offsets, warnings, infos, out_keys,  # type: ignore[arg-type]
                                  (list(results), s_start, s_len, s_piece, dest))
         t, v = _gather(results, s_start, s_len, s_piece, dest, 0, total, _cursors(results))
@@ -338,6 +339,12 @@ class Concatenation(LazySamples):
                  warnings: list[str], infos: list[str], keys: list[bytes], parts: _Parts) -> None:
         super().__init__(result_type, labels, offsets, warnings, infos, keys)
         self._parts: _Parts | None = parts
+
+    @property
+    def parts(self) -> _Parts | None:
+        """(pieces, start, length, piece, destination) of each run of samples, in answer
+        order; None once gathered."""
+        return self._parts
 
     @property
     def gathered(self) -> bool:

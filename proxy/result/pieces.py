@@ -17,6 +17,7 @@ Series order, label sets (and their formatted keys), warnings and infos are kept
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -37,7 +38,8 @@ def slice_time(result: QueryResult, start_ms: int, end_ms: int) -> QueryResult:
     t = result.t_ms
     if len(t) == 0 or (int(t.min()) >= start_ms and int(t.max()) <= end_ms):
         return result
-    return split_time(result, [(start_ms, end_ms)])[0]
+    (piece,) = iter_split_time(result, [(start_ms, end_ms)], origin=True)
+    return piece
 
 
 def split_time(result: QueryResult, bounds: Sequence[tuple[int, int]]) -> list[QueryResult]:
@@ -47,9 +49,12 @@ def split_time(result: QueryResult, bounds: Sequence[tuple[int, int]]) -> list[Q
     return list(iter_split_time(result, bounds))
 
 
-def iter_split_time(result: QueryResult, bounds: Sequence[tuple[int, int]]) -> Iterator[QueryResult]:
+def iter_split_time(result: QueryResult, bounds: Sequence[tuple[int, int]], *,
+                    origin: bool = False) -> Iterator[QueryResult]:
     """`split_time`, one piece at a time (each copied when it is asked for: a caller that
-    packs each piece before the next holds one unpacked piece, not all of them)."""
+    packs each piece before the next holds one unpacked piece, not all of them).
+    `origin`: each piece remembers (weakly) `result` and where its series start in it
+    (`QueryResult.origin`), so that an encoder splices `result`'s encoded samples."""
     if result.result_type != "matrix":
         raise ValueError(f"only a matrix can be cut by time, not a {result.result_type}")
     n = len(bounds)
@@ -76,7 +81,11 @@ def iter_split_time(result: QueryResult, bounds: Sequence[tuple[int, int]]) -> I
         tj = np.empty(int(new_offsets[-1]), dtype=np.int64)
         vj = np.empty(len(tj), dtype=np.float64)
         _copy_ranges(lo[j][keep], hi[j][keep], new_offsets, t, v, tj, vj)
-        yield _with_series(result, keep.tolist(), new_offsets, tj, vj, ckeys)
+        piece = _with_series(result, keep.tolist(), new_offsets, tj, vj, ckeys)
+        if origin:
+            # Weakly: a piece must not keep a whole fetched answer alive (issue 15).
+            piece.origin = (weakref.ref(result), lo[j][keep])
+        yield piece
         del tj, vj
 
 

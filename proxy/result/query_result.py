@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -57,6 +57,13 @@ class QueryResult:
     first time `labels` is read (shared with every other result: `json_decode._LabelSets`).
     A merge of raw series never reads them (it hashes, sorts and writes the keys): a 24 h
     panel of 2,048 GPUs has 18,500 label sets, ~22 MB as dicts (issue 15)."""
+
+    # Set on a result cut by time from another (`pieces.slice_time`): that result (weakly)
+    # and, per series here, the index of its first sample there -- the samples are the same,
+    # so the JSON encoder splices that result's encoded samples (codec/json_splice.py).
+    origin: tuple[Callable[[], QueryResult | None], I64] | None = None
+    # The encoded samples of this result once an encoder made them (codec/json_splice.py).
+    sample_json: Any = None
 
     def __init__(
         self,

@@ -259,11 +259,11 @@ def test_cached_table_with_a_bad_series_column_is_refused(series: list[int]) -> 
 
 
 def test_decoded_cells_are_reused_only_for_the_same_bytes() -> None:
-    from proxy.pipeline.cache_read import DecodedCells
+    from proxy.pipeline.cache_read import DecodedCells, payload_signature
 
     one = QueryResult.from_series("matrix", [({"a": "1"}, [1, 2], [1.0, 2.0])])
     payload = one.to_ipc_bytes(None)
-    sig = (len(payload), hash(payload))
+    sig = payload_signature(payload)
     cells = DecodedCells(max_samples=8)
     assert cells.get("d", payload) is None and cells.keeps(payload)
     cells.put("d", sig, one)
@@ -277,7 +277,7 @@ def test_decoded_cells_are_reused_only_for_the_same_bytes() -> None:
     assert cells.get("k0", payload) is None and cells.get("k4", payload) is one
     big = QueryResult.from_series("matrix", [({"a": "1"}, list(range(3)), [1.0] * 3)])
     blob = big.to_ipc_bytes(None)
-    cells.put("big", (len(blob), hash(blob)), big)  # over a quarter of the bound: not kept
+    cells.put("big", payload_signature(blob), big)  # over a quarter of the bound: not kept
     assert cells.get("big", blob) is None
     assert not DecodedCells(max_samples=4).keeps(b"x" * (24 + (1 << 20) + 1))  # too large to hash
 
@@ -361,3 +361,42 @@ def test_memory_tuning_and_give_back_start_no_process(monkeypatch: pytest.Monkey
     memory.tune_malloc()
     memory.give_back()
     assert started == []
+
+
+def test_a_stored_cell_is_adopted_by_the_first_read_of_its_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """issue 28: a cell this process fetched and stored is not decoded again (nor its JSON
+    written again) when the first warm refresh after it left the landing zone reads its key."""
+    from proxy.pipeline import cache_read
+    from proxy.pipeline.cache_read import DecodedCells
+    from proxy.pipeline.landing import Landing
+
+    one = QueryResult.from_series("matrix", [({"a": "1"}, [1, 2], [1.0, 2.0])])
+    payload = one.to_ipc_bytes(None)
+    cells = DecodedCells(max_samples=1000)
+    landing = Landing()
+    landing.on_unland = cells.adopt
+    monkeypatch.setattr("proxy.pipeline.landing.LANDING_GRACE_S", 0.0)
+
+    async def land_and_leave() -> None:
+        landing.land("d", one, 1)
+        landing.unland_later([("d", one)])
+        await asyncio.sleep(0.01)
+
+    asyncio.run(land_and_leave())
+    assert landing.landed("d") is None  # gone from the landing zone ...
+    assert cells.get("d", payload) is one  # ... and adopted by the first read of its key
+    assert cells.get("d", bytes(payload)) is one  # then kept as any decoded cell
+    other = QueryResult.from_series("matrix", [({"a": "1"}, [1, 2], [1.0, 3.0])]).to_ipc_bytes(None)
+    assert cells.get("d", other) is None  # its payload changed: decoded again
+    # Adopted once, for a while, small cells only.
+    cells.adopt("e", one)
+    now = cache_read.time.monotonic()
+    monkeypatch.setattr(cache_read.time, "monotonic", lambda: now + cache_read.ADOPT_WITHIN_S + 1)
+    assert cells.get("e", payload) is None
+    big = QueryResult.from_series("matrix", [({"a": "1"}, list(range(300)), [1.0] * 300)])
+    cells.adopt("f", big)  # over a quarter of the decoded cells' bound
+    assert cells.get("f", big.to_ipc_bytes(None)) is None
+    # An invalidation drops what is adopted.
+    cells.adopt("g", one)
+    cells.clear()
+    assert cells.get("g", payload) is None

@@ -106,11 +106,13 @@ class pytestmock_encode:
 
 
 def test_kept_bytes_are_bounded_and_go_with_their_cells(monkeypatch: pytest.MonkeyPatch) -> None:
-    memos = json_splice._Memos(200_000)
-    monkeypatch.setattr(json_splice, "_MEMOS", memos)
     rng = random.Random(3)
     wholes = [fleet(rng, 30, 60) for _ in range(12)]
     cellsets = [cells_of(w, 3, rng) for w in wholes]
+    largest = max(json_splice.SampleJSON(*json_splice.encode_samples(c.t_ms, c.value)).nbytes
+                  for cells in cellsets for c in cells)
+    memos = json_splice._Memos(4 * largest)  # room for 4 to 12 cells' bytes of 36
+    monkeypatch.setattr(json_splice, "_MEMOS", memos)
     for cells in cellsets:
         splice_prometheus_json(concat(cells, lazy=True))
         assert memos.used <= memos.max_bytes
@@ -177,3 +179,24 @@ def test_the_gzipped_answer_decodes_everywhere(n_series: int) -> None:
     else:
         assert body == want
     assert np.all(np.frombuffer(want[:1], dtype=np.uint8) == ord("{"))
+
+
+def test_packed_cells_are_spliced_and_stay_packed() -> None:
+    rng = random.Random(11)
+    whole = fleet(rng, 40, 60)
+    cells = [c.to_packed("lz4", 1) if c.n_samples else c for c in cells_of(whole, 3, rng)]
+    assert any(c.packed_samples() is not None for c in cells)
+    lo, hi = T0 + 5 * STEP, T0 + 50 * STEP
+    want = encode_prometheus_json(concat(window(cells_of(whole, 3, rng), lo, hi)))
+    plain = cells_of(whole, 3, rng)
+    # As the lookup reads them: a cell inside the window as it is, the edge ones cut.
+    inside = [c.n_samples > 0 and int(c.t_ms.min()) >= lo and int(c.t_ms.max()) <= hi for c in plain]
+    for _ in range(2):
+        answer = concat([c if whole_cell else slice_time(c, lo, hi) for c, whole_cell in zip(cells, inside)],
+                        lazy=True)
+        assert splice_prometheus_json(answer) == want
+    assert any(inside)
+    for c, whole_cell in zip(cells, inside):
+        if whole_cell:
+            assert c.packed_samples() is not None  # read through a cursor, not unpacked
+            assert c.sample_json is not None
