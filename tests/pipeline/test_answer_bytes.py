@@ -2,7 +2,8 @@
 and the send timeout for clients that do not read (listen.send_timeout).
 
 In-process: the budget's order, a query larger than the budget running alone, the bounded
-wait, corrections to the real size; the answer-size estimate on parsed PromQL. Real parts: a
+wait, corrections to the real size (the answer-size estimate itself:
+tests/shardplanner/test_answer_size.py). Real parts: a
 promaccel over a real Prometheus (behind tests/faulty.py's stalling front to make queries
 overlap): a query waits for room and then answers as Prometheus does, a wait past
 queue_timeout gets 429 with Retry-After, a query larger than the whole budget still answers,
@@ -26,9 +27,6 @@ import pytest
 from loadtests.compare import diff_answers
 from proxy.errors import PromError
 from proxy.pipeline.answer_bytes import HOLDING, AnswerBytes
-from shardplanner.answer_size import LABEL_BYTES, answer_bytes, answer_series
-from shardplanner.plan import PlannerSettings, QueryRequest
-from shardplanner.promql import parse
 from tests import faulty, rawhttp
 from tests.servers import Promaccel
 
@@ -142,39 +140,6 @@ def test_no_limit_never_waits() -> None:
         return budget.used
 
     assert asyncio.run(scenario()) == 0
-
-
-# --- the estimate ----------------------------------------------------------------------------
-
-NODES = {"Hostname": tuple(f"gpu-node-{i:02d}" for i in range(10)), "instance": tuple(f"n{i}:9100" for i in range(10))}
-
-
-@pytest.mark.parametrize(("query", "series"), [
-    ("DCGM_FI_DEV_GPU_UTIL", 80),  # 10 nodes x series_per_node 8
-    ('DCGM_FI_DEV_GPU_UTIL{Hostname=~"gpu-node-0[0-4]"}', 40),
-    ("avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)", 10),
-    ("sum by (namespace) (DCGM_FI_DEV_FB_USED)", 10),  # labels coarser than a node's
-    ("sum(DCGM_FI_DEV_FB_USED)", 1),
-    ("sum without (gpu) (DCGM_FI_DEV_FB_USED)", 80),
-    ("topk(3, DCGM_FI_DEV_GPU_TEMP)", 3),
-    ("topk(3, DCGM_FI_DEV_GPU_TEMP) by (Hostname)", 30),
-    ("rate(DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL[5m]) * 8", 80),
-    ("DCGM_FI_DEV_GPU_UTIL or node_load1", 160),
-    ("vector(1)", 1),
-    ("up", None),  # no shard label for `up`: unknown
-])
-def test_answer_series(query: str, series: int | None) -> None:
-    assert answer_series(parse(query), PlannerSettings(), NODES) == series
-
-
-def test_answer_bytes_counts_points_and_labels() -> None:
-    settings = PlannerSettings()
-    rng = QueryRequest.range("DCGM_FI_DEV_GPU_UTIL", 0, 3_600_000, 60_000)  # 61 points
-    assert answer_bytes(parse(rng.query), rng, settings, NODES) == 80 * (61 * 16 + LABEL_BYTES)
-    inst = QueryRequest.instant("DCGM_FI_DEV_GPU_UTIL[5m]", 3_600_000)  # 10 samples a series
-    assert answer_bytes(parse(inst.query), inst, settings, NODES) == 80 * (10 * 16 + LABEL_BYTES)
-    assert answer_bytes(parse(rng.query), rng, settings, {}) is None
-    assert answer_bytes(None, rng, settings, NODES) is None
 
 
 # --- real promaccel over a real Prometheus ---------------------------------------------------

@@ -681,42 +681,6 @@ def test_planner_does_no_io_and_never_imports_proxy() -> None:
             assert not re.search(r"\bopen\(|socket|httpx|redis|os\.environ|time\.time", text), path
 
 
-def test_explain() -> None:
-    req = QueryRequest("avg(DCGM_FI_DEV_GPU_UTIL)", Span.range(0, 2 * HOUR, 60_000))
-    p = plan(req, PlannerSettings(shards=2, split_interval_ms=HOUR), VALUES)
-    d = explain(p)
-    assert d["type"] == "range" and d["sharded"] and d["time_split"]
-    assert d["merge"] == {
-        "kind": "aggregate",
-        "op": "avg",
-        "by": [],
-        "without": False,
-        "param": None,
-        "combine_time": False,
-    }
-    assert d["shards"][0] == {
-        "index": 0,
-        "count": 2,
-        "label": "Hostname",
-        "matcher": 'Hostname=~"' + "|".join(HOSTS[:5]) + '"',
-    }
-    assert d["time_pieces"] == [[0, HOUR - 60_000], [HOUR, 2 * HOUR - 60_000], [2 * HOUR, 2 * HOUR]]
-    assert d["piece_count"] == len(d["pieces"]) == 12
-    assert d["pieces"][1] == {
-        "query": 'count(DCGM_FI_DEV_GPU_UTIL{Hostname=~"' + "|".join(HOSTS[:5]) + '"})',
-        "start_ms": 0,
-        "end_ms": HOUR - 60_000,
-        "step_ms": 60_000,
-        "shard": 0,
-        "role": "count",
-    }
-    json.dumps(d)
-    text = explain_text(p, max_pieces=3)
-    assert "merge: aggregate avg by ()" in text
-    assert "pieces: 12 = 3 time x 2 shard(s) x 2 roles (sum, count)" in text
-    assert "... 9 more" in text
-
-
 # --- equivalence on Prometheus 2.42's engine (promtool rule unit tests) ----------------------
 #
 # For each query, shard count and evaluation time, the plan's pieces are recombined *in

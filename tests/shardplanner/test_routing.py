@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import date, datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -10,7 +9,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shardplanner.holdings import BackendHolding, holding_from_spec, parse_duration_ms, resolve_window
+from shardplanner.holdings import BackendHolding, holding_from_spec
 from shardplanner.plan import Piece, Span
 from shardplanner.promql import CannotParse, parse
 from shardplanner.routing import (
@@ -21,13 +20,8 @@ from shardplanner.routing import (
     route,
     route_piece,
 )
+from tests.shardplanner.times import MIGRATION, NOW, D, H, M, S
 
-S = 1_000
-M = 60_000
-H = 3_600_000
-D = 24 * H
-NOW = 1_795_910_400_000  # 2026-11-29T00:00:00Z
-MIGRATION = 1_790_812_800_000  # 2026-10-01T00:00:00Z
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "config" / "examples"
 
@@ -330,76 +324,6 @@ def test_route_piece_argument_checks() -> None:
         route_piece("x", H, 0, STAGE2, step_ms=M)
     with pytest.raises(ValueError):
         route_piece("x", 0, H, (), step_ms=M)
-
-
-# --- holdings and windows ------------------------------------------------------------------
-
-
-def test_holding_validation() -> None:
-    with pytest.raises(ValueError):
-        BackendHolding("a", ("DCGM_(",))
-    with pytest.raises(ValueError):
-        BackendHolding("a", ("*",), since_ms=2, until_ms=1)
-    with pytest.raises(ValueError):
-        BackendHolding("a", ())
-    with pytest.raises(ValueError):
-        BackendHolding("a", "DCGM_.*")  # type: ignore[arg-type]
-    h = BackendHolding("a", ["DCGM_.*"])  # type: ignore[arg-type]
-    assert h.metrics == ("DCGM_.*",)
-    assert h.holds_metric("DCGM_FI_DEV_GPU_UTIL") and not h.holds_metric("xDCGM_")
-    assert not h.holds_metric(None) and BackendHolding("b").holds_metric(None)
-
-
-@pytest.mark.parametrize(
-    ("spec", "expected"),
-    [
-        (None, (None, None)),
-        ({}, (None, None)),
-        ({"last": "15d"}, (NOW - 15 * D, None)),
-        ({"last": 3600}, (NOW - H, None)),
-        ({"last": "1h30m", "since": None}, (NOW - 90 * M, None)),
-        ({"since": "2026-10-01T00:00:00Z"}, (MIGRATION, None)),
-        ({"since": "2026-10-01T02:00:00+02:00"}, (MIGRATION, None)),
-        ({"since": "2026-10-01"}, (MIGRATION, None)),
-        ({"since": datetime(2026, 10, 1, tzinfo=timezone.utc)}, (MIGRATION, None)),
-        ({"since": date(2026, 10, 1)}, (MIGRATION, None)),
-        ({"since": 1_790_812_800}, (MIGRATION, None)),
-        ({"until": "now-6h"}, (None, NOW - 6 * H)),
-        ({"since": "2026-10-01T00:00:00Z", "until": "now"}, (MIGRATION, NOW)),
-        ({"metrics": ["*"], "last": None}, (None, None)),
-    ],
-)
-def test_resolve_window(
-    spec: dict[str, object] | None, expected: tuple[int | None, int | None]
-) -> None:
-    assert resolve_window(spec, NOW) == expected
-
-
-@pytest.mark.parametrize(
-    "spec",
-    [
-        {"last": "15d", "since": "2026-10-01T00:00:00Z"},
-        {"last": "15 days"},
-        {"since": "2026-10-01T00:00:00"},  # no zone
-        {"since": datetime(2026, 10, 1)},
-        {"since": "yesterday"},
-        {"since": "now", "until": "now-1h"},
-        {"last": True},
-    ],
-)
-def test_resolve_window_rejects(spec: dict[str, object]) -> None:
-    with pytest.raises(ValueError):
-        resolve_window(spec, NOW)
-
-
-def test_parse_duration() -> None:
-    assert parse_duration_ms("1y2w3d4h5m6s7ms") == (
-        365 * D + 14 * D + 3 * D + 4 * H + 5 * M + 6 * S + 7
-    )
-    assert parse_duration_ms(1.5) == 1500
-    for bad in ("", "5", "h", "-5m", -1):
-        with pytest.raises(ValueError):
-            parse_duration_ms(bad)
 
 
 # --- config examples -----------------------------------------------------------------------

@@ -1,17 +1,15 @@
 """Pure parts of exact hybrid evaluation: the steps no single store answers
 (`served_segments`), a window's samples cut among the stores (`partition_window`), literal name
-lists in routing (`listed_names`), and selectors without a fixed name resolved against the
-stores' names (shardplanner/names.py)."""
+lists in routing (`listed_names`). Selectors without a fixed name resolved against the stores'
+names: tests/shardplanner/test_names.py."""
 
 from __future__ import annotations
 
 import pytest
 
 from shardplanner.holdings import BackendHolding
-from shardplanner.names import NO_METRIC, per_series_selector, resolve_names, with_names
 from shardplanner.promql import parse
 from shardplanner.routing import listed_names, partition_window, reads, route_piece, served_segments
-from shardplanner.serialize import to_promql
 
 H, M = 3_600_000, 60_000
 T = 100 * H
@@ -69,37 +67,6 @@ def test_listed_names_reads_each_name() -> None:
     holdings = [BackendHolding("amp", ("DCGM_.*",)), BackendHolding("local", ("node_.*",), primary=True)]
     assert route_piece('{__name__=~"DCGM_A|DCGM_B"}', 0, 0, holdings).backends == ("amp",)
     assert route_piece('{__name__=~"DCGM_A|node_b"}', 0, 0, holdings).kind == "unroutable"
-
-
-KNOWN = {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_FB_USED", "node_load1"}
-
-
-@pytest.mark.parametrize(("query", "want"), [
-    ('{__name__=~"DCGM_FI_DEV_(GPU|MEM_COPY)_UTIL", namespace=~"llm-.*"}',
-     '{__name__=~"DCGM_FI_DEV_GPU_UTIL|DCGM_FI_DEV_MEM_COPY_UTIL",namespace=~"llm-.*"}'),
-    ('sum(rate({__name__=~"node_.*"}[5m]))', "sum(rate(node_load1[5m]))"),
-    ('{__name__=~"DCGM.*", __name__!="DCGM_FI_DEV_FB_USED"}',
-     '{__name__=~"DCGM_FI_DEV_GPU_UTIL|DCGM_FI_DEV_MEM_COPY_UTIL"}'),
-    ('{__name__=~"nothing.*", job="x"}', NO_METRIC + '{job="x"}'),
-    ("node_load1 + other", "node_load1 + other"),  # fixed names are left alone
-])
-def test_resolve_names(query: str, want: str) -> None:
-    assert to_promql(resolve_names(parse(query), KNOWN)) == to_promql(parse(want))
-
-
-def test_resolve_names_leaves_a_selector_matching_too_many_names() -> None:
-    expr = parse('{job="x"}')  # every name
-    assert resolve_names(expr, KNOWN, max_names=3) == expr
-
-
-def test_per_series_selector_and_with_names() -> None:
-    expr = parse('abs(rate({__name__=~"a|b"}[5m]) * 2)')
-    sel = per_series_selector(expr)
-    assert sel is not None and listed_names(sel) == ("a", "b")
-    assert to_promql(with_names(expr, sel, ("a",))) == "abs(rate(a[5m]) * 2)"
-    for text in ('sum({__name__=~"a|b"})', '{__name__=~"a|b"} * on() c', 'sort({__name__=~"a|b"})',
-                 'absent({__name__=~"a|b"})'):
-        assert per_series_selector(parse(text)) is None, text
 
 
 def test_explain_names_the_time_no_store_holds() -> None:

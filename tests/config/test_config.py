@@ -149,7 +149,7 @@ def test_server_limits(tmp_path: Path) -> None:
     listen = load_config(None, backends=["http://127.0.0.1:9090"]).listen
     assert (listen.max_header_bytes, listen.header_timeout, listen.body_timeout, listen.keep_alive_timeout,
             listen.max_concurrency) == (65536, 30_000, 60_000, 120_000, 1024)
-    example = load_config(str(Path(__file__).resolve().parent.parent / "config" / "promaccel.example.yaml")).listen
+    example = load_config(str(Path(__file__).resolve().parents[2] / "config" / "promaccel.example.yaml")).listen
     assert example.model_dump(exclude={"host", "port"}) == listen.model_dump(exclude={"host", "port"})
     path = _write(tmp_path, "backends: [{url: 'http://x'}]\nlisten: {header_timeout: 1.5, body_timeout: 2m, "
                   "keep_alive_timeout: 5s, max_header_bytes: 8192, max_concurrency: 10}\n")
