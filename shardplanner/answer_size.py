@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from .ast import Agg, Binary, Call, Expr, MatrixSel, Number, Paren, Selector, String, Subquery, Unary
 from .functions import ALL_AGGREGATIONS, FUNCTIONS
 from .plan import PlannerSettings, QueryRequest
-from .planner import _nodes_selected, shard_label_for
+from .planner import nodes_selected, shard_label_for
 
 SAMPLE_BYTES = 16
 LABEL_BYTES = 256  # a DCGM series' label set as Prometheus writes it is ~200-300 bytes
@@ -49,7 +49,7 @@ def answer_series(expr: Expr, settings: PlannerSettings, shard_values: Mapping[s
         case Number() | String():
             return 1
         case Selector():
-            nodes = _nodes_selected(expr, settings, shard_values)
+            nodes = nodes_selected(expr, settings, shard_values)
             return None if nodes is None else nodes * settings.series_per_node
         case MatrixSel():
             return answer_series(expr.selector, settings, shard_values)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from shardplanner.ast import Expr
+from shardplanner.promql import GO_1_19, Dialect
 
 MergeKind = Literal["passthrough", "concat", "aggregate"]
 AggOp = Literal["sum", "min", "max", "count", "group", "avg", "topk", "bottomk"]
@@ -158,6 +159,10 @@ class PlannerSettings:
     # The most grid points one backend call may ask for (Prometheus: 11,000); a day cell
     # (`plan(day_cells_until_ms=...)`) is only made when a day's grid points fit one call.
     max_points: int = 11_000
+    # The regexp dialect of the backend the query goes to (the Go version the proxy read from
+    # the primary's buildinfo): a regex it rejects makes the query unplannable, so its own
+    # error stands. Go 1.19 (Prometheus 2.42) when unknown: the conservative reading.
+    dialect: Dialect = GO_1_19
 
 
 @dataclass(frozen=True)

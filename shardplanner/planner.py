@@ -91,7 +91,7 @@ from shardplanner.timesplit import (
     split_window,
 )
 
-__all__ = ["estimate_samples", "metrics_to_count", "plan", "samples_limit_message", "shard_label_for"]
+__all__ = ["estimate_samples", "metrics_to_count", "nodes_selected", "plan", "samples_limit_message", "shard_label_for"]
 
 _ROLE_ORDER = ("sum", "count")
 # Instant window split: *_over_time function -> (the aggregation that recombines the
@@ -118,7 +118,7 @@ def plan(
     ``day_cells_until_ms``: whole days of the query that end by then are one time piece each
     (day cells, `timesplit.split_range_days`); the caller derives it from its clock."""
     try:
-        expr = parse(req.query)
+        expr = parse(req.query, settings.dialect)
     except TooComplex as exc:
         return _single(req, req.query, notes=(f"too complex to plan ({exc}): forwarded unplanned",))
     except CannotParse:
@@ -486,7 +486,7 @@ def _weighted_selectors(
                 yield from _weighted_selectors(child, per_step, settings)
 
 
-def _nodes_selected(
+def nodes_selected(
     sel: Selector, settings: PlannerSettings, shard_values: Mapping[str, Sequence[str]]
 ) -> int | None:
     """Known values of the selector's shard label that its own matchers on that label let
@@ -600,7 +600,7 @@ def metrics_to_count(req: QueryRequest, settings: PlannerSettings) -> tuple[str,
     metric names of the query's selectors that have a configured shard label (the others
     are not estimated at all). () when the query cannot be parsed."""
     try:
-        expr = parse(req.query)
+        expr = parse(req.query, settings.dialect)
     except (CannotParse, TooComplex):
         return ()
     return tuple(sorted({sel.metric_name for sel in selectors(expr) if sel.metric_name is not None

@@ -20,7 +20,14 @@ query and also when promql-parser would read it differently from Prometheus 2.42
 - `fill()` / `fill_left()` / `fill_right()` binary modifiers (newer than 2.42);
 - a negative `@` time, which makes promql-parser 0.12 panic when it is read back;
 - a decimal literal beyond float64 (`1e400`): Prometheus rejects it, promql-parser reads +Inf;
+- a regex the backend's Go regexp rejects although RE2 accepts it: the named group
+  `(?<name>...)` before Go 1.22 (`Dialect`, below);
 - anything else the conversion does not recognise.
+
+The regex dialect is data passed in: `parse(query, dialect)`, where `Dialect` is the Go
+version of the backend that would evaluate the query (the proxy reads the primary's from
+`/api/v1/status/buildinfo`). Without one, `GO_1_19` (Prometheus 2.42's Go): the
+conservative reading, which plans less and never plans what the backend would reject.
 
 promql-parser 0.12 quirks worked around here:
 - a backtick raw string holding a backslash (`` up{a=`raw\\d`} ``) fails to parse ("unknown
@@ -38,6 +45,7 @@ import math
 import re
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Literal
 
@@ -59,8 +67,37 @@ from shardplanner.ast import (
     Subquery,
     Unary,
     VectorMatching,
+    walk,
 )
 from shardplanner.serialize import quote_string
+
+
+@dataclass(frozen=True, order=True)
+class Dialect:
+    """The regexp dialect of the backend that evaluates a query: the Go version it is built
+    with (Prometheus compiles every `=~` / `!~` value and label_replace's regex with Go's
+    `regexp`, whose syntax grows with Go releases). Pure data, compared by version."""
+
+    go: tuple[int, int] = (1, 19)
+
+    @classmethod
+    def of_go_version(cls, text: str) -> Dialect | None:
+        """The dialect of a Go version as buildinfo's `goVersion` prints it (`go1.22.0`,
+        `go1.21rc2`, `devel go1.23-abc`); None when the text names no Go version."""
+        m = _GO_VERSION.search(text[:64])
+        if m is None:
+            return None
+        return cls((int(m.group(1)), int(m.group(2))))
+
+    def __str__(self) -> str:
+        return f"go{self.go[0]}.{self.go[1]}"
+
+
+# Prometheus 2.42's Go: a backend that does not say (AMP has no buildinfo) is read this way.
+GO_1_19 = Dialect((1, 19))
+# Go 1.22's regexp/syntax added `(?<name>...)` beside `(?P<name>...)`.
+NAMED_GROUP_SINCE = (1, 22)
+_GO_VERSION = re.compile(r"go([0-9]{1,3})\.([0-9]{1,4})")
 
 
 class CannotParse(Exception):
@@ -117,25 +154,34 @@ MAX_NESTING = 64  # open (, {, [ at once
 # Parse results by query text, failures included: a dashboard repeats its queries, and each
 # request reads its query (and its pieces' queries) several times. Bounded by total text size.
 _CACHE_BYTES = 32 * 1024 * 1024
-_cache: OrderedDict[str, Expr | CannotParse] = OrderedDict()
+# Each entry holds the dialect-free reading and the Go version its regexes need (a query
+# reads the same in every dialect but for which regexes are valid): one entry per text,
+# whatever dialect asks, and a dialect too old is refused at lookup.
+_cache: OrderedDict[str, tuple[Expr | CannotParse, tuple[int, int]]] = OrderedDict()
 _cache_bytes = 0
 _cache_lock = threading.Lock()
 
 
-def parse(query: str) -> Expr:
-    """Parse `query` into a `shardplanner.ast` tree, or raise CannotParse. Results (and
-    failures) are cached by text; the tree is immutable, so it is shared."""
+def parse(query: str, dialect: Dialect = GO_1_19) -> Expr:
+    """Parse `query` into a `shardplanner.ast` tree, or raise CannotParse -- also when one of
+    its regexes is invalid in `dialect` (the backend's Go regexp). Results (and failures) are
+    cached by text, with the Go version they need, so the cache answers every dialect; the
+    tree is immutable, so it is shared."""
     global _cache_bytes
     with _cache_lock:
         hit = _cache.get(query)
         if hit is not None:
             _cache.move_to_end(query)
     if hit is None:
+        needs = GO_1_19.go
         try:
-            hit = _parse(query)
+            tree = _parse(query)
+            needs = _regexes_need(tree)
+            got: Expr | CannotParse = tree
         except CannotParse as exc:
-            hit = exc.with_traceback(None)
-            hit.__cause__ = hit.__context__ = None  # keep no parser objects alive
+            got = exc.with_traceback(None)
+            got.__cause__ = got.__context__ = None  # keep no parser objects alive
+        hit = (got, needs)
         with _cache_lock:
             if query not in _cache:
                 _cache[query] = hit
@@ -143,12 +189,25 @@ def parse(query: str) -> Expr:
                 while _cache_bytes > _CACHE_BYTES and _cache:
                     old, _ = _cache.popitem(last=False)
                     _cache_bytes -= len(old) + 64
-    if isinstance(hit, CannotParse):
-        raise type(hit)(*hit.args)
-    return hit
+    expr, needs_go = hit
+    if isinstance(expr, CannotParse):
+        raise type(expr)(*expr.args)
+    if dialect.go < needs_go:
+        raise CannotParse(f"named group (?<name>...): the backend's regexp ({dialect}) rejects it "
+                          f"(Go {needs_go[0]}.{needs_go[1]} added it)")
+    return expr
+
+
+def dialect_matters(query: str) -> bool:
+    """Could `query` read differently in another dialect? Only a regex holding `(?<` can, and
+    a PromQL string holds one only as that text or through an escape (`\\x28?<`, `\\050?<`):
+    a query with neither parses the same in every dialect, so its caller need not learn the
+    backend's."""
+    return "(?<" in query or "\\" in query
 
 
 def _parse(query: str) -> Expr:
+    """The dialect-free reading of `query`."""
     if len(query) > MAX_QUERY_BYTES:
         raise TooComplex(f"{len(query)} characters, more than {MAX_QUERY_BYTES}")
     text = _prelex(query)
@@ -317,10 +376,7 @@ def _convert(node: Any) -> Expr:
     if isinstance(node, _pp.ParenExpr):
         return Paren(_convert(node.expr))
     if isinstance(node, _pp.Call):
-        call = Call(node.func.name, tuple(_convert(a) for a in node.args))
-        if call.func == "label_replace" and len(call.args) == 5 and isinstance(call.args[4], String):
-            _check_go_regex(call.args[4].value)
-        return call
+        return Call(node.func.name, tuple(_convert(a) for a in node.args))
     if isinstance(node, _pp.NumberLiteral):
         return Number(float(node.val))
     if isinstance(node, _pp.StringLiteral):
@@ -348,17 +404,39 @@ def _selector(node: Any) -> Selector:
 def _matcher(m: Any) -> Matcher:
     for native, op in _MATCH_OPS:
         if m.op == native:
-            if op in ("=~", "!~"):
-                _check_go_regex(m.value)
             return Matcher(_label(m.name), op, m.value)
     raise CannotParse(f"unknown match operator {m.op!r}")
 
 
-def _check_go_regex(regex: str) -> None:
-    """Prometheus 2.42 is built with Go 1.19, whose regexp rejects the named group `(?<name>`
-    (Go 1.22 added it; RE2 here accepts it): such a query is not planned, so the backend's
-    own answer stands -- its parse error (400), or label_replace's "invalid regular
+def _regexes_need(expr: Expr) -> tuple[int, int]:
+    """The Go version whose regexp reads every regex of `expr`: the `=~` / `!~` matchers and
+    label_replace's regex (a literal string; Prometheus compiles it when it evaluates the
+    call, engine.go funcLabelReplace: a 422 "invalid regular expression")."""
+    needs = GO_1_19.go
+    for node in walk(expr):
+        regexes: list[str] = []
+        if isinstance(node, Selector):
+            for m in (*node.matchers, *(m for group in node.or_matchers for m in group)):
+                if m.op in ("=~", "!~"):
+                    regexes.append(m.value)
+        elif isinstance(node, Call) and node.func == "label_replace" and len(node.args) == 5 \
+                and isinstance(node.args[4], String):
+            regexes.append(node.args[4].value)
+        for regex in regexes:
+            if _has_angle_named_group(regex):
+                needs = max(needs, NAMED_GROUP_SINCE)
+    return needs
+
+
+def _has_angle_named_group(regex: str) -> bool:
+    """Does `regex` open a named group spelt `(?<name>` (outside a character class, not
+    escaped, not the look-behind `(?<=` / `(?<!` that no Go version accepts)? Go's regexp
+    before 1.22 rejects it ("invalid or unsupported Perl syntax"); RE2 here accepts it, so a
+    query holding one is planned only for a backend whose Go reads it -- otherwise the
+    backend's own answer stands: its parse error (400), or label_replace's "invalid regular
     expression" (422)."""
+    if "(?<" not in regex:
+        return False
     i, n = 0, len(regex)
     in_class = False
     while i < n:
@@ -374,8 +452,9 @@ def _check_go_regex(regex: str) -> None:
                 i += 2 if regex[i + 1] == "]" else 3
                 continue
         elif regex.startswith("(?<", i) and not regex.startswith(("(?<=", "(?<!"), i):
-            raise CannotParse("named group (?<name>...): Go 1.19's regexp (Prometheus 2.42) rejects it")
+            return True
         i += 1
+    return False
 
 
 def _label(name: str) -> str:
@@ -440,4 +519,4 @@ def _at(at: Any) -> At:
     return int(math.copysign(math.floor(abs(seconds * 1000) + 0.5), seconds))
 
 
-__all__ = ["CannotParse", "TooComplex", "parse"]
+__all__ = ["GO_1_19", "NAMED_GROUP_SINCE", "CannotParse", "Dialect", "TooComplex", "dialect_matters", "parse"]

@@ -9,7 +9,7 @@ Errors are translated here, once: connection failures -> PromError "unavailable"
 timeouts -> PromError "timeout" (503). A backend's own HTTP answer, error or not, is returned
 as a `BackendReply` for the caller to relay (4xx/422 relayed as is), except a redirect, which
 is PromError "unavailable" (502). An answer promaccel refuses to read (a body over
-`backends[].max_body_bytes`, a Content-Encoding it did not ask for: `BackendFault`) is the
+`backends[].max_body_bytes` or over the call's own `max_body_bytes`, a Content-Encoding it did not ask for: `BackendFault`) is the
 backend's failure, not retried, and PromError "unavailable" (502) naming the backend.
 """
 
@@ -63,17 +63,22 @@ class Backend:
         endpoint: str = "other",
         check: Check | None = None,
         extra_call: Callable[[], bool] | None = None,
+        max_body_bytes: int | None = None,
     ) -> BackendReply:
         """One call with retries on connection errors and 502/503/504 (never on 4xx), and on a
         200 whose body `check` finds broken; for AMP, 429/503 are retried on their own budget
         (`throttle_retries`) within the deadline. With `hedge_after` a slow try is hedged when
         `extra_call()` (the query's call budget) and the retry budget allow. While the circuit
-        breaker is open, fails at once (PromError "unavailable", 503, naming the backend)."""
+        breaker is open, fails at once (PromError "unavailable", 503, naming the backend).
+        `max_body_bytes`: the most of the answer this call reads, when smaller than
+        `backends[].max_body_bytes` (a small answer expected: a larger one is cut as it
+        streams in, never read whole, and refused like an oversized one)."""
         check_path(path)
         probe = self.breaker.admit()
 
         async def attempt(call_timeout: float | None, sent: asyncio.Event | None) -> BackendReply:
-            return await self._once(method, path, params, form, headers, call_timeout, limited, endpoint, sent)
+            return await self._once(method, path, params, form, headers, call_timeout, limited, endpoint, sent,
+                                    max_body_bytes)
 
         hedge = None
         if self.cfg.hedge_after is not None:
@@ -130,6 +135,7 @@ class Backend:
         limited: bool,
         endpoint: str,
         sent: asyncio.Event | None = None,
+        max_body_bytes: int | None = None,
     ) -> BackendReply:
         body: bytes | None = None
         forwarded = forwarded_headers() if self._forwards else ()
@@ -149,9 +155,11 @@ class Backend:
                                                       self.cfg.kind, "promaccel.endpoint": endpoint}) as s:
                 if limited:
                     async with self._sem:
-                        reply = await self._timed(method, path, params, body, headers, timeout_s, endpoint, sent)
+                        reply = await self._timed(method, path, params, body, headers, timeout_s, endpoint, sent,
+                                                  max_body_bytes)
                 else:
-                    reply = await self._timed(method, path, params, body, headers, timeout_s, endpoint, sent)
+                    reply = await self._timed(method, path, params, body, headers, timeout_s, endpoint, sent,
+                                              max_body_bytes)
                 tracing.set_attrs(s, {"http.response.status_code": reply.status, "promaccel.bytes": len(reply.body)})
             return reply
         except Exception as exc:  # translated once, here
@@ -175,23 +183,26 @@ class Backend:
 
     async def _timed(self, method: str, path: str, params: Sequence[tuple[str, str]] | None, body: bytes | None,
                      headers: Mapping[str, str] | None, timeout_s: float | None, endpoint: str,
-                     sent: asyncio.Event | None) -> BackendReply:
+                     sent: asyncio.Event | None, max_body_bytes: int | None = None) -> BackendReply:
         """`_send`, its time from the moment it is on its way kept when answered (hedging)."""
         if sent is not None:
             sent.set()
         t0 = time.perf_counter()
-        reply = await self._send(method, path, params, body, headers, timeout_s, endpoint)
+        reply = await self._send(method, path, params, body, headers, timeout_s, endpoint, max_body_bytes)
         if reply.ok:
             self.latency.add(time.perf_counter() - t0)
         return reply
 
     async def _send(self, method: str, path: str, params: Sequence[tuple[str, str]] | None, body: bytes | None,
-                    headers: Mapping[str, str] | None, timeout_s: float | None, endpoint: str) -> BackendReply:
+                    headers: Mapping[str, str] | None, timeout_s: float | None, endpoint: str,
+                    max_body_bytes: int | None = None) -> BackendReply:
         if self._direct is not None:
             reply = await self._direct.request(method, path, params, body, headers,
-                                               timeout_s if timeout_s is not None else self.cfg.timeout / 1000)
+                                               timeout_s if timeout_s is not None else self.cfg.timeout / 1000,
+                                               max_body_bytes)
         else:
-            reply = await send_httpx(self._client, self.cfg, method, path, params, body, headers, timeout_s)
+            reply = await send_httpx(self._client, self.cfg, method, path, params, body, headers, timeout_s,
+                                     max_body_bytes)
         METRICS.backend_calls.labels(self.name, endpoint, str(reply.status)).inc()
         return reply
 

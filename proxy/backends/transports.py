@@ -13,8 +13,10 @@ password is registered for log redaction.
 A hostile or broken backend cannot make promaccel hold more than it means to (issue 26): a
 body is never inflated (an answer with any Content-Encoding but identity is refused before its
 body is read: a 2 MB gzip body once inflated to 5.3 GB on the event loop) and is read up to
-`backends[].max_body_bytes`, counted as it streams in (a Content-Length over it is refused
-before reading); past it the connection is dropped and the call fails (`BackendFault`).
+`backends[].max_body_bytes` -- or the smaller limit a call names (`max_body_bytes=`: a series
+count, a backend's buildinfo or config, answers of a few KB) --, counted as it streams in (a
+Content-Length over it is refused before reading); past it the connection is dropped and the
+call fails (`BackendFault`).
 """
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ def make_client(cfg: BackendConfig) -> httpx.AsyncClient:
     )
 
 
-def refuse_unasked(headers: Mapping[str, str], limit: int) -> None:
+def refuse_unasked(headers: Mapping[str, str], limit: int, per_call: bool = False) -> None:
     """Before a body is read: a Content-Encoding other than identity (promaccel asked for
     identity and never inflates) or a Content-Length over `limit` is a `BackendFault`."""
     encoding = (headers.get("content-encoding") or "").strip().lower()
@@ -117,18 +119,30 @@ def refuse_unasked(headers: Mapping[str, str], limit: int) -> None:
                            "identity and does not decompress)")
     length = (headers.get("content-length") or "").strip()
     if length.isdigit() and int(length) > limit:
-        raise too_large(limit)
+        raise too_large(limit, per_call)
 
 
-def too_large(limit: int) -> BackendFault:
+def too_large(limit: int, per_call: bool = False) -> BackendFault:
+    if per_call:
+        return BackendFault(f"sent a body larger than the {limit} bytes promaccel reads of this answer")
     return BackendFault(f"sent a body larger than backends[].max_body_bytes ({limit} bytes)")
+
+
+def body_limit(cfg: BackendConfig, max_body_bytes: int | None) -> tuple[int, bool]:
+    """The bytes a call reads at most: the call's own limit when it names a smaller one than
+    `backends[].max_body_bytes`; and whether that limit is the call's."""
+    if max_body_bytes is not None and max_body_bytes < cfg.max_body_bytes:
+        return max(0, max_body_bytes), True
+    return cfg.max_body_bytes, False
 
 
 async def send_httpx(client: httpx.AsyncClient, cfg: BackendConfig, method: str, path: str,
                      params: Sequence[tuple[str, str]] | None, body: bytes | None,
-                     headers: Mapping[str, str] | None, timeout_s: float | None) -> BackendReply:
+                     headers: Mapping[str, str] | None, timeout_s: float | None,
+                     max_body_bytes: int | None = None) -> BackendReply:
     """One request through `client` (made by `make_client`); no timeout: the client's own.
-    The body is read raw (never decoded), at most `cfg.max_body_bytes` of it."""
+    The body is read raw (never decoded), at most `cfg.max_body_bytes` of it (or
+    `max_body_bytes`, when smaller)."""
     kwargs: dict[str, Any] = {}
     if params:
         kwargs["params"] = list(params)
@@ -138,13 +152,13 @@ async def send_httpx(client: httpx.AsyncClient, cfg: BackendConfig, method: str,
         kwargs["headers"] = dict(headers)
     if timeout_s is not None:
         kwargs["timeout"] = httpx.Timeout(timeout_s, connect=cfg.connect_timeout / 1000)
-    limit = cfg.max_body_bytes
+    limit, per_call = body_limit(cfg, max_body_bytes)
     async with client.stream(method, path, **kwargs) as resp:
-        refuse_unasked(resp.headers, limit)
+        refuse_unasked(resp.headers, limit, per_call)
         buf = bytearray()
         async for chunk in resp.aiter_raw():  # as sent: httpx decodes only in aiter_bytes
             if len(buf) + len(chunk) > limit:
-                raise too_large(limit)  # leaving the block closes the connection unread
+                raise too_large(limit, per_call)  # leaving the block closes the connection unread
             buf += chunk
         retry_after = resp.headers.get("retry-after")
         return BackendReply(
@@ -170,7 +184,7 @@ def is_timeout(exc: BaseException) -> bool:
 KEEP_BYTEARRAY_BYTES = 1 << 20
 
 
-async def read_body(resp: aiohttp.ClientResponse, limit: int) -> bytes | bytearray:
+async def read_body(resp: aiohttp.ClientResponse, limit: int, per_call: bool = False) -> bytes | bytearray:
     """The whole body, read into one growing buffer: aiohttp's own `read` keeps every chunk
     until it joins them, so a heavy answer (~15 MB for 6 h of 2,048 GPUs) was held twice at
     its end, for each call in flight (issue 15). A large body stays a bytearray (the decoder
@@ -179,7 +193,7 @@ async def read_body(resp: aiohttp.ClientResponse, limit: int) -> bytes | bytearr
     buf = bytearray()
     async for chunk in resp.content.iter_any():  # raises as `read` does on a body cut short
         if len(buf) + len(chunk) > limit:
-            raise too_large(limit)
+            raise too_large(limit, per_call)
         buf += chunk
     return buf if len(buf) >= KEEP_BYTEARRAY_BYTES else bytes(buf)
 
@@ -207,14 +221,16 @@ class DirectAiohttp:
         return self._session
 
     async def request(self, method: str, path: str, params: Sequence[tuple[str, str]] | None, body: bytes | None,
-                      headers: Mapping[str, str] | None, timeout_s: float) -> BackendReply:
+                      headers: Mapping[str, str] | None, timeout_s: float,
+                      max_body_bytes: int | None = None) -> BackendReply:
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self.cfg.connect_timeout / 1000)
         async with self.session().request(method, self.base + path, params=list(params) if params else None,
                                           data=body, headers=headers, timeout=timeout,
                                           allow_redirects=False) as resp:
             try:
-                refuse_unasked(resp.headers, self.cfg.max_body_bytes)
-                content = await read_body(resp, self.cfg.max_body_bytes)
+                limit, per_call = body_limit(self.cfg, max_body_bytes)
+                refuse_unasked(resp.headers, limit, per_call)
+                content = await read_body(resp, limit, per_call)
             except BackendFault:
                 resp.close()  # the connection, with the rest of the body, is not reused
                 raise

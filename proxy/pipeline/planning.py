@@ -1,4 +1,13 @@
-"""Planning: shard-label values, planner settings from the config, and the Plan stage."""
+"""Planning: shard-label values, planner settings from the config, and the Plan stage.
+
+The planner reads regexes in the primary backend's dialect (`shardplanner.promql.Dialect`,
+the Go version of its buildinfo, `backend_facts.py`). A query whose text could read
+differently in another dialect (`dialect_matters`: it holds `(?<` or an escape) waits, once
+per backend, for that fact to be learnt (one shared call of a few hundred bytes, under
+FACT_TIMEOUT_S; every later query finds it known): the first such query is planned in the
+backend's dialect, never in a guess. Until it is known, or when it cannot be learnt, the
+dialect is Go 1.19's (Prometheus 2.42), the conservative reading: a regex only a newer Go
+reads is then left to the backend, whose own answer stands."""
 
 from __future__ import annotations
 
@@ -15,6 +24,7 @@ from shardplanner.plan import Plan as QueryPlan
 from shardplanner.plan import PlannerSettings, QueryRequest
 from shardplanner.planner import metrics_to_count, samples_limit_message
 from shardplanner.planner import plan as make_plan
+from shardplanner.promql import dialect_matters
 from shardplanner.timesplit import DAY_MS
 
 from ..backends import Backend
@@ -23,6 +33,7 @@ from ..config import Config
 from ..errors import PromError
 from ..metrics import METRICS
 from ..primitives.clock import wall_ms
+from .backend_facts import BackendFacts
 from .discovery import Discovered
 from .series_counts import SeriesCounts
 from .stage import Stage
@@ -100,14 +111,20 @@ class Planner:
     """Plans a request: the shard-label values it needs (discovered, cached), the pure
     planner, and limits.max_samples."""
 
-    def __init__(self, config: Config, primary: Backend) -> None:
+    def __init__(self, config: Config, primary: Backend, facts: BackendFacts | None = None) -> None:
         self.config = config
-        self.settings = planner_settings(config)
+        self.primary = primary
+        self.facts = facts if facts is not None else BackendFacts()
+        self.settings = planner_settings(config)  # with the primary's dialect once learnt
         self.shard_values = ShardValues(primary, config.planner.shard_values_ttl)
         self.series_counts = SeriesCounts(primary, config.planner.shard_values_ttl)
 
     async def plan(self, req: QueryRequest) -> QueryPlan:
         values: Mapping[str, Sequence[str]] = {}
+        if dialect_matters(req.query):
+            dialect = await self.facts.dialect(self.primary)
+            if dialect != self.settings.dialect:  # learnt (or changed): every later plan uses it
+                self.settings = replace(self.settings, dialect=dialect)
         settings = self.settings
         max_samples = self.config.limits.max_samples
         if settings.shards > 1 or max_samples:

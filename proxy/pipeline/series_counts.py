@@ -5,8 +5,8 @@ and `limits.max_samples` estimate from the real count instead of the configured 
 One instant query per metric, `count({__name__="<metric>"})`, at the query's end (never after
 now): Prometheus answers it from the series' last samples (no range of samples is read),
 and the answer is one number, however many series there are -- an answer that is more than
-that (over COUNT_BODY_MAX bytes, several samples, a value that is not a finite count) is
-refused as a failed discovery. Counts are kept per tenant scope and metric for
+that (over COUNT_BODY_MAX bytes: the call reads no more, `Backend.request(max_body_bytes=)`;
+several samples; a value that is not a finite count) is refused as a failed discovery. Counts are kept per tenant scope and metric for
 `planner.shard_values_ttl` by the discovery component (`discovery.py`: shared fetches,
 background refresh, no retry for RETRY_AFTER_FAILURE_S after a failure). At most
 MAX_PER_QUERY metrics are counted for one query (the rest, and any count that failed or found
@@ -87,7 +87,7 @@ class SeriesCounts:
         at = min(at_ms, wall_ms()) if at_ms is not None else wall_ms()
         reply = await self.backend.request(
             "GET", "/api/v1/query", params=[("query", count_query(metric)), ("time", f"{at / 1000:.3f}")],
-            timeout_s=COUNT_TIMEOUT_S, endpoint="/api/v1/query")
+            timeout_s=COUNT_TIMEOUT_S, endpoint="/api/v1/query", max_body_bytes=COUNT_BODY_MAX)
         try:
             return parse_count(reply.status, reply.body)
         except ValueError as exc:
