@@ -224,63 +224,6 @@ def test_shutdown_is_bounded_by_its_timeout(prom: Any, backend: faulty.FaultyBac
             server.stop()
 
 
-def test_retry_budget() -> None:
-    from proxy.backends.retries import RETRY_BUDGET_CAP, RetryBudget
-
-    now = [0.0]
-    budget = RetryBudget(ratio=0.2, floor=5.0, clock=lambda: now[0])
-    assert sum(budget.spend() for _ in range(1000)) == RETRY_BUDGET_CAP  # the saved retries, then none
-    for _ in range(10):
-        budget.earn()  # ten calls earn two retries
-    assert [budget.spend() for _ in range(3)] == [True, True, False]
-    now[0] += 1.0  # the floor: five a second
-    assert sum(budget.spend() for _ in range(10)) == 5
-
-
-def test_a_large_answer_is_checked_off_the_event_loop() -> None:
-    """Decoding a heavy panel's 15 MB answer took ~40 ms: a body over CHECK_IN_THREAD_BYTES is
-    checked in a worker thread while the event loop goes on; a small one on the loop."""
-    import asyncio
-    import threading
-    import time
-
-    from proxy.backends.protocol import BackendReply
-    from proxy.backends.retries import CHECK_IN_THREAD_BYTES, with_retries
-    from proxy.config import BackendConfig
-
-    loop_thread: list[int] = []
-    checked_on: list[bool] = []
-
-    def check(reply: BackendReply) -> str | None:
-        checked_on.append(threading.get_ident() == loop_thread[0])
-        time.sleep(0.2)  # a slow decode
-        return None
-
-    async def scenario(size: int) -> int:
-        loop_thread[:] = [threading.get_ident()]
-        ticks = 0
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                await asyncio.sleep(0.01)
-                ticks += 1
-
-        async def attempt(t: float | None, sent: asyncio.Event | None) -> BackendReply:
-            return BackendReply(status=200, body=b"x" * size, content_type="application/json", headers={})
-
-        task = asyncio.create_task(ticker())
-        reply = await with_retries(attempt, BackendConfig(url="http://127.0.0.1:9090"), "/api/v1/query_range", 5.0,
-                                   check=check)
-        task.cancel()
-        assert reply.status == 200 and len(reply.body) == size
-        return ticks
-
-    assert asyncio.run(scenario(CHECK_IN_THREAD_BYTES + 1)) >= 5  # the loop ticked meanwhile
-    assert asyncio.run(scenario(1000)) <= 1  # checked on the loop: it stood still
-    assert checked_on == [False, True]
-
-
 def test_a_sick_backend_is_not_hammered_with_retries(prom: Any, backend: faulty.FaultyBackend,
                                                      tmp_path: Path) -> None:
     """Every call fails: 200 queries cost about 200 calls plus the budget's retries (50 saved,
