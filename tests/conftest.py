@@ -70,7 +70,7 @@ SPLIT_BY_TEST = {"tests/e2e/test_equivalence_matrix.py", "tests/e2e/test_hybrid_
 UNIT_COST: dict[str, float] = {
     "tests/e2e/test_hybrid.py": 240, "tests/e2e/test_hybrid_matrix.py": 45, "tests/cache/test_cache_integration.py": 160, "tests/harness/test_bench.py": 60,
     "tests/backends/test_amp.py": 45, "tests/shardplanner/test_instant_split.py": 45, "tests/e2e/test_hybrid_routing.py": 30,
-    "tests/shardplanner/test_serialize.py": 28, "tests/e2e/test_equivalence_matrix.py": 25, "tests/result/test_codec.py": 20,
+    "tests/shardplanner/test_serialize.py": 28, "tests/e2e/test_equivalence_matrix.py": 25, "tests/codec/test_json_decode.py": 20,
     "tests/result/test_binop_prometheus.py": 19, "tests/e2e/test_passthrough_equivalence.py": 18,
     "tests/e2e/test_planned_equivalence.py": 16, "tests/api/test_clients.py": 16, "tests/api/test_bad_requests.py": 14,
     "tests/harness/test_gen.py": 12, "tests/result/test_overlap.py": 8, "tests/pipeline/test_step_reuse.py": 8, "tests/harness/test_demo.py": 50,
@@ -79,7 +79,7 @@ UNIT_COST: dict[str, float] = {
     "tests/backends/test_secrets_logging.py": 20, "tests/api/test_server_limits.py": 12, "tests/pipeline/test_security.py": 12,
     "tests/backends/test_tenancy.py": 8, "tests/backends/test_backend_auth.py": 6, "tests/api/test_relay_paths.py": 5,
     "tests/api/test_http_edges.py": 45, "tests/api/test_fuzz_endpoints.py": 35, "tests/pipeline/test_tracing.py": 30, "tests/harness/test_soak.py": 25, "tests/api/test_ui.py": 9, "tests/api/test_ui_browser.py": 8,
-    "tests/backends/test_breaker.py": 50, "tests/pipeline/test_refusal_split.py": 35,
+    "tests/backends/test_circuit.py": 50, "tests/pipeline/test_refusal_split.py": 35,
 }
 
 
