@@ -32,7 +32,7 @@ def servers(backend: faulty.FaultyBackend, tmp_path_factory: pytest.TempPathFact
     # A retry budget that never runs out: these tests are about what is retried, not how often
     # (test_a_sick_backend_is_not_hammered_with_retries is), and no circuit breaker: a lasting
     # fault would open it, and these tests ask again right after the fault ends
-    # (tests/backends/test_breaker.py is about the breaker).
+    # (tests/backends/test_circuit.py is about the breaker).
     cfg = work / "promaccel.yaml"
     cfg.write_text(f"backends:\n  - name: default\n    url: {backend.url}\n    retry_ratio: 100\n"
                    "    retry_floor: 100000\n    breaker: {failures: 0}\n")

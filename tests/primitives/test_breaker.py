@@ -1,5 +1,5 @@
 """The one circuit breaker state machine (proxy/primitives/breaker.py), which the Redis store
-(tests/cache/test_cache.py) and each backend (tests/backends/test_breaker.py) wrap."""
+(tests/cache/test_cache.py) and each backend (tests/backends/test_circuit.py) wrap."""
 
 from __future__ import annotations
 
