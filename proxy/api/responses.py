@@ -18,7 +18,7 @@ from starlette.types import Receive, Scope, Send
 from ..backends import BackendReply
 from ..codec.arrow import encode_arrow_stream
 from ..codec.json_encode import encode_prometheus_json, iter_prometheus_json
-from ..codec.json_splice import splice_prometheus_json, spliced
+from ..codec.json_splice import splice_prometheus_json, spliceable, spliced
 from ..errors import PromError
 from ..pipeline.values import Answer
 from ..result import QueryResult
@@ -26,7 +26,8 @@ from .compress import MINIMUM_SIZE, gzip_bytes
 
 JSON = "application/json"
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
-# Answers above this many samples are streamed in chunks (loadtests/codec_bench.py).
+# Answers above this many samples are streamed in chunks (loadtests/codec_bench.py), unless
+# made of cached cells (written from their bytes: codec/json_splice.py).
 STREAM_ABOVE_SAMPLES = 200_000
 # Answers of this many samples or more are written (and gzipped) in a worker thread: ~1 MB
 # of JSON, a few ms on the event loop otherwise.
@@ -111,8 +112,9 @@ class _WrittenHeld(_Releasing, _Written):
 
 def json_response(result: QueryResult, headers: dict[str, str], release: Callable[[], None] | None = None,
                   gzip_ok: bool = False) -> Response:
-    """A result as Prometheus JSON, streamed when large. `gzip_ok`: the client takes gzip."""
-    if result.n_samples > STREAM_ABOVE_SAMPLES:
+    """A result as Prometheus JSON, streamed when large (unless spliced from its cells' bytes,
+    up to json_splice.SPLICE_MAX_SAMPLES). `gzip_ok`: the client takes gzip."""
+    if result.n_samples > STREAM_ABOVE_SAMPLES and not spliceable(result):
         return _held(_Stream(iter_prometheus_json(result), media_type=JSON, headers=headers), release)
     if result.result_type == "matrix":
         return _held(_WrittenHeld(result, headers, gzip_ok), release)

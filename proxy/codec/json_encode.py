@@ -469,7 +469,8 @@ def _encode_samples(out, at, t_ms, v, tok):  # type: ignore[no-untyped-def]
     return o
 
 
-def encode_samples(t_ms: npt.NDArray[np.int64], value: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+def encode_samples(t_ms: npt.NDArray[np.int64],
+                   value: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.integer]]:
     """The samples as the encoder writes them, each as `,[t,"v"]` (a leading comma), and
     where each starts: samples a..b-1 of a series are `buf[at[a] + 1 : at[b]]` in its
     `"values":[...]`, and runs of one series' samples from several results join as they are."""
@@ -481,4 +482,5 @@ def encode_samples(t_ms: npt.NDArray[np.int64], value: npt.NDArray[np.float64]) 
     out = np.empty(len(t) * 60 + 1, dtype=np.uint8)
     at = np.empty(len(t) + 1, dtype=np.int64)
     end = _encode_samples(out, at, t, v, tok)
-    return out[:end].copy(), at
+    # Kept: positions as int32 (a cell's bytes are far below 2 GiB), half the memory.
+    return out[:end].copy(), at.astype(np.int32) if end < 2**31 else at

@@ -17,8 +17,8 @@ A `Concatenation` (time pieces) says where each piece's runs go (`Concatenation.
 
 The kept bytes are bounded (MEMO_MAX_BYTES, least recently used first out) and live no
 longer than their cell (the cache reader's decoded-cell memo and the landing zone hold the
-cells). Only answers written whole take this path (responses.py: up to STREAM_ABOVE_SAMPLES);
-a heavy streamed answer's cells are never kept as bytes (scenario (e)'s memory bound).
+cells). Only answers written whole take this path (up to SPLICE_MAX_SAMPLES); a heavy
+streamed answer's cells are never kept as bytes (scenario (e)'s memory bound).
 A cell whose samples are still packed in its cache payload is read through a cursor for
 this, and stays packed.
 """
@@ -41,14 +41,19 @@ from proxy.result.concat import Concatenation
 
 from .json_encode import encode_samples, head_tail
 
-__all__ = ["MEMO_MAX_BYTES", "SampleJSON", "memo_bytes", "splice_prometheus_json", "spliced"]
+__all__ = ["MEMO_MAX_BYTES", "SPLICE_MAX_SAMPLES", "SampleJSON", "memo_bytes", "splice_prometheus_json", "spliceable",
+           "spliced"]
 
 I64 = npt.NDArray[np.int64]
 U8 = npt.NDArray[np.uint8]
 
 # All cells' encoded samples together: a 16-panel dashboard's large panels are a few MB of
-# JSON each (a 256-series 1 h panel: 3.2 MB).
-MEMO_MAX_BYTES = 32 << 20
+# JSON each (the bench's 24 h dashboard on 2,048 GPUs: five of 4-6 MB, ~40 MB of cells' bytes
+# with their positions).
+MEMO_MAX_BYTES = 48 << 20
+# Answers up to this many samples are written whole from their cells' bytes (~40 MB of JSON
+# at most); larger ones are streamed by the encoder (a heavy raw 24 h panel: 3 M samples).
+SPLICE_MAX_SAMPLES = 1_000_000
 
 # A piece's origin is written whole when it is at most this many times the piece (or small).
 ORIGIN_MAX_RATIO = 8
@@ -64,7 +69,7 @@ class SampleJSON:
     """A result's samples as encoded bytes: sample k is buf[at[k]:at[k + 1]], `,[t,"v"]`."""
 
     buf: U8
-    at: I64
+    at: npt.NDArray[np.integer]
 
     @property
     def nbytes(self) -> int:
@@ -160,6 +165,12 @@ def _skeleton(out, series_at, lab_buf, lab_s, lab_e, payload, w_metric, w_values
 def _copy_runs(out, dest, src, a, n):  # type: ignore[no-untyped-def]
     for j in range(len(dest)):
         out[dest[j]:dest[j] + n[j]] = src[a[j]:a[j] + n[j]]
+
+
+def spliceable(result: QueryResult) -> bool:
+    """Whether `splice_prometheus_json` writes this result (else it answers None)."""
+    return (result.result_type == "matrix" and 0 < result.n_series and result.n_samples <= SPLICE_MAX_SAMPLES
+            and _runs(result) is not None)
 
 
 def _runs(result: QueryResult) -> tuple[list[QueryResult], I64, I64, I64, I64] | None:
@@ -260,11 +271,10 @@ _BUFFERS = _Buffers()
 
 
 def _splice(result: QueryResult, alloc: Callable[[int], U8]) -> U8 | None:
-    if result.result_type != "matrix" or result.n_series == 0:
+    if not spliceable(result):
         return None
     runs = _runs(result)
-    if runs is None:
-        return None
+    assert runs is not None
     pieces, s_start, s_len, s_piece, series = runs
     sources = [_source(r) for r in pieces]
     m = len(s_start)
@@ -280,7 +290,7 @@ def _splice(result: QueryResult, alloc: Callable[[int], U8]) -> U8 | None:
         st = s_start[mine]
         k = np.searchsorted(r.offsets, st, side="right") - 1
         i = base[k] + (st - r.offsets[k])
-        a[mine] = memo.at[i]
+        a[mine] = memo.at[i]  # int32 or int64 positions, widened
         b[mine] = memo.at[i + s_len[mine]]
     first = np.ones(m, dtype=bool)
     first[1:] = series[1:] != series[:-1]

@@ -200,3 +200,21 @@ def test_packed_cells_are_spliced_and_stay_packed() -> None:
         if whole_cell:
             assert c.packed_samples() is not None  # read through a cursor, not unpacked
             assert c.sample_json is not None
+
+
+def test_large_answers_of_cells_are_written_whole_others_streamed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from proxy.api import responses
+
+    monkeypatch.setattr(responses, "STREAM_ABOVE_SAMPLES", 10)
+    rng = random.Random(13)
+    cells = cells_of(fleet(rng, 30, 60), 4, rng)
+    want = encode_prometheus_json(concat(cells))
+    of_cells = concat(cells, lazy=True)
+    assert of_cells.n_samples > 10
+    assert isinstance(json_response(of_cells, {}, gzip_ok=True), responses._Written)
+    assert isinstance(json_response(concat(cells), {}, gzip_ok=True), responses._Stream)  # made for one answer
+    monkeypatch.setattr(json_splice, "SPLICE_MAX_SAMPLES", 10)
+    assert isinstance(json_response(concat(cells, lazy=True), {}, gzip_ok=True), responses._Stream)
+    assert splice_prometheus_json(of_cells) is None
+    monkeypatch.undo()
+    assert splice_prometheus_json(of_cells) == want
