@@ -130,12 +130,17 @@ def test_detector_ignores_lookalikes(tmp_path: Path) -> None:
 # --- layers inside proxy/ ---------------------------------------------------------------------
 # proxy subpackage -> the proxy subpackages it must never import (docs/ARCHITECTURE.md's picture:
 # api on top, then pipeline, then backends / cache / result / codec, then shardplanner).
+# proxy/primitives (clocks, breakers: plain mechanisms) sits below every layer: it imports
+# nothing of proxy, every other part may import it.
+_PROXY_PARTS = {p.stem if p.is_file() else p.name for p in (ROOT / "proxy").iterdir()
+                if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.stem != "__init__")}
 LAYERS = {
     "pipeline": {"api"},
     "cache": {"api", "pipeline"},
     "backends": {"api", "pipeline", "cache", "result", "codec"},
     "result": {"api", "pipeline", "cache", "backends"},
     "codec": {"api", "pipeline", "cache", "backends"},
+    "primitives": _PROXY_PARTS - {"primitives"},
 }
 # Third-party libraries only one place in the product may import.
 GATES = {"aiohttp": "proxy/backends/transports.py", "httpx": "proxy/backends/transports.py",
@@ -201,3 +206,10 @@ def test_gated_libraries(path: Path) -> None:
 def test_layer_detector(tmp_path: Path) -> None:
     probe = ROOT / "proxy" / "pipeline" / "values.py"
     assert "result" in _proxy_subpackages(probe) or "backends" in _proxy_subpackages(probe)
+
+
+def test_primitives_are_below_every_layer() -> None:
+    assert {"api", "pipeline", "backends", "cache", "engine", "errors", "config"} <= LAYERS["primitives"]
+    assert all("primitives" not in forbidden for forbidden in LAYERS.values())
+    probe = ROOT / "proxy" / "pipeline" / "planning.py"
+    assert "primitives" in _proxy_subpackages(probe)  # a layer above uses it

@@ -233,13 +233,18 @@ class PlannerConfig(StrictModel):
     max_pieces: int = Field(default=2_000, ge=1)
     # The most shards `shards: auto` gives a query.
     max_parallel: int = Field(default=8, ge=1)
+    # How long discovered shard-label values and series counts are used before they are
+    # refreshed (in the background; proxy/pipeline/discovery.py).
     shard_values_ttl: DurationMs = 300_000
     # shards: auto -> ceil(estimated samples of the largest piece / this), at most
     # max_parallel, 1 (not sharded) below 2. 10 M: a fifth of Prometheus's default
     # --query.max-samples (50 M), so no piece comes near it.
     max_samples_per_piece: int = Field(default=10_000_000, ge=1)
-    # Samples estimate (shards: auto, limits.max_samples): series of one metric per node
-    # (value of the shard label; 8: one per GPU of an 8-GPU node) and the scrape interval.
+    # Samples estimate (shards: auto, limits.max_samples): a metric's series are its real
+    # series count, asked of the primary (`count({__name__="m"})`, proxy/pipeline/
+    # series_counts.py) and shared over the shard-label values a selector lets through;
+    # series_per_node is the fallback for a metric whose count is not known (nodes x
+    # series_per_node; 8: one per GPU of an 8-GPU node). scrape_interval: samples per window.
     series_per_node: int = Field(default=8, ge=1)
     scrape_interval: DurationMs = Field(default=30_000, gt=0)
     # Instant max/min/sum/count_over_time(x[7d]) cut into sub-windows at split_interval.
@@ -268,8 +273,9 @@ class LimitsConfig(StrictModel):
     query_timeout: DurationMs = 120_000
     # Longest range a query_range may span (0: no limit); longer ones get a 422 saying so.
     max_query_range: DurationMs = 0
-    # Most samples a query may touch, estimated by the planner (nodes x planner.series_per_node
-    # x points); over it: 422 saying so. 0: no limit (the estimate is a heuristic: opt in).
+    # Most samples a query may touch, estimated by the planner (series x points: real series
+    # counts, else nodes x planner.series_per_node); over it: 422 saying so. 0: no limit (the
+    # estimate is a heuristic: opt in).
     max_samples: int = Field(default=0, ge=0)
     # Most backend calls one query may make, after coalescing (a join across stores, a
     # query too wide for one call...); over it: 422 naming the limit. AMP bills each call's
