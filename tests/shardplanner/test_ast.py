@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from shardplanner.ast import (
     Agg,
     Binary,
-    Call,
+    Expr,
     Matcher,
     MatrixSel,
     Number,
@@ -83,17 +84,6 @@ def test_transform_is_bottom_up_and_keeps_unchanged_subtrees() -> None:
         transform(parse("x[5m]"), lambda n: Number(1) if isinstance(n, Selector) else n)
 
 
-def test_inject_matcher_reaches_every_selector() -> None:
-    m = Matcher("Hostname", "=~", "a|b")
-    expr = parse("sum(rate(x[5m])) / count(y offset 1m) + max_over_time(z[1h:1m] @ 100)")
-    got = inject_matcher(expr, m)
-    assert [s.matchers for s in selectors(got)] == [(m,), (m,), (m,)]
-    # offsets and @ stay on their selectors
-    assert [(s.offset_ms, s.at) for s in selectors(got)] == [(s.offset_ms, s.at) for s in selectors(expr)]
-    assert isinstance(got, Binary) and isinstance(got.rhs, Call) and isinstance(got.rhs.args[0], Subquery)
-    assert got.rhs.args[0].at == 100_000
-
-
 def test_with_matcher_ands_into_each_or_group() -> None:
     # {a="1" or b="2"} is the union of its groups: sharding must narrow every group, or the
     # shards would overlap.
@@ -108,3 +98,39 @@ def test_unparen_and_matrix_keeps_offset_on_its_selector() -> None:
     assert unparen(Paren(Paren(Selector("x")))) == Selector("x")
     assert unparen(Selector("x")) == Selector("x")
     assert parse("x[5m] offset 1m") == MatrixSel(Selector("x", offset_ms=60_000), 300_000)
+
+
+def test_inject_matcher_reaches_every_selector() -> None:
+    tree = parse(
+        'sum(rate(x{a="1"}[5m] offset 1m)) / on() group_left count(max_over_time(y[10m:1m]))'
+        ' or z{a="b" or c="d"}'
+    )
+    shard = Matcher("Hostname", "=~", "node-0|node-1")
+    out = inject_matcher(tree, shard)
+    assert all(shard in s.matchers or all(shard in g for g in s.or_matchers) for s in selectors(out))
+    assert to_promql(out) == (
+        'sum(rate(x{a="1", Hostname=~"node-0|node-1"}[5m] offset 1m))'
+        ' / on() group_left() count(max_over_time(y{Hostname=~"node-0|node-1"}[10m:1m]))'
+        ' or z{a="b", Hostname=~"node-0|node-1" or c="d", Hostname=~"node-0|node-1"}'
+    )
+    assert parse(to_promql(out)) == out
+
+
+def test_transform_pins_at_start_end() -> None:
+    tree = parse("rate(x[5m] @ start()) - max_over_time(y[1h:] @ end() offset 5m)")
+
+    def pin(node: Expr) -> Expr:
+        if isinstance(node, (Selector, Subquery)) and node.at in ("start", "end"):
+            return replace(node, at=1_000 if node.at == "start" else 2_000)
+        return node
+
+    out = transform(tree, pin)
+    assert to_promql(out) == "rate(x[5m] @ 1.000) - max_over_time(y[1h:] @ 2.000 offset 5m)"
+    assert transform(tree, lambda n: n) is tree  # unchanged trees are not copied
+
+
+def test_avg_to_sum_and_count() -> None:
+    tree = parse("avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)")
+    assert isinstance(tree, Agg)
+    assert to_promql(replace(tree, op="sum")) == "sum by (Hostname) (DCGM_FI_DEV_GPU_UTIL)"
+    assert to_promql(replace(tree, op="count")) == "count by (Hostname) (DCGM_FI_DEV_GPU_UTIL)"

@@ -13,11 +13,7 @@ from shardplanner.plan import PlannerSettings, QueryRequest, Span
 from shardplanner.planner import plan
 from shardplanner.promql import parse
 from shardplanner.routing import Route, route_piece
-
-HOSTS = [f"gpu-node-{i:04d}" for i in range(10)]
-VALUES = {"Hostname": HOSTS}
-HOUR = 3_600_000
-T = 1_700_000_000_000
+from tests.shardplanner.fleet import HOSTS, HOUR, VALUES, T
 
 
 def test_explain() -> None:

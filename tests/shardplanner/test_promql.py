@@ -6,7 +6,19 @@ from __future__ import annotations
 
 import pytest
 
-from shardplanner.ast import Binary, Call, Matcher, MatrixSel, Number, Selector, Unary, unparen
+from shardplanner.ast import (
+    Agg,
+    Binary,
+    Call,
+    Matcher,
+    MatrixSel,
+    Number,
+    Selector,
+    Subquery,
+    Unary,
+    VectorMatching,
+    unparen,
+)
 from shardplanner.promql import MAX_NESTING, MAX_OPERATORS, MAX_QUERY_BYTES, CannotParse, TooComplex, parse
 
 
@@ -35,27 +47,48 @@ def test_at_becomes_milliseconds_rounded_as_prometheus(query: str, at_ms: int) -
     assert isinstance(node, Selector) and node.at == at_ms
 
 
-def test_unary_plus_is_dropped_and_minus_kept() -> None:
-    # Prometheus's parser (generated_parser.y, unary_expr) drops a unary plus.
-    assert parse("+x") == Selector("x")
-    assert parse("-x") == Unary(Selector("x"))
-    assert parse("-1") == Number(-1.0)
+# promql-parser rejects these, or would read them differently from Prometheus 2.42.
+CANNOT_PARSE: dict[str, str] = {
+    "syntax_error": "sum(",
+    "unterminated_raw": "up{a=`x}",
+    "negative_at": "up @ -100",
+    "byte_escape_hex": 'up{a="\\x80"}',
+    "byte_escape_octal": 'up{a="\\377"}',
+    "raw_replacement_char": 'up{a="\ufffd"}',
+    "quoted_label_name": 'up{"a"="b"}',
+    "quoted_metric_name": '{"up"}',
+    "fill_modifier": "a + fill(0) b",
+    "offset_zero": "up offset 0s",
+    "float_overflow": "vector(1) * 1e400",
+    "float_overflow_digits": "1" + "0" * 400,
+    "named_group": 'up{a=~"(?<n>x)"}',  # Go 1.19's regexp (2.42's) has no (?<name>...)
+    "group_left_without_on": "a * group_left b",
+}
 
 
-@pytest.mark.parametrize("query", [
-    'up{a="\\x80"}',  # Prometheus: raw byte 0x80; promql-parser: U+0080
-    'up{a="\\377"}',
-    "up{a=\"\ufffd\"}",  # a raw U+FFFD: 2.42's lexer rejects it in strings
-    '{"a"="b"}',  # quoted label names are Prometheus 3 syntax
-    'up{a=~"(?<n>x)"}',  # Go 1.19's regexp (2.42) has no (?<name>...)
-    "x @ -100",  # promql-parser 0.12 panics reading it back
-    "1e400",  # beyond float64: 2.42 rejects it, promql-parser reads +Inf
-    "sum(rate(",  # plain syntax error
-    "a * group_left b",
-])
-def test_what_is_not_read_as_2_42_reads_it_is_not_planned(query: str) -> None:
+@pytest.mark.parametrize("query", CANNOT_PARSE.values(), ids=CANNOT_PARSE.keys())
+def test_cannot_parse(query: str) -> None:
     with pytest.raises(CannotParse):
         parse(query)
+
+
+def test_parsed_shapes() -> None:
+    """promql-parser's shapes, as converted: the facts the planner relies on."""
+    assert parse("x[5m:]") == Subquery(Selector("x"), 300_000, None)
+    assert parse("x[5m] offset -1m @ end()") == MatrixSel(Selector("x", offset_ms=-60_000, at="end"), 300_000)
+    assert parse("x @ 1.5") == Selector("x", at=1_500)
+    assert parse("-1") == Number(-1.0)
+    assert parse("-1 ^ 2") == Unary(Binary("^", Number(1), Number(2)))
+    assert parse("+x") == Selector("x")
+    assert parse('{__name__="up"}').metric_name == "up"  # type: ignore[union-attr]
+    assert parse('{a="b" or c="d"}') == Selector(
+        None, (), or_matchers=((Matcher("a", "=", "b"),), (Matcher("c", "=", "d"),))
+    )
+    assert parse("a and b") == Binary("and", Selector("a"), Selector("b"))
+    assert parse("a + on(x) group_right b") == Binary(
+        "+", Selector("a"), Selector("b"), matching=VectorMatching(True, ("x",), "right", ())
+    )
+    assert parse("sum by () (x)") == Agg("sum", Selector("x"), grouping=())
 
 
 def test_a_named_group_in_go_spelling_is_fine() -> None:

@@ -19,8 +19,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
-from dataclasses import replace
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,7 +29,6 @@ from hypothesis import strategies as st
 from shardplanner.ast import (
     Agg,
     Binary,
-    Call,
     Expr,
     Matcher,
     MatrixSel,
@@ -41,8 +39,6 @@ from shardplanner.ast import (
     Subquery,
     Unary,
     VectorMatching,
-    inject_matcher,
-    selectors,
     transform,
 )
 from shardplanner.promql import CannotParse, parse
@@ -53,6 +49,7 @@ from shardplanner.serialize import (
     quote_string,
     to_promql,
 )
+from tests.shardplanner.promql_strategies import DATA_VECTOR, normalise, queries, typed_trees
 
 # --- the table ---------------------------------------------------------------------------
 # Queries over Prometheus's own metrics (it scrapes itself in the `prom` test), so most
@@ -170,23 +167,6 @@ CASES: dict[str, str] = {
     "scalar_fn": "scalar(up) + 1",
 }
 
-# promql-parser rejects these, or would read them differently from Prometheus 2.42.
-CANNOT_PARSE: dict[str, str] = {
-    "syntax_error": "sum(",
-    "unterminated_raw": "up{a=`x}",
-    "negative_at": "up @ -100",
-    "byte_escape_hex": 'up{a="\\x80"}',
-    "byte_escape_octal": 'up{a="\\377"}',
-    "raw_replacement_char": 'up{a="\ufffd"}',
-    "quoted_label_name": 'up{"a"="b"}',
-    "quoted_metric_name": '{"up"}',
-    "fill_modifier": "a + fill(0) b",
-    "offset_zero": "up offset 0s",
-    "float_overflow": "vector(1) * 1e400",
-    "float_overflow_digits": "1" + "0" * 400,
-}
-
-
 def _roundtrip(query: str) -> tuple[Expr, str, Expr]:
     tree = parse(query)
     text = to_promql(tree)
@@ -208,12 +188,6 @@ def test_roundtrip_corpus() -> None:
         if back != tree:
             failures.append((name, query, text))
     assert not failures
-
-
-@pytest.mark.parametrize("query", CANNOT_PARSE.values(), ids=CANNOT_PARSE.keys())
-def test_cannot_parse(query: str) -> None:
-    with pytest.raises(CannotParse):
-        parse(query)
 
 
 @pytest.mark.parametrize(
@@ -326,7 +300,7 @@ def test_format_at() -> None:
 )
 def test_hand_built_trees(tree: Expr, text: str) -> None:
     assert to_promql(tree) == text
-    assert _normalise(parse(text)) == _normalise(tree)
+    assert normalise(parse(text)) == normalise(tree)
 
 
 def test_metric_named_like_a_number() -> None:
@@ -352,287 +326,7 @@ def test_unprintable_trees(tree: Expr) -> None:
         to_promql(tree)
 
 
-# --- AST helpers the planner builds on ---------------------------------------------------
-def test_inject_matcher_reaches_every_selector() -> None:
-    tree = parse(
-        'sum(rate(x{a="1"}[5m] offset 1m)) / on() group_left count(max_over_time(y[10m:1m]))'
-        ' or z{a="b" or c="d"}'
-    )
-    shard = Matcher("Hostname", "=~", "node-0|node-1")
-    out = inject_matcher(tree, shard)
-    assert all(shard in s.matchers or all(shard in g for g in s.or_matchers) for s in selectors(out))
-    assert to_promql(out) == (
-        'sum(rate(x{a="1", Hostname=~"node-0|node-1"}[5m] offset 1m))'
-        ' / on() group_left() count(max_over_time(y{Hostname=~"node-0|node-1"}[10m:1m]))'
-        ' or z{a="b", Hostname=~"node-0|node-1" or c="d", Hostname=~"node-0|node-1"}'
-    )
-    assert parse(to_promql(out)) == out
-
-
-def test_transform_pins_at_start_end() -> None:
-    tree = parse("rate(x[5m] @ start()) - max_over_time(y[1h:] @ end() offset 5m)")
-
-    def pin(node: Expr) -> Expr:
-        if isinstance(node, (Selector, Subquery)) and node.at in ("start", "end"):
-            return replace(node, at=1_000 if node.at == "start" else 2_000)
-        return node
-
-    out = transform(tree, pin)
-    assert to_promql(out) == "rate(x[5m] @ 1.000) - max_over_time(y[1h:] @ 2.000 offset 5m)"
-    assert transform(tree, lambda n: n) is tree  # unchanged trees are not copied
-
-
-def test_avg_to_sum_and_count() -> None:
-    tree = parse("avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)")
-    assert isinstance(tree, Agg)
-    assert to_promql(replace(tree, op="sum")) == "sum by (Hostname) (DCGM_FI_DEV_GPU_UTIL)"
-    assert to_promql(replace(tree, op="count")) == "count by (Hostname) (DCGM_FI_DEV_GPU_UTIL)"
-
-
-def test_parsed_shapes() -> None:
-    """promql-parser's shapes, as converted: the facts the planner relies on."""
-    assert parse("x[5m:]") == Subquery(Selector("x"), 300_000, None)
-    assert parse("x[5m] offset -1m @ end()") == MatrixSel(Selector("x", offset_ms=-60_000, at="end"), 300_000)
-    assert parse("x @ 1.5") == Selector("x", at=1_500)
-    assert parse("-1") == Number(-1.0)
-    assert parse("-1 ^ 2") == Unary(Binary("^", Number(1), Number(2)))
-    assert parse("+x") == Selector("x")
-    assert parse('{__name__="up"}').metric_name == "up"  # type: ignore[union-attr]
-    assert parse('{a="b" or c="d"}') == Selector(
-        None, (), or_matchers=((Matcher("a", "=", "b"),), (Matcher("c", "=", "d"),))
-    )
-    assert parse("a and b") == Binary("and", Selector("a"), Selector("b"))
-    assert parse("a + on(x) group_right b") == Binary(
-        "+", Selector("a"), Selector("b"), matching=VectorMatching(True, ("x",), "right", ())
-    )
-    assert parse("sum by () (x)") == Agg("sum", Selector("x"), grouping=())
-    assert Number(math.nan) == Number(float("nan")) and Number(0.0) != Number(-0.0)
-    assert len({Number(math.nan), Number(float("nan"))}) == 1
-
-
-# --- hypothesis: random PromQL text ------------------------------------------------------
-HARD_CHARS = [
-    "\\", '"', "'", "\n", "\t", "\r", "é", "😀", "日", "\u2028", "\x01", "\x7f", "\ufffd",
-    ".", "*", "+", "?", "|", "(", ")", "[", "]", "{", "}", "^", "$", "#", "`", "@", " ",
-    "a", "Z", "0", ",", "=", "~",
-]
-_REGEX_META = set("\\.+*?()|[]{}^$")
-METRICS = ["up", "node_cpu_seconds_total", "DCGM_FI_DEV_GPU_UTIL", "x:y:z", "sum", "offset", "by"]
-LABELS = ["a", "job", "Hostname", "le", "on", "bool", "offset", "by", "_x1"]
-
-values = st.text(alphabet=st.sampled_from(HARD_CHARS), max_size=6)
-
-
-@st.composite
-def string_literal(draw: st.DrawFn, value: str | None = None) -> str:
-    """`value` as a PromQL string literal in one of several legal spellings."""
-    if value is None:
-        value = draw(values)
-    styles = ["go", "single", "escape_all"]
-    if "`" not in value and "\ufffd" not in value:
-        styles.append("raw")
-    style = draw(st.sampled_from(styles))
-    if style == "go":
-        return quote_string(value)
-    if style == "raw":
-        return f"`{value}`"
-    if style == "single":
-        return "'" + quote_string(value)[1:-1].replace('\\"', '"').replace("'", "\\'") + "'"
-    # Every character escaped, in the escape forms Prometheus accepts.
-    out = []
-    for ch in value:
-        cp = ord(ch)
-        if cp < 0x80:
-            out.append(draw(st.sampled_from([f"\\x{cp:02x}", f"\\{cp:03o}", f"\\u{cp:04x}"])))
-        elif cp <= 0xFFFF:
-            out.append(draw(st.sampled_from([f"\\u{cp:04x}", f"\\U{cp:08x}"])))
-        else:
-            out.append(f"\\U{cp:08x}")
-    return '"' + "".join(out) + '"'
-
-
-def _regex_quote(text: str) -> str:
-    return "".join("\\" + c if c in _REGEX_META else c for c in text)
-
-
-@st.composite
-def regex_value(draw: st.DrawFn) -> str:
-    parts = draw(st.lists(values.map(_regex_quote), min_size=1, max_size=3))
-    return "|".join(parts) + draw(st.sampled_from(["", ".*", ".+", "[a-z]?", "\\d+"]))
-
-
-@st.composite
-def matcher(draw: st.DrawFn) -> str:
-    name = draw(st.sampled_from(LABELS))
-    op = draw(st.sampled_from(["=", "!=", "=~", "!~"]))
-    value = draw(regex_value() if op.endswith("~") else values)
-    return f"{name}{op}{draw(string_literal(value))}"
-
-
-@st.composite
-def duration(draw: st.DrawFn) -> str:
-    return draw(
-        st.sampled_from(["5m", "1h30m", "90s", "1d", "1w", "1y", "250ms", "1m30s500ms", "2h", "10s"])
-    )
-
-
-@st.composite
-def modifiers(draw: st.DrawFn) -> str:
-    parts = []
-    if draw(st.booleans()):
-        parts.append(" offset " + draw(st.sampled_from(["", "-"])) + draw(duration()))
-    if draw(st.booleans()):
-        at = draw(st.sampled_from(["start()", "end()", "1700000000", "1700000000.123", "0", "1.5e9"]))
-        parts.append(f" @ {at}")
-    if draw(st.booleans()):
-        parts.reverse()
-    return "".join(parts)
-
-
-@st.composite
-def selector(draw: st.DrawFn, names: list[str] = METRICS, matchers: st.SearchStrategy[list[str]] | None = None,
-             any_name: str = '__name__=~"up|x.+"') -> str:
-    name = draw(st.sampled_from(names + [""]))
-    ms = draw(matchers if matchers is not None else st.lists(matcher(), max_size=3))
-    if not name:
-        ms.insert(0, any_name)
-    body = "{" + ", ".join(ms) + "}" if ms or draw(st.booleans()) else ""
-    return name + body
-
-
-@st.composite
-def number(draw: st.DrawFn) -> str:
-    choice = draw(st.sampled_from(["int", "float", "form"]))
-    if choice == "int":
-        return str(draw(st.integers(0, 10**20)))
-    if choice == "float":
-        return repr(draw(st.floats(allow_nan=True, allow_infinity=True)))
-    return draw(
-        st.sampled_from(["0x1f", "0XfF", "1e3", "1.5E-7", ".5", "5.", "NaN", "Inf", "+Inf", "-Inf", "nan", "0755"])
-    )
-
-
-# Selectors that match the self-scraping Prometheus of the `prom` fixture below (its own
-# metrics, labels that exist, offsets into the past, ranges over a few scrapes): the property
-# test against Prometheus draws mostly from these, so that most examples compare data.
-DATA_METRICS = ["up", "prometheus_build_info", "prometheus_http_requests_total", "prometheus_tsdb_head_series",
-                "scrape_duration_seconds"]
-DATA_MATCHERS = ['job="prometheus"', 'instance=~"127\\\\.0\\\\.0\\\\.1:.+"', 'job!="x\\"y"',
-                 'code!~"5.."', "job=~`prom.*`"]  # each matches every series of DATA_METRICS
-
-
-def data_selector() -> st.SearchStrategy[str]:
-    return selector(DATA_METRICS, st.lists(st.sampled_from(DATA_MATCHERS), max_size=2, unique=True),
-                    '__name__=~"up|prometheus_h.+"')
-
-
-@st.composite
-def data_modifiers(draw: st.DrawFn) -> str:
-    parts = []
-    if draw(st.booleans()):
-        # the fixture answers at 2 s before now, once 5 one-second scrapes are in
-        parts.append(" offset " + draw(st.sampled_from(["500ms", "1s", "1s500ms"])))
-    if draw(st.booleans()):
-        parts.append(" @ " + draw(st.sampled_from(["start()", "end()"])))
-    if draw(st.booleans()):
-        parts.reverse()
-    return "".join(parts)
-
-
-def data_duration() -> st.SearchStrategy[str]:
-    return st.sampled_from(["3s", "5s", "10s", "1m"])
-
-
-def _vector_and_scalar(
-    selector_s: Callable[[], st.SearchStrategy[str]] = lambda: selector(),
-    modifiers_s: Callable[[], st.SearchStrategy[str]] = lambda: modifiers(),
-    duration_s: Callable[[], st.SearchStrategy[str]] = lambda: duration(),
-) -> tuple[st.SearchStrategy[str], st.SearchStrategy[str]]:
-    selector, modifiers, duration = selector_s, modifiers_s, duration_s  # noqa: F811 -- the leaves in use
-    scalar_leaf = st.one_of(number(), st.just("time()"))
-    vector_leaf = st.one_of(selector().flatmap(lambda s: modifiers().map(lambda m: s + m)))
-
-    def extend(vec: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
-        atom = st.one_of(vector_leaf, vec.map(lambda v: f"({v})"))
-        matrix = st.one_of(
-            st.tuples(selector(), duration(), modifiers()).map(lambda t: f"{t[0]}[{t[1]}]{t[2]}"),
-            st.tuples(atom, duration(), st.one_of(st.just(""), duration()), modifiers()).map(
-                lambda t: f"{t[0]}[{t[1]}:{t[2]}]{t[3]}"
-            ),
-        )
-        grouping = st.one_of(
-            st.just(""),
-            st.tuples(st.sampled_from(["by", "without"]), st.lists(st.sampled_from(LABELS), max_size=2)).map(
-                lambda t: f" {t[0]} ({', '.join(t[1])}) "
-            ),
-        )
-        agg = st.one_of(
-            st.tuples(st.sampled_from(["sum", "avg", "min", "max", "count", "group", "stddev"]), grouping, vec).map(
-                lambda t: f"{t[0]}{t[1]}({t[2]})"
-            ),
-            st.tuples(st.sampled_from(["topk", "bottomk"]), grouping, scalar_leaf, vec).map(
-                lambda t: f"{t[0]}{t[1]}({t[2]}, {t[3]})"
-            ),
-            st.tuples(grouping, vec).map(lambda t: f"quantile{t[0]}(0.9, {t[1]})"),
-            st.tuples(string_literal(), vec).map(lambda t: f"count_values({t[0]}, {t[1]})"),
-            st.tuples(vec, st.sampled_from(LABELS)).map(lambda t: f"sum({t[0]}) by ({t[1]})"),
-        )
-        calls = st.one_of(
-            st.tuples(st.sampled_from(["abs", "ceil", "sort_desc", "timestamp"]), vec).map(lambda t: f"{t[0]}({t[1]})"),
-            st.tuples(
-                st.sampled_from(["rate", "increase", "avg_over_time", "max_over_time", "count_over_time"]), matrix
-            ).map(lambda t: f"{t[0]}({t[1]})"),
-            matrix.map(lambda m: f"quantile_over_time(0.5, {m})"),
-            st.tuples(vec, string_literal(), string_literal(), st.sampled_from(LABELS), regex_value()).map(
-                lambda t: f'label_replace({t[0]}, "dst", {t[1]}, "{t[3]}", {quote_string(t[4])})'
-            ),
-            scalar_leaf.map(lambda s: f"vector({s})"),
-        )
-        arith = st.sampled_from(["+", "-", "*", "/", "%", "^", "atan2"])
-        compare = st.sampled_from(["==", "!=", "<", "<=", ">", ">="])
-        labels = st.lists(st.sampled_from(LABELS), max_size=2, unique=True)
-        matching = st.one_of(
-            st.just(""),
-            st.tuples(st.sampled_from(["on", "ignoring"]), labels).map(lambda t: f" {t[0]}({', '.join(t[1])})"),
-            st.tuples(st.sampled_from(["left", "right"]), st.sampled_from(["", "()", "(extra)", "(e1, e2)"])).map(
-                lambda t: f" on(a) group_{t[0]}{t[1]}"
-            ),
-        )
-        binary = st.one_of(
-            st.tuples(vec, arith, matching, vec).map(lambda t: f"{t[0]} {t[1]}{t[2]} {t[3]}"),
-            st.tuples(vec, compare, st.sampled_from(["", " bool"]), matching, vec).map(
-                lambda t: f"{t[0]} {t[1]}{t[2]}{t[3]} {t[4]}"
-            ),
-            st.tuples(vec, st.sampled_from(["and", "or", "unless"]), st.sampled_from(["", " on()", " ignoring(a)"]), vec).map(
-                lambda t: f"{t[0]} {t[1]}{t[2]} {t[3]}"
-            ),
-            st.tuples(vec, st.one_of(arith, compare.map(lambda c: c + " bool")), scalar_leaf).map(
-                lambda t: f"{t[0]} {t[1]} {t[2]}"
-            ),
-            st.tuples(scalar_leaf, arith, vec).map(lambda t: f"{t[0]} {t[1]} {t[2]}"),
-        )
-        unary = st.tuples(st.sampled_from(["-", "+", "- -"]), atom).map(lambda t: t[0] + t[1])
-        return st.one_of(atom, agg, calls, binary, unary)
-
-    vector = st.recursive(vector_leaf, extend, max_leaves=6)
-    scalar = st.recursive(
-        scalar_leaf,
-        lambda s: st.one_of(
-            s.map(lambda x: f"({x})"),
-            st.tuples(s, st.sampled_from(["+", "-", "*", "/", "^", "%"]), s).map(lambda t: f"{t[0]} {t[1]} {t[2]}"),
-            st.tuples(s, st.sampled_from(["==", ">", "<="]), s).map(lambda t: f"{t[0]} {t[1]} bool {t[2]}"),
-            s.map(lambda x: f"-{x}"),
-        ),
-        max_leaves=4,
-    )
-    return vector, scalar
-
-
-_VECTOR, _SCALAR = _vector_and_scalar()
-queries = st.one_of(_VECTOR, _SCALAR, string_literal())
-_DATA_VECTOR, _ = _vector_and_scalar(data_selector, data_modifiers, data_duration)
-
-
+# --- hypothesis (strategies: tests/shardplanner/promql_strategies.py) ------------------------
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
 @given(queries)
 def test_roundtrip_property(query: str) -> None:
@@ -645,72 +339,12 @@ def test_roundtrip_property(query: str) -> None:
     assert parse(text) == tree, (query, text)
 
 
-# --- hypothesis: hand-built trees ---------------------------------------------------------
-def _normalise(tree: Expr) -> Expr:
-    """Drop Paren nodes and fold `-<number>`: what differs between a hand-built tree and its
-    printed-and-parsed form without changing the query's meaning."""
-
-    def fold(node: Expr) -> Expr:
-        if isinstance(node, Paren):
-            return node.expr
-        if isinstance(node, Unary) and isinstance(node.expr, Number):
-            return Number(-node.expr.value)
-        return node
-
-    return transform(tree, fold)
-
-
-simple_selectors = st.builds(
-    Selector,
-    st.sampled_from(["a", "b", "up"]),
-    st.lists(st.builds(Matcher, st.sampled_from(LABELS), st.just("="), values), max_size=2).map(tuple),
-    st.sampled_from([0, 60_000, -30_000]),
-    st.sampled_from([None, "start", "end", 1_700_000_000_123]),
-)
-tree_numbers = st.builds(Number, st.floats(allow_nan=True, allow_infinity=True))
-
-
-def _typed_trees() -> st.SearchStrategy[tuple[Expr, bool]]:
-    """(tree, is_vector) pairs; only type-correct trees, since promql-parser type-checks."""
-    leaves = st.one_of(simple_selectors.map(lambda s: (s, True)), tree_numbers.map(lambda n: (n, False)))
-
-    def extend(sub: st.SearchStrategy[tuple[Expr, bool]]) -> st.SearchStrategy[tuple[Expr, bool]]:
-        vectors = sub.filter(lambda t: t[1]).map(lambda t: t[0])
-
-        @st.composite
-        def binary(draw: st.DrawFn) -> tuple[Expr, bool]:
-            (lhs, lv), (rhs, rv) = draw(sub), draw(sub)
-            ops = sorted(["+", "-", "*", "/", "%", "^", "atan2", "==", "!=", "<", ">"])
-            if lv and rv:
-                ops += ["and", "or", "unless"]
-            op = draw(st.sampled_from(ops))
-            is_cmp = op in ("==", "!=", "<", ">")
-            return_bool = is_cmp and (not (lv or rv) or draw(st.booleans()))
-            matching = None
-            if lv and rv and draw(st.booleans()):
-                group = None if op in ("and", "or", "unless") else draw(st.sampled_from([None, "left", "right"]))
-                matching = VectorMatching(draw(st.booleans()), ("x",), group, ("y",) if group else ())
-            return Binary(op, lhs, rhs, return_bool, matching), lv or rv
-
-        return st.one_of(
-            binary(),
-            sub.map(lambda t: (Unary(t[0]), t[1])),
-            vectors.map(lambda v: (Agg("sum", v, grouping=("x",)), True)),
-            st.tuples(vectors, st.sampled_from([None, 60_000])).map(
-                lambda t: (Call("max_over_time", (Subquery(t[0], 300_000, t[1]),)), True)
-            ),
-            simple_selectors.map(lambda s: (Call("rate", (MatrixSel(s, 300_000),)), True)),
-        )
-
-    return st.recursive(leaves, extend, max_leaves=8)
-
-
 @settings(max_examples=300, deadline=None)
-@given(_typed_trees())
+@given(typed_trees())
 def test_hand_built_tree_property(tree_and_type: tuple[Expr, bool]) -> None:
     tree, _ = tree_and_type
     text = to_promql(tree)
-    assert _normalise(parse(text)) == _normalise(tree), text
+    assert normalise(parse(text)) == normalise(tree), text
 
 
 # --- prom: a real Prometheus agrees ------------------------------------------------------
@@ -839,7 +473,7 @@ def test_prometheus_agrees_property(prom: _Prom) -> None:
 
     @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck), database=None,
               derandomize=True)  # the same examples each run: a stable share to assert
-    @given(st.one_of(*[_DATA_VECTOR] * 7, queries))
+    @given(st.one_of(*[DATA_VECTOR] * 7, queries))
     def agrees(query: str) -> None:
         try:
             text = to_promql(parse(query))
