@@ -20,6 +20,7 @@ from proxy.backends.redaction import (
     redact_record,
     register_secret,
 )
+from tests.backends.fake_secrets import STS_SECRET, STS_TOKEN, WEB_IDENTITY_TOKEN, leaks
 
 
 def test_redact() -> None:
@@ -43,6 +44,30 @@ def test_redacting_filter_scrubs_messages_and_tracebacks() -> None:
     RedactingFilter().filter(record)
     text = logging.Formatter().format(record)
     assert TEST_SECRET_KEY not in text and "<redacted>" in text
+
+
+@pytest.mark.parametrize("line", [
+    f"<Credentials><SessionToken>{STS_TOKEN}</SessionToken><SecretAccessKey>{STS_SECRET}</SecretAccessKey>",
+    f'<sts:SecretAccessKey attr="1">{STS_SECRET}</sts:SecretAccessKey><Token>{STS_TOKEN}</Token>',
+    f'{{"AccessKeyId": "ASIA1", "SecretAccessKey": "{STS_SECRET}", "Token": "{STS_TOKEN}"}}',
+    f"{{'SecretAccessKey': '{STS_SECRET}', 'SessionToken': '{STS_TOKEN}'}}",
+    f"Action=AssumeRoleWithWebIdentity&WebIdentityToken={WEB_IDENTITY_TOKEN}&RoleArn=x&token={STS_TOKEN}",
+    f"aws_secret_access_key = {STS_SECRET}\naws_session_token={STS_TOKEN}",
+    f"header x-amz-security-token: {STS_TOKEN}; some jwt {WEB_IDENTITY_TOKEN} in text",
+    f"Bearer {WEB_IDENTITY_TOKEN}",
+    f"password={STS_SECRET}",
+], ids=["sts-xml", "xml-ns-attr", "json", "py-repr", "form", "ini", "header-and-jwt", "bearer", "password"])
+def test_redact_covers_xml_json_forms_and_jwts(line: str) -> None:
+    cleaned = redact(line)
+    assert leaks(cleaned) == [], cleaned
+    assert "<redacted" in cleaned
+
+
+def test_redact_leaves_ordinary_lines_alone() -> None:
+    for line in ("GET /api/v1/query 200 1.2ms x-dashboard-uid=abc",
+                 'sum by (Hostname) (DCGM_FI_DEV_GPU_UTIL{token_bucket="a"})',
+                 "<AccessKeyId>ASIAFAKESTS0000000001</AccessKeyId><Expiration>2026</Expiration>"):
+        assert redact(line) == line
 
 
 def test_only_secrets_of_some_length_are_registered() -> None:
