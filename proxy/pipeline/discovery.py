@@ -1,6 +1,7 @@
 """Discovery: facts learnt from the backends and kept for a while -- the one component behind
-shard-label values (`planning.ShardValues`), metric names (`names.MetricNames`) and series
-counts (`series.SeriesCounts`).
+shard-label values (`planning.ShardValues`), metric names (`names.MetricNames`), series
+counts (`series_counts.SeriesCounts`) and what a backend says about itself
+(`backend_facts.BackendFacts`: its Go version, its evaluation interval).
 
 Each fact is kept per key (the caller puts the tenant scope in it: a tenant's facts are
 learnt with its forwarded headers and never shape another tenant's queries):
