@@ -20,9 +20,9 @@ concurrent askers share one call; refreshed in the background after FACTS_TTL_MS
 upgraded backend is noticed within it). An answer is read up to FACT_BODY_MAX (4 KB; the
 config, CONFIG_BODY_MAX, 1 MiB): the call stops reading there (`Backend.request(max_body_bytes=)`)
 and fails, so a hostile backend's huge answer is never read whole; an
-answer that is malformed or says nothing usable counts as "not said" (the default, kept like
-a fact); a call that fails (unreachable, an error status, an oversized body) gives the default
-for now and is tried again after RETRY_AFTER_FAILURE_S.
+answer that is malformed, says nothing usable or refuses (a 4xx but 429: AMP's 404) counts as
+"not said" (the default, kept like a fact); a call that fails (unreachable, 429, 5xx, an
+oversized body) gives the default for now and is tried again after RETRY_AFTER_FAILURE_S.
 """
 
 from __future__ import annotations
@@ -142,14 +142,20 @@ class BackendFacts:
         path = "/api/v1/status/config"
         reply = await backend.request("GET", path, timeout_s=FACT_TIMEOUT_S, endpoint=path,
                                       max_body_bytes=CONFIG_BODY_MAX)
-        return _config_interval(reply.body) if reply.ok or reply.status == 404 else _failed(backend, path, reply.status)
+        return _config_interval(reply.body) if _answered(reply.status) else _failed(backend, path, reply.status)
 
     async def _fetch_build(self, backend: Backend) -> BuildInfo:
         path = "/api/v1/status/buildinfo"
         reply = await backend.request("GET", path, timeout_s=FACT_TIMEOUT_S, endpoint="buildinfo",
                                       max_body_bytes=FACT_BODY_MAX)
-        # 404: no buildinfo (AMP) -- it does not say, which is an answer.
-        return build_info(reply.body) if reply.ok or reply.status == 404 else _failed(backend, path, reply.status)
+        return build_info(reply.body) if _answered(reply.status) else _failed(backend, path, reply.status)
+
+
+def _answered(status: int) -> bool:
+    """Is an answer with this status the backend's word on the fact? A 200, or a refusal that
+    would come again (404: AMP has no such endpoint; 401/403: not for us to read) -- the
+    default, kept. 429 and 5xx are for now: the default, asked again later."""
+    return 200 <= status < 300 or (400 <= status < 500 and status != 429)
 
 
 def _failed(backend: Backend, path: str, status: int) -> NoReturn:

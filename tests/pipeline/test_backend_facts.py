@@ -116,10 +116,24 @@ def test_a_backend_without_the_endpoints_has_the_defaults_once() -> None:
     asyncio.run(main())
 
 
-def test_a_failed_read_is_the_default_and_asked_again_after_a_while() -> None:
+@pytest.mark.parametrize("status", [403, 404, 400])
+def test_a_refusal_is_the_default_kept(status: int) -> None:
+    async def main() -> None:
+        b = FactsBackend({BUILDINFO: (status, b'{"message":"no"}'), CONFIG: (status, b"")})
+        facts = BackendFacts()
+        for _ in range(3):
+            assert await facts.dialect(b) == GO_1_19  # type: ignore[arg-type]
+            assert await facts.evaluation_interval_ms(b) == DEFAULT_EVALUATION_INTERVAL_MS  # type: ignore[arg-type]
+        assert b.asked(BUILDINFO) == b.asked(CONFIG) == 1
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("status", [429, 500, 503])
+def test_a_failed_read_is_the_default_and_asked_again_after_a_while(status: int) -> None:
     async def main() -> None:
         now = [1000.0]
-        b = FactsBackend({BUILDINFO: (503, b'{"status":"error"}'), CONFIG: (500, b"")})
+        b = FactsBackend({BUILDINFO: (status, b'{"status":"error"}'), CONFIG: (status, b"")})
         facts = BackendFacts(clock=lambda: now[0])
         assert await facts.dialect(b) == GO_1_19  # type: ignore[arg-type]
         assert await facts.evaluation_interval_ms(b) == DEFAULT_EVALUATION_INTERVAL_MS  # type: ignore[arg-type]
