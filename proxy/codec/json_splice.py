@@ -85,7 +85,8 @@ class _Memos:
         self.max_bytes = max_bytes
         self.used = 0
         self._lru: OrderedDict[int, tuple[weakref.ref[QueryResult], int]] = OrderedDict()
-        self._lock = threading.Lock()
+        # Reentrant: a collection inside a locked block may run `gone` on this thread.
+        self._lock = threading.RLock()
 
     def of(self, r: QueryResult) -> SampleJSON:
         memo: SampleJSON | None = r.sample_json
@@ -112,6 +113,9 @@ class _Memos:
                     self.used -= entry[1]
 
         with self._lock:
+            old_entry = self._lru.pop(key, None)  # two threads wrote the same cell at once
+            if old_entry is not None:
+                self.used -= old_entry[1]
             r.sample_json = memo
             self._lru[key] = (weakref.ref(r, gone), size)
             self.used += size

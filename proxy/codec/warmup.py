@@ -11,10 +11,12 @@ from __future__ import annotations
 import time
 
 from proxy.result.merge import merge
+from proxy.result.pieces import slice_time
 from shardplanner.plan import MergeRecipe
 
 from .json_decode import decode_prometheus_json
 from .json_encode import encode_prometheus_json
+from .json_splice import splice_prometheus_json
 
 _MATRIX = (
     b'{"status":"success","data":{"resultType":"matrix","result":['
@@ -41,6 +43,11 @@ def warm_up() -> float:
         encode_prometheus_json(r)
     later = decode_prometheus_json(_MATRIX.replace(b"17000000", b"17000001"))
     encode_prometheus_json(merge([(None, m), (None, later)], MergeRecipe(kind="concat")))
+    # A warm answer spliced from its cells' bytes (json_splice.py): an edge cell cut by time and
+    # a cell read back from the cache (read-only arrays: kernels of their own).
+    cell = type(later).from_ipc_bytes(later.to_ipc_bytes("lz4"))
+    splice_prometheus_json(merge([(None, slice_time(m, 1_700_000_015_000, 1_700_000_045_000)), (None, cell)],
+                                 MergeRecipe(kind="concat"), lazy=True))
     for res, time_ms in ((m, None), (v, 1_700_000_000_000)):
         for op in ("sum", "min", "max", "count", "group"):
             encode_prometheus_json(merge([(None, res), (None, res)],
