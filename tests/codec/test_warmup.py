@@ -90,11 +90,6 @@ def test_no_kernel_compiles_after_warm_up() -> None:
     assert grown == {}, f"kernels given a new signature after warm_up() (before, after): {grown}"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "warm_up() reads back only a one-batch cell: a cached cell of several record batches "
-    "(over arrow.PAYLOAD_BATCH_ROWS samples) has its series column concatenated by "
-    "arrow._column_numpy into a writable array, and arrow._offsets_of_series is then compiled "
-    "for it (read-only int32 -> writable int32) on the first such read"))
 def test_no_kernel_compiles_after_warm_up_for_a_cell_of_several_batches() -> None:
     grown = _grown_after_warm_up("large")
     assert grown == {}, f"kernels given a new signature after warm_up() (before, after): {grown}"
