@@ -416,8 +416,8 @@ def _wide(n_series: int = 12, per: int = 2880) -> QueryResult:
 @pytest.mark.parametrize("func,params", [("max_over_time", []), ("rate", []), ("holt_winters", [0.3, 0.6]),
                                          ("quantile_over_time", [0.9]), ("changes", [])])
 def test_chunked_evaluation_is_the_same_answer(func: str, params: list[float], monkeypatch: pytest.MonkeyPatch) -> None:
-    from proxy.engine.work import WorkBudget
     from proxy.engine import windows
+    from proxy.engine.work import WorkBudget
 
     raw = _wide()
     times = np.arange(3_600_000, 86_400_000, 60_000, dtype=np.int64)
@@ -433,9 +433,9 @@ def test_chunked_evaluation_is_the_same_answer(func: str, params: list[float], m
 def test_the_budget_stops_between_chunks_and_refuses_over_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
+    from proxy.engine import windows
     from proxy.engine.work import EvalCancelled, WorkBudget
     from proxy.errors import PromError
-    from proxy.engine import windows
 
     raw = _wide()
     times = np.arange(3_600_000, 86_400_000, 1_000, dtype=np.int64)
