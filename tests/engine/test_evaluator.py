@@ -11,12 +11,16 @@ import pytest
 from proxy.engine.errors import EvalLimit
 from proxy.engine.evaluator import evaluate, evaluate_off_loop
 from proxy.engine.nodes import (
+    AbsentNode,
     AggregateNode,
     BinaryNode,
     CallNode,
+    Inner,
     Leaf,
     Literal,
+    PinnedNode,
     RawWindow,
+    SegmentsNode,
     SubqueryNode,
     UnionNode,
     WindowNode,
@@ -97,3 +101,34 @@ def test_off_loop_runs_in_the_pool_and_gives_the_same_answer() -> None:
     tree = AggregateNode(parse("sum(x)"), REQ, a)
     got = asyncio.run(evaluate_off_loop(tree, {a: big}, {}, WorkBudget()))
     assert isinstance(got, QueryResult) and got.value.tolist() == [float(np.arange(30_000).sum())]
+
+
+def test_pinned_segments_and_absent_nodes() -> None:
+    at = Leaf(QueryRequest.instant("x", T0 - 60_000))
+    pinned = PinnedNode(parse("x @ 1699999940"), RANGE, at)
+    out = evaluate(pinned, {at: _vec(({"k": "1"}, 4.0))}, {}, WorkBudget())
+    assert isinstance(out, QueryResult) and out.t_ms.tolist() == [T0, T0 + 60_000, T0 + 120_000]
+    assert out.value.tolist() == [4.0, 4.0, 4.0]
+
+    first, second = Leaf(QueryRequest.range("x", T0, T0 + 60_000, 60_000)), Leaf(
+        QueryRequest.range("x", T0 + 120_000, T0 + 120_000, 60_000))
+    stretch = SegmentsNode(parse("x"), RANGE, (first, second))
+    answers = {first: QueryResult.from_series("matrix", [({"k": "1"}, [T0, T0 + 60_000], [1.0, 2.0])]),
+               second: QueryResult.from_series("matrix", [({"k": "1"}, [T0 + 120_000], [3.0])])}
+    joined = evaluate(stretch, answers, {}, WorkBudget())
+    assert isinstance(joined, QueryResult) and joined.value.tolist() == [1.0, 2.0, 3.0]
+
+    arg = Leaf(RANGE)
+    absent = AbsentNode(parse('absent(x{job="a"})'), RANGE, arg)
+    some = QueryResult.from_series("matrix", [({"job": "a"}, [T0 + 60_000], [1.0])])
+    gaps = evaluate(absent, {arg: some}, {}, WorkBudget())
+    assert isinstance(gaps, QueryResult) and gaps.labels == [{"job": "a"}]
+    assert gaps.t_ms.tolist() == [T0, T0 + 120_000]
+
+
+def test_every_node_type_has_a_kind_and_a_case() -> None:
+    """A new node type must be named for explain and have its case in the walk."""
+    kinds = {cls: cls.KIND for cls in Inner.__subclasses__()}
+    assert len(set(kinds.values())) == len(kinds) and all(kinds.values())
+    assert {c.__name__ for c in kinds} == {"BinaryNode", "AggregateNode", "CallNode", "AbsentNode", "PinnedNode",
+                                           "SegmentsNode", "UnionNode", "WindowNode", "SubqueryNode"}
