@@ -51,7 +51,7 @@ RUN pip install . \
     && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin promaccel \
     && install -d -o promaccel -g promaccel -m 0755 /var/cache/promaccel /var/cache/promaccel/numba
 USER promaccel
-RUN cd / && python -m proxy.codec.warmup && python -m proxy.result.warmup
+RUN cd / && python -m proxy.codec.warmup && python -m proxy.engine.warmup
 USER root
 
 FROM base AS generator

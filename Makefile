@@ -51,7 +51,7 @@ test-deps: system-deps
 
 test: setup test-deps
 	$(BIN)/python -m proxy.codec.warmup
-	$(BIN)/python -m proxy.result.warmup
+	$(BIN)/python -m proxy.engine.warmup
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: setup test-deps

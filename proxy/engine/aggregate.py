@@ -268,7 +268,7 @@ def k_per_step(param: F64) -> I64:
 
 
 def _quantile_cells(q: F64, v: F64, starts: I64) -> F64:
-    out = quantiles(q, v, starts)
+    out: F64 = quantiles(q, v, starts)
     nan = np.isnan(v)
     if nan.any():  # where NaNs land is decided by Go's sort: redo those cells with it
         runs = np.searchsorted(starts, np.flatnonzero(nan), side="right") - 1

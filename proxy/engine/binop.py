@@ -214,7 +214,8 @@ class _Grid:
         if len(self.t) > 1:
             d = int(self.t[1] - self.t[0])
             if d > 0 and int(self.t[-1] - self.t[0]) == d * (len(self.t) - 1) and np.all(np.diff(self.t) == d):
-                return (t - self.t[0]) // d  # a regular grid: no search needed
+                out: I64 = (t - self.t[0]) // d  # a regular grid: no search needed
+                return out
         return np.searchsorted(self.t, t).astype(np.int64)
 
 

@@ -113,7 +113,7 @@ class CrossStore:
         self.backends = backends
         self.run = run  # the planned path (merge and below) for each subquery
         self.max_window_samples = max_window_samples
-        self.intervals = EvaluationIntervals()
+        self.intervals = EvaluationIntervals(planner.facts)  # one read per backend, shared with the planner
         self.raw_cache = raw_cache
 
     async def __call__(self, q: Query) -> Answer:
