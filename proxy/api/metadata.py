@@ -31,7 +31,7 @@ from shardplanner.promql import CannotParse, parse
 
 from ..backends import Backend, BackendReply
 from ..errors import PromError
-from ..hybrid import holdings_of
+from ..pipeline.hybrid.router import holdings_of
 from .forms import Pairs
 from .responses import JSON, relay
 

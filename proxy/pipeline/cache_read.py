@@ -24,10 +24,10 @@ from ..activity import ACTIVITY
 from ..cache import CacheKey, Payload, PieceStore
 from ..config import Config
 from ..errors import PromError
-from ..hybrid import Router
 from ..metrics import METRICS
 from ..result import QueryResult
 from ..result.pieces import slice_time, subsample
+from .hybrid.router import Router
 from .landing import Landing
 from .slots import SlotMaker
 from .units import Slot, cell_of

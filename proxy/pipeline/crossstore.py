@@ -74,15 +74,15 @@ from ..engine.nodes import (
 )
 from ..engine.work import WorkBudget
 from ..errors import PromError
-from ..hybrid import Router
 from ..metrics import METRICS
 from ..result import QueryResult
 from .ask import Asker
 from .eval_interval import EvaluationIntervals
+from .hybrid.route import merges, router_for
+from .hybrid.router import Router
 from .names import MetricNames
 from .planning import Planner
 from .raw_fetch import RawCache, fetch_raw, window_parts
-from .routing import merges, router_for
 from .stage import Stage
 from .values import Answer, PieceFailed, Query
 

@@ -22,13 +22,13 @@ from shardplanner.timesplit import split_range
 
 from ..cache import CacheKey
 from ..errors import PromError
-from ..hybrid import Router
 from ..metrics import METRICS
 from ..primitives.clock import wall_ms
 from ..result import QueryResult
 from ..result.merge import MergeConflict, concat
 from .cache_read import CacheReader
 from .cache_write import CacheWriter
+from .hybrid.router import Router
 from .slots import SlotMaker
 from .units import Slot, Unit
 from .values import CacheCtx

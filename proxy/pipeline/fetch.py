@@ -14,7 +14,6 @@ from typing import Any
 
 from ..backends.tenancy import scope as tenant_scope
 from ..errors import PromError
-from ..hybrid import Router
 from ..memory import give_back_soon
 from ..metrics import METRICS
 from ..primitives.clock import wall_ms
@@ -24,7 +23,8 @@ from ..result.pieces import iter_split_time, split_time
 from ..singleflight import SingleFlight
 from .ask import instant_of, query_call
 from .cache_write import CacheWriter
-from .hybrid_fetch import RouteAnswer
+from .hybrid.fetch import RouteAnswer
+from .hybrid.router import Router
 from .landing import Landing
 from .leases import Leases
 from .refusals import Answerer

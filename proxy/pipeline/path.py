@@ -39,7 +39,8 @@ from .crossstore import CrossStore
 from .daycells import DayCells
 from .fetch import Fetcher
 from .forward import Forward
-from .hybrid_fetch import RouteAnswer
+from .hybrid.fetch import RouteAnswer
+from .hybrid.route import Route
 from .landing import Landing
 from .leases import Leases
 from .lookup import Coalesce, FanOut, Lookup
@@ -47,7 +48,6 @@ from .merging import Fallback, Merge
 from .planning import Plan, Planner
 from .raw_fetch import RawCache
 from .refusals import RefusalSplitter
-from .routing import Route
 from .slots import SlotMaker
 from .stage import Stage
 from .traced import traced

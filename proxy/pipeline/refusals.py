@@ -58,13 +58,13 @@ from shardplanner.promql import CannotParse, TooComplex, parse
 from ..backends.circuit import ClientDeadline, deadline_answer
 from ..backends.tenancy import scope as tenant_scope
 from ..errors import PromError
-from ..hybrid import Router
 from ..metrics import METRICS
 from ..result import QueryResult
 from ..result.merge import concat, merge
 from ..result.ties import topk_ambiguous
 from .ask import query_call
 from .budget import BUDGET
+from .hybrid.router import Router
 from .units import Fetch
 from .values import PLANNED_PARAMS, Pairs, PieceFailed
 

@@ -21,10 +21,10 @@ from ..cache.revalidate import Revalidator
 from ..config import Config
 from ..engine.nodes import Inner, Literal, Node, WindowNode, children
 from ..errors import PromError
-from ..hybrid import Router
 from .crossstore import Sub, operator_text, piece_count, subqueries, tree_backends, uncovered
+from .hybrid.route import check_mergeable, goes_cross_store, router_for, whole_route
+from .hybrid.router import Router
 from .path import Parts, build
-from .routing import check_mergeable, goes_cross_store, router_for, whole_route
 from .stage import Stage
 from .units import coalesce_units
 from .values import ARROW_STREAM, Answer, Pairs, Query

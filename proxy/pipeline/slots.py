@@ -11,7 +11,7 @@ from shardplanner.timesplit import DAY_MS, day_cell
 from ..cache import CacheKey, ttl_for
 from ..config import Config
 from ..errors import PromError
-from ..hybrid import Router
+from .hybrid.router import Router
 from .units import Slot, Unit, bare_unit, cell_of
 from .values import CacheCtx
 

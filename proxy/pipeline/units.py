@@ -40,7 +40,7 @@ class Unit(Timed):
     key: CacheKey | None = None
     ttl_ms: int | None = None
     footprint: Footprint | None = None
-    # Hybrid fleets: the unit's route id (`proxy/hybrid.py` route_id); "" = the primary.
+    # Hybrid fleets: the unit's route id (`proxy/pipeline/hybrid/router.py` route_id); "" = the primary.
     route: str = ""
 
     @property

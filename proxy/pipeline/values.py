@@ -16,8 +16,8 @@ from ..backends import BackendReply
 if TYPE_CHECKING:
     from shardplanner.routing import Route
 
-    from ..hybrid import Router
     from ..result import QueryResult
+    from .hybrid.router import Router
 
 # A request's parameters in the order sent (the query string and the form body merged).
 Pairs = list[tuple[str, str]]

@@ -11,12 +11,12 @@ from shardplanner.holdings import BackendHolding
 from shardplanner.plan import Plan, QueryRequest
 from shardplanner.routing import Route as PieceRoute
 
-from ..backends import Backend
-from ..errors import PromError
-from ..hybrid import Router, holdings_of
-from ..primitives.clock import wall_ms
-from .stage import Stage
-from .values import UNMERGEABLE_PARAMS, Answer, Query
+from ...backends import Backend
+from ...errors import PromError
+from ...primitives.clock import wall_ms
+from ..stage import Stage
+from ..values import UNMERGEABLE_PARAMS, Answer, Query
+from .router import Router, holdings_of
 
 
 def router_for(backends: Sequence[Backend], req: QueryRequest, plan: Plan,

@@ -6,7 +6,7 @@ then routed to one store: a 422 "unroutable" for a query explain said answers, n
 
 from __future__ import annotations
 
-from proxy.hybrid import Router
+from proxy.pipeline.hybrid.router import Router
 from shardplanner.holdings import BackendHolding
 from shardplanner.names import per_series_selector, with_names
 from shardplanner.promql import parse

@@ -18,18 +18,18 @@ from shardplanner.plan import MergeRecipe
 from shardplanner.promql import CannotParse, parse
 from shardplanner.routing import TimePart
 
-from ..backends import Backend
-from ..config import Config
-from ..errors import PromError
-from ..hybrid import Router, missing_warning
-from ..metrics import METRICS
-from ..result import QueryResult
-from ..result.merge import concat, merge
-from ..result.overlap import merge_overlap
-from ..result.pieces import slice_time
-from .ask import Asker, seconds
-from .units import Fetch
-from .values import Pairs, PieceFailed
+from ...backends import Backend
+from ...config import Config
+from ...errors import PromError
+from ...metrics import METRICS
+from ...result import QueryResult
+from ...result.merge import concat, merge
+from ...result.overlap import merge_overlap
+from ...result.pieces import slice_time
+from ..ask import Asker, seconds
+from ..units import Fetch
+from ..values import Pairs, PieceFailed
+from .router import Router, missing_warning
 
 # Step of the range an overlap instant is asked as.
 OVERLAP_PROBE_STEP_MS = 60_000

@@ -29,10 +29,10 @@ from shardplanner.ast import Expr
 from shardplanner.holdings import BackendHolding
 from shardplanner.routing import DEFAULT_LOOKBACK_MS, Route, route_piece
 
-from .errors import PromError
+from ...errors import PromError
 
 if TYPE_CHECKING:
-    from .backends import Backend
+    from ...backends import Backend
 
 ROUTE_CLOCK_MS = 60_000
 
