@@ -262,7 +262,7 @@ def _runs(f: Fetch, units: Sequence[Unit]) -> list[Fetch]:
         else:
             runs.append([u])
     return [Fetch(f.query, f.role, f.shard_index, f.span.with_bounds(r[0].span.start_ms, r[-1].span.end_ms),
-                  tuple(r), f.route) for r in runs]
+                  tuple(r), f.route, routed=f.routed) for r in runs]
 
 
 def _leaf(group: BaseExceptionGroup[Any]) -> BaseException:

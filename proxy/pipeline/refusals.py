@@ -249,7 +249,7 @@ class RefusalSplitter:
             return None
         time_ok = rules.time_splittable(expr)
         if router is not None and f.route:
-            route = router.routes.get(f.route)
+            route = f.routed
             if route is not None and route.kind == "split_time":
                 time_ok = False  # its parts are fixed times: never asked for other bounds
         extra = [(k, v) for k, v in form if k not in PLANNED_PARAMS]
@@ -273,7 +273,7 @@ class RefusalSplitter:
         if left <= 0:
             raise PromError("timeout", "query timed out while its refused pieces were cut finer")
         f = job.f
-        part = Fetch(query, f.role, f.shard_index, span, (), f.route, instants=f.instants)
+        part = Fetch(query, f.role, f.shard_index, span, (), f.route, instants=f.instants, routed=f.routed)
         path, form = query_call(query, span, job.extra)
         return await self.inner.answer(part, path, form, left, job.router)
 

@@ -172,7 +172,7 @@ class QueryService:
         for d, s in zip(pieces, slots):
             d["cache"] = s.status
             if s.unit.route:
-                d["route"] = router.routes[s.unit.route].key() if router is not None else s.unit.route
+                d["route"] = s.unit.routed.key() if s.unit.routed is not None else s.unit.route
             if s.unit.key is not None and s.unit.is_range and (s.unit.start_ms, s.unit.end_ms) != (
                     s.piece.start_ms, s.piece.end_ms):
                 d["cache_unit"] = [s.unit.start_ms, s.unit.end_ms]

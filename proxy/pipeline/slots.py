@@ -21,21 +21,11 @@ class SlotMaker:
         self.config = config
         self.split_interval_ms = split_interval_ms
 
-    def route_of(self, router: Router, p: Piece, span: Span) -> str:
-        """Route id of piece `p` over `span` (a 422 if nobody holds it)."""
-        q = p.query if router.by_piece else None
-        if span.is_range:
-            r = router.range_route(span.start_ms, span.end_ms, span.step, q)
-        else:
-            r = router.instant_route(span.time_ms, q)
-        rid = router.id(router.checked(r))
-        router.routes[rid] = r
-        return rid
-
     def unit(self, p: Piece, span: Span, ctx: CacheCtx, router: Router | None = None) -> Unit:
-        """The cache unit of piece `p` over `span` (the piece's own, or its whole cell)."""
-        rid = self.route_of(router, p, span) if router is not None else ""
-        bare = Unit(p.query, p.role, p.shard.index if p.shard else -1, span, route=rid)
+        """The cache unit of piece `p` over `span` (the piece's own, or its whole cell); on a
+        hybrid fleet it carries its route (id and route, as the router hands them back)."""
+        rid, routed = router.route_of(p.query, span) if router is not None else ("", None)
+        bare = Unit(p.query, p.role, p.shard.index if p.shard else -1, span, route=rid, routed=routed)
         fp = footprint(p.query, span.start_ms, span.end_ms, lookback_ms=ctx.lookback_ms)
         if fp is None:
             return bare
@@ -60,7 +50,11 @@ class SlotMaker:
         if ctx is None:
             if router is None:
                 return [Slot(p, bare_unit(p)) for p in plan.pieces]
-            return [Slot(p, replace(bare_unit(p), route=self.route_of(router, p, p.span))) for p in plan.pieces]
+            routed_slots: list[Slot] = []
+            for p in plan.pieces:
+                rid, routed = router.route_of(p.query, p.span)
+                routed_slots.append(Slot(p, replace(bare_unit(p), route=rid, routed=routed)))
+            return routed_slots
         cc = self.config.cache
         interval = self.split_interval_ms
         slots: list[Slot] = []

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from shardplanner.footprint import Footprint
 from shardplanner.plan import Piece, Span, Timed
+from shardplanner.routing import Route
 
 from ..cache import CacheKey
 from ..result import QueryResult
@@ -42,6 +43,9 @@ class Unit(Timed):
     footprint: Footprint | None = None
     # Hybrid fleets: the unit's route id (`proxy/pipeline/hybrid/router.py` route_id); "" = the primary.
     route: str = ""
+    # ... and the route itself, as the router handed it back (None: the primary). Not part of
+    # the unit's identity: the id names it.
+    routed: Route | None = field(default=None, compare=False, repr=False)
 
     @property
     def storable(self) -> bool:
@@ -83,6 +87,8 @@ class Fetch(Timed):
     # A range call over instant units that lie on its step grid (an instant query's
     # sub-windows): its answer at each unit's time is that unit's instant answer.
     instants: bool = False
+    # The route of its units (all have the same id), read by `RouteAnswer`.
+    routed: Route | None = field(default=None, compare=False, repr=False)
 
 
 def bare_unit(p: Piece) -> Unit:
@@ -104,7 +110,7 @@ def coalesce_units(units: Sequence[Unit], target_calls: int, max_points: int = 1
     for u in units:
         if not u.is_range:
             if u.route.startswith("split:"):
-                fetches.append(Fetch(u.query, u.role, u.shard_index, u.span, (u,), u.route))
+                fetches.append(Fetch(u.query, u.role, u.shard_index, u.span, (u,), u.route, routed=u.routed))
             else:
                 instants.setdefault((u.query, u.role, u.shard_index, u.route), []).append(u)
             continue
@@ -115,12 +121,13 @@ def coalesce_units(units: Sequence[Unit], target_calls: int, max_points: int = 1
     for (query, role, shard_index, route), members in instants.items():
         for run, step in _even_runs(members):
             if step is None:
-                fetches.append(Fetch(query, role, shard_index, run[0].span, (run[0],), route))
+                fetches.append(Fetch(query, role, shard_index, run[0].span, (run[0],), route, routed=run[0].routed))
                 continue
             for i in range(0, len(run), max_points):
                 chunk = run[i:i + max_points]
                 span = Span.range(chunk[0].span.time_ms, chunk[-1].span.time_ms, step)
-                fetches.append(Fetch(query, role, shard_index, span, tuple(chunk), route, instants=True))
+                fetches.append(Fetch(query, role, shard_index, span, tuple(chunk), route, instants=True,
+                                     routed=chunk[0].routed))
     if not groups:
         return fetches
     per_group = max(1, target_calls // len(groups))
@@ -147,7 +154,8 @@ def coalesce_units(units: Sequence[Unit], target_calls: int, max_points: int = 1
             for part in _even_parts(run, ws, -(-sum(ws) // n_calls)):
                 for chunk in _within_points(part, step, max_points):
                     span = Span.range(chunk[0].span.start_ms, chunk[-1].span.end_ms, step)
-                    fetches.append(Fetch(query, role, shard_index, span, tuple(chunk), chunk[0].route))
+                    fetches.append(Fetch(query, role, shard_index, span, tuple(chunk), chunk[0].route,
+                                         routed=chunk[0].routed))
     return fetches
 
 

@@ -1,5 +1,5 @@
 """A fetch's answer from the backend(s) of its route: one backend, several backends that each
-hold the same times (answers merged, `proxy/overlap.py`), or parts split in time
+hold the same times (answers merged, `proxy/result/overlap.py`), or parts split in time
 (concatenated). A backend that is down costs its part of the answer, with a warning saying
 what is missing (never cached), when the rest of the answer can come from others.
 """
@@ -73,7 +73,9 @@ class RouteAnswer:
         and backend, overlap parts merged (`proxy/overlap.py`) and time parts concatenated."""
         if router is None or not f.route:
             return await self.ask(self.primary, path, form, timeout_s)
-        route = router.routes[f.route]
+        # Decided by the router when the fetch's units were made (`SlotMaker`), carried along.
+        route = f.routed
+        assert route is not None, f"a fetch routed {f.route!r} carries no route"
         if route.kind == "single":
             try:
                 return await self.ask(self.by_name[route.backend], path, form, timeout_s)
@@ -121,7 +123,7 @@ class RouteAnswer:
             # beyond the part on each side (same grid), so a gap that starts just outside
             # it is seen too; the answer is cropped back to the part.
             assert step_ms is not None
-            pad = -(-router.edge_ms // step_ms) * step_ms
+            pad = -(-router.edge // step_ms) * step_ms
             if (hi - lo + 2 * pad) // step_ms <= self.config.limits.max_points - 1:
                 lo, hi = lo - pad, hi + pad
         if ranged:
@@ -135,7 +137,7 @@ class RouteAnswer:
             # be seen: ask for the range [t - edge, t + edge] instead (its value at t is the
             # instant query's) and keep t.
             instant_at = part.start_ms
-            pad = -(-router.edge_ms // OVERLAP_PROBE_STEP_MS) * OVERLAP_PROBE_STEP_MS
+            pad = -(-router.edge // OVERLAP_PROBE_STEP_MS) * OVERLAP_PROBE_STEP_MS
             path = "/api/v1/query_range"
             form = [(k, v) for k, v in form if k != "time"] + [
                 ("start", seconds(instant_at - pad)), ("end", seconds(instant_at + pad)),
@@ -159,7 +161,7 @@ class RouteAnswer:
             METRICS.backend_missing.labels(name).inc()
         if not answers:
             raise failed[0][2]
-        merged = merge_overlap(answers, edge_ms=router.edge_ms)
+        merged = merge_overlap(answers, edge_ms=router.edge)
         if instant_at is not None:
             at = slice_time(merged, instant_at, instant_at)
             merged = QueryResult("vector", at.labels, at.offsets, at.t_ms, at.value, at.warnings, at.infos)

@@ -24,12 +24,9 @@ def router_for(backends: Sequence[Backend], req: QueryRequest, plan: Plan,
     """Per-request routing state, over the plan's pinned tree (the query text if unparsed);
     `extra`: holdings added for this request (names no store has, see CrossStore)."""
     query = plan.expr if plan.expr is not None else req.query
-    router = Router([*holdings_of(backends, wall_ms()), *extra], query, req.lookback_ms,
-                    {b.name: b.cfg.ident for b in backends})
-    router.extra = tuple(extra)
-    router.by_piece = plan.merge.combine_time
-    router.edge_ms = edge_ms(plan.expr, req.lookback_ms)
-    return router
+    return Router((*holdings_of(backends, wall_ms()), *extra), query, req.lookback_ms,
+                  {b.name: b.cfg.ident for b in backends}, by_piece=plan.merge.combine_time,
+                  edge_ms=edge_ms(plan.expr, req.lookback_ms), extra=tuple(extra))
 
 
 def whole_route(router: Router, req: QueryRequest) -> PieceRoute:
@@ -77,7 +74,7 @@ class Route:
         whole = whole_route(router, q.req)
         # The request spans several backends: one that is down costs its part of the answer
         # (with a warning), not the whole answer.
-        router.partial_ok = whole.kind != "single"
+        router = router.spanning(whole.kind != "single")
         expr = q.plan.expr
         q = replace(q, router=router, whole=whole)
         if goes_cross_store(whole, expr):

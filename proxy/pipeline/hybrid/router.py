@@ -5,8 +5,9 @@ evaluation timestamp. This module turns that into per-request state for the exec
 
 - `Router`: built once per request from the configured holdings (resolved against the
   clock rounded down to the minute, so routes, and so cache keys, stay stable between
-  refreshes). `range_route` / `instant_route` route the request's query over any stretch
-  of its step grid (a piece, a cache cell); results are memoised per request. The query
+  refreshes), and never changed after: `range_route` / `instant_route` / `route_of` route
+  the request's query over any stretch of its step grid (a piece, a cache cell) and hand the
+  route back (a unit carries it, and so its fetch); results are memoised per request. The query
   routed is the planner's pinned query, not a piece's text: shard matchers and avg's
   sum/count roles do not change what a piece reads. Instant-window pieces
   (`MergeRecipe.combine_time`) read different ranges and are routed by their own text.
@@ -23,10 +24,13 @@ evaluation timestamp. This module turns that into per-request state for the exec
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from shardplanner.ast import Expr
 from shardplanner.holdings import BackendHolding
+from shardplanner.plan import Span
 from shardplanner.routing import DEFAULT_LOOKBACK_MS, Route, route_piece
 
 from ...errors import PromError
@@ -65,32 +69,51 @@ def missing_warning(backend: str, why: str) -> str:
             "the data of the other backends for the times both hold")
 
 
+@dataclass(frozen=True, eq=False)
 class Router:
-    """Routes for one request (see the module docstring)."""
+    """Routes for one request (see the module docstring). Immutable: what it decides is handed
+    back (`route_of` gives a unit its route id *and* route, which the unit and its fetch
+    carry), never written into it, so the same router may be shared by every stage and
+    subquery of a request. The memo is a cache of a pure function: it never changes an answer."""
 
-    def __init__(self, holdings: Sequence[BackendHolding], query: Expr | str, lookback_ms: int,
-                 urls: Mapping[str, str]) -> None:
-        self.holdings = tuple(holdings)
-        self.query = query
-        self.lookback_ms = lookback_ms or DEFAULT_LOOKBACK_MS
-        self.urls = dict(urls)
-        self._memo: dict[tuple[object, ...], tuple[Expr | str, Route]] = {}
-        # Set by the executor: route instant-window pieces by their own text; the overlap
-        # merge's edge; route id -> Route of every unit of this request.
-        self.by_piece = False
-        self.edge_ms = self.lookback_ms
-        self.routes: dict[str, Route] = {}
-        # The request spans several backends: a backend that is down costs its part of the
-        # answer (with a warning), not the whole answer.
-        self.partial_ok = False
-        # Holdings added for this request (`with_holdings`): names no store has.
-        self.extra: tuple[BackendHolding, ...] = ()
+    holdings: tuple[BackendHolding, ...]
+    query: Expr | str
+    lookback_ms: int
+    urls: Mapping[str, str]
+    # Route instant-window pieces by their own text (`MergeRecipe.combine_time`).
+    by_piece: bool = False
+    # The overlap merge's edge (lookback + the longest range read); None: the lookback.
+    edge_ms: int | None = None
+    # The request spans several backends: a backend that is down costs its part of the
+    # answer (with a warning), not the whole answer.
+    partial_ok: bool = False
+    # Holdings added for this request (`with_holdings`): names no store has.
+    extra: tuple[BackendHolding, ...] = ()
+    _memo: dict[tuple[object, ...], tuple[Expr | str, Route]] = field(
+        default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        lookback = self.lookback_ms or DEFAULT_LOOKBACK_MS
+        object.__setattr__(self, "holdings", tuple(self.holdings))
+        object.__setattr__(self, "lookback_ms", lookback)
+        object.__setattr__(self, "urls", MappingProxyType(dict(self.urls)))
+        object.__setattr__(self, "edge_ms", lookback if self.edge_ms is None else self.edge_ms)
+        object.__setattr__(self, "extra", tuple(self.extra))
+
+    @property
+    def edge(self) -> int:
+        """`edge_ms`, always set (`__post_init__` fills in the lookback)."""
+        assert self.edge_ms is not None
+        return self.edge_ms
 
     def with_holdings(self, extra: Sequence[BackendHolding]) -> Router:
-        """The same request routed with `extra` holdings as well (a new memo)."""
-        out = Router((*self.holdings, *extra), self.query, self.lookback_ms, self.urls)
-        out.by_piece, out.edge_ms, out.partial_ok = self.by_piece, self.edge_ms, self.partial_ok
-        out.extra = (*self.extra, *extra)
+        """The same request routed with `extra` holdings as well (a new memo: other holders)."""
+        return replace(self, holdings=(*self.holdings, *extra), extra=(*self.extra, *extra))
+
+    def spanning(self, partial_ok: bool) -> Router:
+        """The same routes, with `partial_ok` set (the memo shared: the holdings are the same)."""
+        out = replace(self, partial_ok=partial_ok)
+        object.__setattr__(out, "_memo", self._memo)
         return out
 
     def range_route(self, start_ms: int, end_ms: int, step_ms: int, query: Expr | str | None = None) -> Route:
@@ -98,6 +121,16 @@ class Router:
 
     def instant_route(self, time_ms: int, query: Expr | str | None = None) -> Route:
         return self._route(query, time_ms, time_ms, None)
+
+    def route_of(self, piece_query: str, span: Span) -> tuple[str, Route]:
+        """The route id and route of a piece (text `piece_query`) over `span` (a 422 if nobody
+        holds it): the request's query is routed, or the piece's own text (`by_piece`)."""
+        q = piece_query if self.by_piece else None
+        if span.is_range:
+            r = self.range_route(span.start_ms, span.end_ms, span.step, q)
+        else:
+            r = self.instant_route(span.time_ms, q)
+        return self.id(self.checked(r)), r
 
     def _route(self, query: Expr | str | None, start_ms: int, end_ms: int, step_ms: int | None) -> Route:
         q = self.query if query is None else query
