@@ -46,6 +46,7 @@ from tests.servers import require, serving_copy
 pytestmark = pytest.mark.prom
 
 TOPOLOGIES = ("by_metric", "by_time")
+ADMIN = "engine-node-types-admin"
 # by_metric: routing by metric does not depend on time. by_time: an instant at T+2h, whose 3h
 # windows start in the first store and end in the second; EVERY_STEP's steps all straddle.
 INSTANT = {"by_metric": T + 11, "by_time": T + 2 * HOUR}
@@ -178,12 +179,15 @@ def _cases() -> dict[str, Case]:
         "union_at_offset": Case(m, 'sum by (__name__) ({__name__=~"DCGM_FI_DEV_GPU_UTIL|node_load1"} @ end() offset 1h)',
                                 ("union",), "ir"),
         # -- a bare range selector / subquery at the top of an instant query --------------------
-        "bare_range_selector": Case(t, W, ()),
-        "bare_range_selector_offset": Case(t, f"{W} offset 15m", ()),
-        "bare_range_selector_at": Case(t, f"{W} @ {AT_LOCAL}", ()),
-        "bare_subquery": Case(t, f"{S}[3h:10m]", ()),
-        "bare_subquery_at_offset": Case(t, f"{S}[3h:10m] @ {AT_LOCAL} offset 5m", ()),
-        "bare_subquery_join": Case(m, f"{X}[30m:5m]", ("binary",)),
+        "bare_range_selector": Case(t, W, ("window",)),
+        "bare_range_selector_offset": Case(t, f"{W} offset 15m", ("window",)),
+        "bare_range_selector_at": Case(t, f"{W} @ {AT_LOCAL}", ("window",)),
+        "bare_range_selector_at_end": Case(t, f"{W} @ end()", ("window",)),
+        "bare_subquery_at_start": Case(t, f"{S}[3h:10m] @ start()", ("subquery",)),
+        "bare_subquery": Case(t, f"{S}[3h:10m]", ("subquery",)),
+        "bare_subquery_at_offset": Case(t, f"{S}[3h:10m] @ {AT_LOCAL} offset 5m", ("subquery",)),
+        "bare_subquery_join": Case(m, f"{X}[30m:5m]", ("subquery", "binary")),
+        "bare_subquery_join_at_offset": Case(m, f"{RATIO}[30m:5m] @ end() offset 10m", ("subquery", "binary")),
         # -- @ and offset on instant selectors in a cross-store tree ---------------------------
         "selector_at_vs_now": Case(t, f"sum(DCGM_FI_DEV_GPU_TEMP @ {AT_AMP}) - sum(DCGM_FI_DEV_GPU_TEMP)",
                                    ("binary",), "ir"),
@@ -206,6 +210,13 @@ def _cases() -> dict[str, Case]:
             ("function",), "i", error("execution", "vector cannot contain metrics with the same labelset")),
         "arith_mod_negative": Case(m, f"{D} % -{SN}", ("binary",)),
         "arith_atan2_scalars": Case(m, f"{SD} atan2 {SN}", ("binary",), "ir"),
+        "on_empty_group_left": Case(m, f"{D} / on () group_left sum(node_load1)", ("binary",), "ir"),
+        "and_on_empty": Case(m, f"{D} and on () (sum(node_load1) > 0)", ("binary",)),
+        "unless_empty_rhs": Case(m, f"{D} unless on (Hostname) ({N} > 1e9)", ("binary",)),
+        "or_lhs_wins": Case(m, f"{X} or on (Hostname) ({N} * 0)", ("binary",), "ir"),
+        "unary_minus_pow_precedence": Case(m, f"-{X} ^ 0.5", ("binary",)),
+        "compare_division_by_zero": Case(m, f"{X} / 0 > bool 1", ("binary",)),
+        "nested_aggregations": Case(m, f"max(sum by (Hostname) ({G}))", ("aggregate",), "ir"),
         "fn_abs": Case(m, f"abs(-{X})", ("function",), "ir"),
         "fn_sqrt_ln": Case(m, f"ln(sqrt({X}))", ("function",)),
         "fn_round_param_other_store": Case(m, f"round({D}, {SN})", ("function",), "ir"),
@@ -214,6 +225,10 @@ def _cases() -> dict[str, Case]:
         "fn_scalar": Case(m, f"scalar({RATIO}) + 1", ("absent",), "ir"),
         "fn_vector": Case(m, f"vector({SD} / {SN})", ("function",), "ir"),
         "fn_sort_desc": Case(m, f"sort_desc({X})", ("function",)),
+        "fn_sort": Case(m, f"sort({G})", ("function",)),
+        "fn_scalar_of_many": Case(m, f"{D} + scalar({X})", ("absent",), "ir"),
+        "fn_label_replace_collides": Case(m, f'label_replace({X}, "Hostname", "x", "", "")', ("function",), "i",
+                                          error("execution", "vector cannot contain metrics with the same labelset")),
         "fn_timestamp": Case(m, f"timestamp({X})", ("function",)),
         "fn_time_in_context": Case(m, f"{X} + time()", ("binary",)),
         "fn_hour_of_vector": Case(m, f"hour(timestamp({G}))", ("function",)),
@@ -239,7 +254,7 @@ def _cases() -> dict[str, Case]:
                       ("stddev", ""), ("stdvar", ""), ("topk", "3, "), ("bottomk", "2, "), ("quantile", "0.9, "),
                       ("count_values", '"v", ')]:
         inner = f"round({G})" if op == "count_values" else G
-        out[f"agg_{op}"] = Case(m, f"{op}({param}{inner})", ("aggregate",))
+        out[f"agg_{op}"] = Case(m, f"{op}({param}{inner})", ("aggregate",), "ir")
         out[f"agg_{op}_by"] = Case(m, f"{op} by (Hostname) ({param}{inner})", ("aggregate",))
         out[f"agg_{op}_without"] = Case(m, f"{op} without (gpu, UUID) ({param}{inner})", ("aggregate",))
     # aggregation parameters that are expressions: literal arithmetic, parentheses, a scalar
@@ -294,7 +309,8 @@ def stores(prom: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict
                 served[spec.backend] = SliceServer(spec, proc.url, data, proc, manifest)  # type: ignore[attr-defined]
             amp = AmpProcess.start(served["amp"].url, work, "--seed", "1")
             amps.append(amp)
-            cfg = promaccel_config(name, served["local"].url, amp.workspace)
+            # an admin token: each case starts from an empty cache (a new generation)
+            cfg = {**promaccel_config(name, served["local"].url, amp.workspace), "cache": {"admin_token": ADMIN}}
             proxy = start_promaccel(f"engine-{name}", cfg, work)
             proxies.append(proxy)
             out[name] = Scenario(name, served["local"], served["amp"], amp, proxy, cfg)
@@ -339,11 +355,16 @@ def test_engine_node_type_answers_as_prometheus(prom: Any, stores: dict[str, Sce
     with httpx.Client(timeout=120) as client:
         for path, form in _forms(case):
             status, direct = reference(prom.url, path, form)
-            for ask in ("cold", "warm"):
+            # Cold: nothing cached, not even the leaves an earlier case shares with this one.
+            bumped = client.post(proxy + "/api/v1/admin/cache/generation", headers={"Authorization": f"Bearer {ADMIN}"})
+            assert bumped.status_code == 200, bumped.text[:300]
+            for ask, cached in (("cold", ("MISS",)), ("warm", ("HIT",))):
                 r = client.post(proxy + path, data=form)
                 problems = compare_case("engine_node_types", name, case.query, path, status, direct,
                                         r.status_code, orjson.loads(r.content), expect=case.expect)
                 assert problems == [], (name, path, ask, problems[:3], r.text[:300])
+                if r.status_code == 200:  # an error is not cached
+                    assert r.headers.get("X-Cache") in cached, (name, path, ask, dict(r.headers))
             explained = client.post(proxy + "/api/v1/explain", data=form)
             assert explained.status_code == 200, explained.text[:300]
             data = explained.json()["data"]
