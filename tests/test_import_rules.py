@@ -128,20 +128,38 @@ def test_detector_ignores_lookalikes(tmp_path: Path) -> None:
 
 
 # --- layers inside proxy/ ---------------------------------------------------------------------
-# proxy subpackage -> the proxy subpackages it must never import (docs/ARCHITECTURE.md's picture:
-# api on top, then pipeline, then backends / cache / result / codec, then shardplanner).
-# proxy/primitives (clocks, breakers: plain mechanisms) sits below every layer: it imports
-# nothing of proxy, every other part may import it.
+# proxy subpackage -> the proxy subpackages it must never import (docs/ARCHITECTURE.md's picture):
+#   api > pipeline > {cache, backends} > runtime > {engine, result, codec} > {observe, config}
+#   > primitives (> shardplanner, outside proxy/).
+# Upward imports are what is refused; `cli` (the entry point) may import anything, `errors`
+# (the error type every layer raises) nothing.
 _PROXY_PARTS = {p.stem if p.is_file() else p.name for p in (ROOT / "proxy").iterdir()
                 if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.stem != "__init__")}
+_ABOVE_STORES = {"cli", "api", "pipeline"}
+_ABOVE_KERNELS = _ABOVE_STORES | {"cache", "backends", "runtime"}
 LAYERS = {
-    "pipeline": {"api"},
-    "cache": {"api", "pipeline"},
-    "backends": {"api", "pipeline", "cache", "result", "codec"},
-    "result": {"api", "pipeline", "cache", "backends"},
-    "codec": {"api", "pipeline", "cache", "backends"},
+    "api": {"cli"},
+    "pipeline": {"cli", "api"},
+    "cache": _ABOVE_STORES | {"backends", "runtime", "engine"},
+    "backends": _ABOVE_STORES | {"cache", "runtime", "engine", "result", "codec"},
+    "runtime": _ABOVE_STORES | {"cache", "backends", "engine"},
+    "engine": _ABOVE_KERNELS,
+    "result": _ABOVE_KERNELS | {"engine"},
+    "codec": _ABOVE_KERNELS | {"engine"},
+    "observe": _PROXY_PARTS - {"observe", "primitives", "config", "errors"},
+    "config": _PROXY_PARTS - {"config", "primitives"},
+    "errors": _PROXY_PARTS - {"errors", "primitives"},
     "primitives": _PROXY_PARTS - {"primitives"},
 }
+# No top-level module in proxy/ besides these (issue 29: everything else in a package).
+TOP_LEVEL_MODULES = {"cli", "errors"}
+
+
+def test_no_other_top_level_modules() -> None:
+    modules = {p.stem for p in (ROOT / "proxy").glob("*.py") if p.stem != "__init__"}
+    assert modules <= TOP_LEVEL_MODULES, f"top-level modules in proxy/ outside a package: {sorted(modules - TOP_LEVEL_MODULES)}"
+
+
 # Third-party libraries only one place in the product may import.
 GATES = {"aiohttp": "proxy/backends/transports.py", "httpx": "proxy/backends/transports.py",
          "pyarrow": "proxy/codec/arrow.py", "redis": "proxy/cache/redis_client.py"}

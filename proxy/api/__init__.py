@@ -8,7 +8,7 @@
     metadata.py       series, labels, label values and metadata fanned out over a hybrid fleet
     admin.py          cache administration (bearer token)
     health.py         /-/healthy, /-/ready, /metrics
-    ui.py, ui.html    the operator page /ui and its data, /ui/data.json (proxy/activity.py)
+    ui.py, ui.html    the operator page /ui and its data, /ui/data.json (proxy/observe/activity.py)
     access_log.py     per-request metrics and access log
     responses.py      results and backend replies -> Starlette responses
     params.py, forms.py   parameters read and validated as Prometheus does

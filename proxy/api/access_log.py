@@ -10,10 +10,10 @@ import uuid
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .. import tracing
-from ..activity import ACTIVITY, CURRENT
 from ..backends.redaction import redact, redact_fields
-from ..metrics import METRICS
+from ..observe import tracing
+from ..observe.activity import ACTIVITY, CURRENT
+from ..observe.metrics import METRICS
 
 access_log = logging.getLogger("promaccel.access")
 
@@ -65,7 +65,7 @@ class AccessLog:
         query_id = uuid.uuid4().hex[:16]
         answer: dict[str, object] = {}
         path = scope.get("path", "")
-        # Queries are recorded for the operator page (proxy/activity.py): in flight, then
+        # Queries are recorded for the operator page (proxy/observe/activity.py): in flight, then
         # finished, with their error's message when they fail.
         record = ACTIVITY.begin(query_id, scope.get("method", ""), path) if path in _QUERY_ENDPOINTS else None
         token = CURRENT.set(record) if record is not None else None

@@ -15,13 +15,14 @@ from fastapi import FastAPI
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from .. import __version__, tracing
+from .. import __version__
 from ..backends import Backend
 from ..backends.tenancy import Tenancy
 from ..config import Config
 from ..errors import PromError
-from ..memory import tune_malloc
+from ..observe import tracing
 from ..pipeline import QueryService
+from ..runtime.memory import tune_malloc
 from .access_log import AccessLog
 from .admin import add_admin_routes
 from .compress import FastGZipMiddleware

@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
 from ..backends import Backend
-from ..metrics import METRICS
+from ..observe.metrics import METRICS
 from ..pipeline import QueryService
 
 

@@ -14,10 +14,10 @@ from starlette.responses import Response
 
 from shardplanner.plan import QueryRequest
 
-from ..activity import CURRENT
 from ..backends.redaction import redact
 from ..config import Config
 from ..errors import PromError
+from ..observe.activity import CURRENT
 from ..pipeline import Answer, QueryService
 from .forms import Pairs, first_values, read_pairs
 from .params import format_duration_ms, parse_instant, parse_range
@@ -32,7 +32,7 @@ def _client(request: Request) -> str:
 
 
 def _note(form: dict[str, str], is_range: bool) -> dict[str, str]:
-    """The query's text for the operator page while it runs (proxy/activity.py)."""
+    """The query's text for the operator page while it runs (proxy/observe/activity.py)."""
     record = CURRENT.get()
     if record is not None:
         record.note(range=is_range)

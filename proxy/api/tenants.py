@@ -12,7 +12,7 @@ With auth on, the forwarded tenant headers (`tenancy.forward_headers`) are the t
 (`auth.tenants[].forward_headers`, proxy/backends/tenancy.py `pin`): a request sending one with
 a value its tenant may not use is refused with a 403 (Prometheus-style JSON, naming the header,
 never the value) before anything runs. The authenticated tenant is also noted on the query's
-record for the operator page (proxy/activity.py), which shows a tenant its own queries only.
+record for the operator page (proxy/observe/activity.py), which shows a tenant its own queries only.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
-from ..activity import CURRENT as CURRENT_QUERY
 from ..backends import Backend
 from ..backends.tenancy import HeaderNotAllowed, pin
 from ..config import Config
 from ..config.auth import AuthConfig
 from ..errors import PromError
-from ..metrics import METRICS
+from ..observe.activity import CURRENT as CURRENT_QUERY
+from ..observe.metrics import METRICS
 from ..pipeline import QueryService
 from .auth import Authenticator, AuthFailure
 

@@ -37,11 +37,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .. import __version__
-from ..activity import ACTIVITY
 from ..backends import Backend
 from ..config import Config
 from ..errors import PromError
-from ..metrics import METRICS
+from ..observe.activity import ACTIVITY
+from ..observe.metrics import METRICS
 from ..pipeline import QueryService
 from .auth import ADMIN, Authenticator, AuthFailure
 from .responses import JSON, error

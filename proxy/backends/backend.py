@@ -20,11 +20,11 @@ import time
 import urllib.parse
 from typing import Callable, Mapping, Sequence
 
-from .. import tracing
-from ..activity import ACTIVITY
 from ..config import BackendConfig
 from ..errors import PromError
-from ..metrics import METRICS
+from ..observe import tracing
+from ..observe.activity import ACTIVITY
+from ..observe.metrics import METRICS
 from .circuit import BackendBreaker, LatencyWindow
 from .protocol import BackendFault, BackendReply, check_path, parsed_json, sane_error
 from .retries import Check, Hedge, RetryBudget, with_retries

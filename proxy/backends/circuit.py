@@ -35,7 +35,7 @@ from collections.abc import Callable
 import orjson
 
 from ..errors import PromError
-from ..metrics import METRICS
+from ..observe.metrics import METRICS
 from ..primitives.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker, State
 from .protocol import RETRY_STATUSES, BackendReply
 

@@ -27,7 +27,7 @@ from typing import Awaitable, Callable
 
 from ..config import BackendConfig
 from ..errors import PromError
-from ..metrics import METRICS
+from ..observe.metrics import METRICS
 from .circuit import ClientDeadline, deadline_answer
 from .protocol import RETRY_STATUSES, THROTTLE_STATUSES, BackendReply, broken_answer, retry_after_s
 

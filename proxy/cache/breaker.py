@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ..metrics import METRICS
+from ..observe.metrics import METRICS
 from ..primitives.breaker import CLOSED, State
 from ..primitives.breaker import CircuitBreaker as Machine
 

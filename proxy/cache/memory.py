@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..metrics import METRICS
+from ..observe.metrics import METRICS
 from ..primitives.clock import wall_ms
 from .bound import PayloadLimits
 from .frame import encode_value

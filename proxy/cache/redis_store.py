@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from ..errors import PromError
-from ..metrics import METRICS
+from ..observe.metrics import METRICS
 from ..primitives.clock import wall_ms
 from .bound import PayloadLimits
 from .breaker import CircuitBreaker

@@ -26,7 +26,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from ..metrics import METRICS
+from ..observe.metrics import METRICS
 from .bound import PayloadLimits, check_payload
 from .frame import DEFAULT_KEY, CorruptValue, decode_value
 from .keys import CacheItem, CacheKey, Payload

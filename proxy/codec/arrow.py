@@ -178,7 +178,7 @@ def release_unused() -> None:
 
 
 def use_system_pool() -> str:
-    """Arrow allocates with malloc from now on (proxy/memory.py says why); the pool's name."""
+    """Arrow allocates with malloc from now on (proxy/runtime/memory.py says why); the pool's name."""
     pa.set_memory_pool(pa.system_memory_pool())
     return str(pa.default_memory_pool().backend_name)
 

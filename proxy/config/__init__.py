@@ -408,7 +408,7 @@ class UiConfig(StrictModel):
 
 
 class TracingConfig(StrictModel):
-    """Optional OpenTelemetry tracing (proxy/tracing.py; needs the `tracing` extra). Off unless
+    """Optional OpenTelemetry tracing (proxy/observe/tracing.py; needs the `tracing` extra). Off unless
     otlp_endpoint is set or the environment names an OTLP endpoint (OTEL_EXPORTER_OTLP_ENDPOINT,
     OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)."""
 

@@ -31,8 +31,8 @@ from contextvars import ContextVar
 from dataclasses import replace
 
 from ..errors import PromError
-from ..memory import give_back_soon
-from ..metrics import METRICS
+from ..observe.metrics import METRICS
+from ..runtime.memory import give_back_soon
 from .planning import Planner
 from .stage import Stage
 from .values import Answer, Query

@@ -22,7 +22,7 @@ from ..backends.protocol import complete_json, sane_error
 from ..backends.retries import Check
 from ..codec.errors import CodecError, Undecodable
 from ..codec.json_decode import decode_prometheus_json
-from ..metrics import METRICS
+from ..observe.metrics import METRICS
 from ..result import QueryResult
 from .budget import BUDGET, SAMPLES_TALLY
 from .values import Pairs, PieceFailed

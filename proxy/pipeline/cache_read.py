@@ -20,11 +20,11 @@ except ImportError:  # pragma: no cover -- zlib's are the same checksums, slower
 from shardplanner.plan import Span
 from shardplanner.timesplit import day_cell, day_cells_fit
 
-from ..activity import ACTIVITY
 from ..cache import CacheKey, Payload, PieceStore
 from ..config import Config
 from ..errors import PromError
-from ..metrics import METRICS
+from ..observe.activity import ACTIVITY
+from ..observe.metrics import METRICS
 from ..result import QueryResult
 from ..result.pieces import slice_time, subsample
 from .hybrid.router import Router

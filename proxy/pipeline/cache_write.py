@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from shardplanner.footprint import digest_query
 
 from ..cache import CacheItem, PieceMeta, PieceStore
-from ..cache.revalidate import Revalidator
 from ..config import Config
-from ..metrics import METRICS
+from ..observe.metrics import METRICS
 from ..result import QueryResult
 from .answer_bytes import HOLDING
 from .budget import BUDGET
 from .landing import Landing
+from .revalidate import Revalidator
 from .units import Unit
 
 if TYPE_CHECKING:

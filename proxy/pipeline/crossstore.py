@@ -74,7 +74,7 @@ from ..engine.nodes import (
 )
 from ..engine.work import WorkBudget
 from ..errors import PromError
-from ..metrics import METRICS
+from ..observe.metrics import METRICS
 from ..result import QueryResult
 from .ask import Asker
 from .eval_interval import EvaluationIntervals

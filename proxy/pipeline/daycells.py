@@ -22,7 +22,7 @@ from shardplanner.timesplit import split_range
 
 from ..cache import CacheKey
 from ..errors import PromError
-from ..metrics import METRICS
+from ..observe.metrics import METRICS
 from ..primitives.clock import wall_ms
 from ..result import QueryResult
 from ..result.merge import MergeConflict, concat

@@ -6,7 +6,7 @@ counts (`series_counts.SeriesCounts`) and what a backend says about itself
 Each fact is kept per key (the caller puts the tenant scope in it: a tenant's facts are
 learnt with its forwarded headers and never shape another tenant's queries):
 
-- unknown: fetched, and concurrent askers share that one fetch (`proxy/singleflight.py`,
+- unknown: fetched, and concurrent askers share that one fetch (`proxy/primitives/singleflight.py`,
   `promaccel_coalesced_calls_total{flight=<name>}`); the fetch runs as a task of its own that
   inherits the asker's context (its tenant headers) and finishes even if the asker leaves;
 - older than `ttl_ms`: still answered (a stale fact is what the callers can live with), and
@@ -28,7 +28,8 @@ import time
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import Generic, TypeVar
 
-from ..singleflight import SingleFlight
+from ..observe.metrics import METRICS
+from ..primitives.singleflight import SingleFlight
 
 __all__ = ["Discovered"]
 
@@ -61,7 +62,7 @@ class Discovered(Generic[K, V]):
         self.retry_after_failure_s = retry_after_failure_s
         self._fetch = fetch
         self._clock = clock
-        self._flight: SingleFlight[K, V] = SingleFlight(name)
+        self._flight: SingleFlight[K, V] = SingleFlight(name, on_shared=METRICS.coalesced.labels(name).inc)
         self._known: dict[K, tuple[float, V]] = {}  # key -> (when learnt, value), oldest first
         self._failed: dict[K, float] = {}  # key -> when its last fetch failed
         self._background: set[asyncio.Task[V]] = set()

@@ -14,13 +14,13 @@ from typing import Any
 
 from ..backends.tenancy import scope as tenant_scope
 from ..errors import PromError
-from ..memory import give_back_soon
-from ..metrics import METRICS
+from ..observe.metrics import METRICS
 from ..primitives.clock import wall_ms
+from ..primitives.singleflight import SingleFlight
 from ..result import QueryResult
 from ..result.merge import concat
 from ..result.pieces import iter_split_time, split_time
-from ..singleflight import SingleFlight
+from ..runtime.memory import give_back_soon
 from .ask import instant_of, query_call
 from .cache_write import CacheWriter
 from .hybrid.fetch import RouteAnswer
@@ -49,7 +49,8 @@ class Fetcher:
         self.route_answer = route_answer
         self.cache_enabled = cache_enabled
         self.leases = leases
-        self.flight: SingleFlight[tuple[Any, ...], Any] = SingleFlight("backend")
+        self.flight: SingleFlight[tuple[Any, ...], Any] = SingleFlight(
+            "backend", on_shared=METRICS.coalesced.labels("backend").inc)
 
     async def fetch(self, f: Fetch, extra: Pairs, timeout_s: float, ctx: CacheCtx | None,
                      router: Router | None = None) -> QueryResult:
@@ -230,7 +231,7 @@ class Fetcher:
 
         out = await asyncio.to_thread(run)
         # The call's body and the copies its cells were cut from are freed by now: a heavy
-        # query's next calls reuse pages given back, not fresh ones (proxy/memory.py).
+        # query's next calls reuse pages given back, not fresh ones (proxy/runtime/memory.py).
         give_back_soon()
         return out
 

@@ -11,10 +11,10 @@ from ..backends import Backend, BackendReply
 from ..backends.tenancy import scope as tenant_scope
 from ..codec.json_encode import encode_prometheus_json
 from ..errors import PromError
-from ..metrics import METRICS
+from ..observe.metrics import METRICS
 from ..primitives.clock import wall_ms
+from ..primitives.singleflight import SingleFlight
 from ..result import QueryResult
-from ..singleflight import SingleFlight
 from .ask import Asker, needs_range_form
 from .cache_read import CacheReader
 from .cache_write import CacheWriter

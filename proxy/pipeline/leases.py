@@ -41,7 +41,7 @@ from typing import Any
 
 from ..cache import LeaseTable, PieceStore
 from ..config import Config
-from ..metrics import METRICS
+from ..observe.metrics import METRICS
 from ..result import QueryResult
 from .cache_read import CacheReader
 from .units import Unit

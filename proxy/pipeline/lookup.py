@@ -17,7 +17,7 @@ from typing import Any
 from ..codec.errors import Undecodable
 from ..config import Config
 from ..errors import PromError
-from ..metrics import METRICS
+from ..observe.metrics import METRICS
 from ..result import QueryResult
 from ..result.pieces import slice_time
 from .answer_bytes import HOLDING

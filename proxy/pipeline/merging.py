@@ -8,7 +8,7 @@ from dataclasses import replace
 from ..backends import Backend
 from ..codec.errors import Undecodable
 from ..errors import PromError
-from ..metrics import METRICS
+from ..observe.metrics import METRICS
 from ..result.merge import merge
 from ..result.ties import topk_ambiguous
 from .ask import Asker

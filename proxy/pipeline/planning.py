@@ -31,7 +31,7 @@ from ..backends import Backend
 from ..backends.tenancy import scope as tenant_scope
 from ..config import Config
 from ..errors import PromError
-from ..metrics import METRICS
+from ..observe.metrics import METRICS
 from ..primitives.clock import wall_ms
 from .backend_facts import BackendFacts
 from .discovery import Discovered

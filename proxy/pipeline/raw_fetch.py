@@ -33,7 +33,7 @@ from ..backends.tenancy import scope as tenant_scope
 from ..cache import CacheItem, CacheKey, Payload, PieceMeta, PieceStore, ttl_for
 from ..config import Config
 from ..errors import PromError
-from ..metrics import METRICS
+from ..observe.metrics import METRICS
 from ..primitives.clock import wall_ms
 from ..result import QueryResult
 from ..result.merge import concat

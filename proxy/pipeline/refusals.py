@@ -58,7 +58,7 @@ from shardplanner.promql import CannotParse, TooComplex, parse
 from ..backends.circuit import ClientDeadline, deadline_answer
 from ..backends.tenancy import scope as tenant_scope
 from ..errors import PromError
-from ..metrics import METRICS
+from ..observe.metrics import METRICS
 from ..result import QueryResult
 from ..result.merge import concat, merge
 from ..result.ties import topk_ambiguous

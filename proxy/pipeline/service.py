@@ -17,7 +17,6 @@ from shardplanner.routing import Route as PieceRoute
 from ..backends import Backend
 from ..backends.tenancy import scope as tenant_scope
 from ..cache import PieceStore, make_store
-from ..cache.revalidate import Revalidator
 from ..config import Config
 from ..engine.nodes import Inner, Literal, Node, WindowNode, children
 from ..errors import PromError
@@ -25,6 +24,7 @@ from .crossstore import Sub, operator_text, piece_count, subqueries, tree_backen
 from .hybrid.route import check_mergeable, goes_cross_store, router_for, whole_route
 from .hybrid.router import Router
 from .path import Parts, build
+from .revalidate import Revalidator
 from .stage import Stage
 from .units import coalesce_units
 from .values import ARROW_STREAM, Answer, Pairs, Query

@@ -1,4 +1,4 @@
-"""A pipeline stage inside a tracing span (proxy/tracing.py), with what explains its time.
+"""A pipeline stage inside a tracing span (proxy/observe/tracing.py), with what explains its time.
 
 `path.build` wraps each stage's next stage in `Traced` only when tracing is on; off, the
 stages call each other directly. The span is named after the stage (`Plan`, `Lookup`, ...);
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Generic, TypeVar
 
-from .. import tracing
+from ..observe import tracing
 from .lookup import Calls, Pieces, Work
 from .stage import Stage
 from .values import Answer, Query

@@ -1,4 +1,4 @@
-"""The operator page's data: the recorder (proxy/activity.py) in process with a fake clock, and
+"""The operator page's data: the recorder (proxy/observe/activity.py) in process with a fake clock, and
 /ui + /ui/data.json in process over a real Prometheus (and a real Redis): a query just run is
 listed with its plan, pieces, cache hits and backend calls; nothing secret is ever shown.
 The page in a real browser: test_ui_browser.py."""
@@ -16,10 +16,10 @@ import httpx
 import orjson
 import pytest
 
-from proxy.activity import ACTIVITY, CURRENT, MAX_TEXT, MINUTES, Activity
 from proxy.api.access_log import error_text
 from proxy.api.app import create_app
 from proxy.config import build_config
+from proxy.observe.activity import ACTIVITY, CURRENT, MAX_TEXT, MINUTES, Activity
 from tests.servers import free_port
 
 H = 3600

@@ -31,7 +31,7 @@ from loadtests.amp_endpoint import TEST_ACCESS_KEY, TEST_SECRET_KEY, AmpEndpoint
 from proxy.backends import Backend
 from proxy.backends.sigv4 import CredentialSource, SigV4Signer
 from proxy.config import BackendConfig
-from proxy.metrics import METRICS
+from proxy.observe.metrics import METRICS
 from tests.equivalence import metadata_problems, response_problems
 from tests.servers import ROOT, Promaccel, free_port, stop, wait_http
 

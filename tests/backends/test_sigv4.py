@@ -40,7 +40,7 @@ from proxy.backends.sigv4 import (
 )
 from proxy.backends.transports import SigV4Auth as _SigV4Auth
 from proxy.errors import PromError
-from proxy.metrics import METRICS
+from proxy.observe.metrics import METRICS
 
 REGION = "us-east-1"
 BASE = "http://amp.test/workspaces/ws-test"

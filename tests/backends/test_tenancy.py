@@ -15,8 +15,8 @@ import pytest
 
 from loadtests.amp_endpoint import TEST_ACCESS_KEY, TEST_SECRET_KEY
 from proxy.backends import Backend, tenancy
-from proxy.cache.revalidate import Revalidator
 from proxy.config import BackendConfig, ConfigError, build_config
+from proxy.pipeline.revalidate import Revalidator
 from tests.recording import Recorder, recording_backend
 from tests.servers import Promaccel
 

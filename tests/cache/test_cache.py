@@ -26,7 +26,7 @@ from proxy.cache import (
 )
 from proxy.cache.frame import frame_key
 from proxy.config import CacheConfig
-from proxy.metrics import METRICS
+from proxy.observe.metrics import METRICS
 from shardplanner.plan import Piece, ShardSpec, Span
 
 SHARD = ShardSpec("Hostname", 1, 4, "=~", "node-1|node-5")

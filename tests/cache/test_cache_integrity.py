@@ -47,7 +47,7 @@ from proxy.cache.frame import DEFAULT_SECRET, CorruptValue, encode_value, frame_
 from proxy.cache.leases import lease_key
 from proxy.codec.errors import MalformedAnswer
 from proxy.config import CacheConfig, ConfigError, build_config
-from proxy.metrics import METRICS
+from proxy.observe.metrics import METRICS
 from proxy.pipeline.cache_read import CacheReader
 from proxy.pipeline.landing import Landing
 from proxy.pipeline.leases import Claim, Leases

@@ -32,7 +32,7 @@ from loadtests.compare import diff_answers
 from proxy.cache import CacheItem, CacheKey, PieceMeta, RedisStore
 from proxy.cache.leases import lease_key
 from proxy.config import build_config
-from proxy.metrics import METRICS
+from proxy.observe.metrics import METRICS
 from proxy.pipeline.cache_read import CacheReader
 from proxy.pipeline.landing import Landing
 from proxy.pipeline.leases import Claim, Leases

@@ -134,7 +134,7 @@ def test_headers_metrics_and_variables_exist() -> None:
     source = "\n".join(p.read_text() for p in (ROOT / "proxy").rglob("*.py")).lower()
     for header in set(re.findall(r"`(X-[A-Za-z-]+)", README)):
         assert header.lower() in source, header
-    from proxy.metrics import METRICS
+    from proxy.observe.metrics import METRICS
 
     names = set()
     for family in METRICS.registry.collect():

@@ -10,7 +10,7 @@ import pytest
 
 from proxy.backends.protocol import BackendReply
 from proxy.errors import PromError
-from proxy.metrics import METRICS
+from proxy.observe.metrics import METRICS
 from proxy.pipeline.discovery import Discovered
 from proxy.pipeline.names import MISS_REFRESH_S, MetricNames
 from proxy.pipeline.planning import ShardValues

@@ -291,7 +291,7 @@ def test_forward_relays_the_backends_bytes_for_a_query_left_whole() -> None:
     from proxy.pipeline.ask import Asker
     from proxy.pipeline.cache_read import CacheReader
     from proxy.pipeline.cache_write import CacheWriter
-    from proxy.singleflight import SingleFlight
+    from proxy.primitives.singleflight import SingleFlight
 
     cfg = config(split_interval="1h")
     backend = FakeBackend()

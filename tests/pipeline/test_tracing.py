@@ -1,4 +1,4 @@
-"""OpenTelemetry tracing (proxy/tracing.py): the span tree of a query, and nothing when off.
+"""OpenTelemetry tracing (proxy/observe/tracing.py): the span tree of a query, and nothing when off.
 
 In process, over the real test Prometheus, into the SDK's in-memory exporter: a sharded, time
 split range query gives a request span, under it one span per pipeline stage in the order
@@ -18,9 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy import tracing
 from proxy.api.app import create_app
 from proxy.config import build_config
+from proxy.observe import tracing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SECRETS = ("s3cret-backend-pw-777", "client-bearer-token-555", "tenant-orgid-999")
@@ -114,7 +114,7 @@ def test_tracing_off_imports_and_creates_nothing() -> None:
     no-op instrumentation and redis-py probes the metrics SDK: not promaccel's doing.)"""
     code = """
 import asyncio, sys, httpx
-from proxy import tracing
+from proxy.observe import tracing
 from proxy.api.app import create_app
 from proxy.config import build_config
 
@@ -139,12 +139,12 @@ print("ok")
 
 
 def test_only_proxy_tracing_imports_opentelemetry_and_only_lazily() -> None:
-    """The product's one door to OpenTelemetry is proxy/tracing.py (and access_log.py's status
+    """The product's one door to OpenTelemetry is proxy/observe/tracing.py (and access_log.py's status
     helper, called only with a live span), each import inside a function."""
     import ast
     from pathlib import Path
 
-    allowed = {"proxy/tracing.py", "proxy/api/access_log.py"}
+    allowed = {"proxy/observe/tracing.py", "proxy/api/access_log.py"}
     for path in sorted(Path(ROOT, "proxy").rglob("*.py")):
         rel = str(path.relative_to(ROOT))
         tree = ast.parse(path.read_text())
@@ -172,7 +172,7 @@ def test_configured_tracing_without_the_sdk_stops_start_up() -> None:
     code = """
 import sys
 sys.modules["opentelemetry.sdk"] = None  # as if the `tracing` extra were not installed
-from proxy import tracing
+from proxy.observe import tracing
 try:
     tracing.configure("http://127.0.0.1:4318/v1/traces", None, None)
 except tracing.TracingUnavailable as exc:

@@ -21,7 +21,7 @@ from shardplanner.routing import TimePart
 from ...backends import Backend
 from ...config import Config
 from ...errors import PromError
-from ...metrics import METRICS
+from ...observe.metrics import METRICS
 from ...result import QueryResult
 from ...result.merge import concat, merge
 from ...result.overlap import merge_overlap

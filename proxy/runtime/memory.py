@@ -55,10 +55,10 @@ def tune_malloc() -> bool:
     if _done:
         return False
     _done = True
-    from . import ARROW_POOL_CHOSEN
+    from .. import ARROW_POOL_CHOSEN
 
     if not ARROW_POOL_CHOSEN:  # pyarrow may have been imported first (an embedding program)
-        from .codec.arrow import use_system_pool
+        from ..codec.arrow import use_system_pool
 
         use_system_pool()
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:
@@ -105,7 +105,7 @@ def give_back() -> None:
     if _trim:
         _trim(0)
     try:
-        from .codec.arrow import release_unused
+        from ..codec.arrow import release_unused
 
         release_unused()
     except Exception:  # noqa: BLE001 -- best effort

@@ -131,7 +131,7 @@ class _Metrics:
         self.cache_skipped = Counter(
             "promaccel_cache_skipped_total", "Fetched pieces not stored, by reason", ["reason"], registry=r
         )
-        # Piece store (proxy/cache/) and request coalescing (proxy/singleflight.py).
+        # Piece store (proxy/cache/) and request coalescing (proxy/primitives/singleflight.py).
         # `store` is "memory" or "redis"; cache_errors' `op` is get, put, delete,
         # generation, invalidate, bump or lease.
         self.cache_pieces = Counter(

@@ -4,7 +4,8 @@
     payload = await flight.do(key, lambda: fetch_piece(piece))
 
 - The first caller starts `fn()` as a task; callers arriving while it runs await the same
-  task (`promaccel_coalesced_calls_total{flight}` counts them). Once it finishes the key is
+  task (`on_shared()` is called for each: the pipeline counts them in
+  `promaccel_coalesced_calls_total{flight}`). Once it finishes the key is
   forgotten: results are not cached here, that is the piece store's job.
 - An exception from `fn` reaches every waiter.
 - A waiter that is cancelled (client gone, query deadline) leaves without cancelling the
@@ -20,15 +21,14 @@ import asyncio
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
 
-from .metrics import METRICS
-
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
 class SingleFlight(Generic[K, V]):
-    def __init__(self, name: str = "piece") -> None:
+    def __init__(self, name: str = "piece", on_shared: Callable[[], None] | None = None) -> None:
         self.name = name
+        self.on_shared = on_shared
         self._calls: dict[K, asyncio.Task[V]] = {}
 
     def __len__(self) -> int:
@@ -45,8 +45,8 @@ class SingleFlight(Generic[K, V]):
             task = asyncio.ensure_future(fn())
             self._calls[key] = task
             task.add_done_callback(lambda t: self._done(key, t))
-        else:
-            METRICS.coalesced.labels(self.name).inc()
+        elif self.on_shared is not None:
+            self.on_shared()
         # shield: cancelling this waiter cancels only its wait, not the shared call.
         return await asyncio.shield(task)
 

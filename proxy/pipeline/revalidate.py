@@ -36,7 +36,7 @@ from prometheus_client import Counter
 
 from ..backends import Backend, tenancy
 from ..errors import PromError
-from ..metrics import METRICS
+from ..observe.metrics import METRICS
 
 log = logging.getLogger("promaccel.revalidate")
 
