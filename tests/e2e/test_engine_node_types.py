@@ -125,8 +125,7 @@ def _cases() -> dict[str, Case]:
                                       error("execution", "found duplicate series for the match group")),
         "group_right_wrong_side": Case(m, f"DCGM_FI_DEV_GPU_UTIL * on (Hostname) group_right {N}", ("binary",), "i",
                                        error("execution", "found duplicate series for the match group")),
-        "same_labelset_result": Case(m, f"{G} * 0 + on (Hostname) group_left {N}", ("binary",), "i",
-                                     Expect("data", also=("error",))),
+        "group_left_computed_many_side": Case(m, f"{G} * 0 + on (Hostname) group_left {N}", ("binary",)),
         # -- range functions over a selector, straddling T --------------------------------------
         "window_rate": Case(t, f"rate({C})", ("window",), "ir"),
         "window_max": Case(t, f"max_over_time({W})", ("window",), "ir"),
@@ -178,6 +177,12 @@ def _cases() -> dict[str, Case]:
         "union_window": Case(m, 'max_over_time({__name__=~"DCGM_FI_DEV_GPU_UTIL|node_load1"}[10m])', ("union",)),
         "union_at_offset": Case(m, 'sum by (__name__) ({__name__=~"DCGM_FI_DEV_GPU_UTIL|node_load1"} @ end() offset 1h)',
                                 ("union",), "ir"),
+        "subquery_time_in_inner": Case(t, "max_over_time(max by (Hostname) (time() - timestamp(DCGM_FI_DEV_GPU_TEMP))"
+                                          "[3h:5m])", ("subquery",), "ir"),
+        "subquery_absent_inner": Case(t, 'count_over_time(absent(DCGM_FI_DEV_GPU_TEMP{gpu="9"})[3h:10m])',
+                                      ("subquery",), "ir"),
+        "window_present_last": Case(t, f"present_over_time({W}) * last_over_time({W})", ("window",), "ir"),
+        "window_resets_irate": Case(t, f"resets({C}) + irate({C})", ("window",)),
         # -- a bare range selector / subquery at the top of an instant query --------------------
         "bare_range_selector": Case(t, W, ("window",)),
         "bare_range_selector_offset": Case(t, f"{W} offset 15m", ("window",)),
@@ -278,6 +283,25 @@ def _cases() -> dict[str, Case]:
         "agg_topk_with_nan": Case(m, f"topk(20, {G} ^ 0.5 - (DCGM_FI_DEV_GPU_UTIL > 90) * 0 / 0)", ("aggregate",)),
         "agg_count_values_overwrites_label": Case(m, f'count_values("Hostname", round({X}, 100))', ("aggregate",)),
         "agg_group_without_name": Case(m, f"group without (gpu, UUID, device, pci_bus_id) ({G})", ("aggregate",)),
+        # parameters at their edges, as aggregation() reads them: k truncated to an int64,
+        # k < 1 selects nothing, a quantile outside [0, 1] is -Inf/+Inf, NaN params
+        "agg_topk_fraction": Case(m, f"topk(1.7, {X})", ("aggregate",)),
+        "agg_topk_zero": Case(m, f"topk(0, {X})", ("aggregate",), "i", EMPTY),
+        "agg_bottomk_negative": Case(m, f"bottomk(-{SN}, {X})", ("aggregate",), "i", EMPTY),
+        "agg_topk_nan": Case(m, f"topk(NaN, {X})", ("aggregate",), "i",
+                             error("execution", "Scalar value NaN overflows int64")),
+        "agg_quantile_negative": Case(m, f"quantile(-0.5, {X})", ("aggregate",)),
+        "agg_quantile_nan": Case(m, f"quantile(NaN, {X})", ("aggregate",)),
+        # avg's running mean once the sum overflows (engine.go aggregation, "avg": mean += v/n - mean/n)
+        "agg_avg_overflow": Case(m, f"avg by (Hostname) ({G} * 1e306)", ("aggregate",)),
+        "agg_sum_overflow": Case(m, f"sum({G} * 1e306)", ("aggregate",)),
+        # the value as Go formats it (strconv.FormatFloat 'f', -1): no exponent, "-0", "+Inf"
+        "agg_count_values_large": Case(m, f'count_values("v", {X} * 1e6)', ("aggregate",)),
+        "agg_count_values_negative_zero": Case(m, f'count_values("v", {X} * -0)', ("aggregate",)),
+        "agg_count_values_inf": Case(m, f'count_values("v", {X} / 0)', ("aggregate",)),
+        "agg_count_values_nan": Case(m, f'count_values("v", {X} * NaN)', ("aggregate",)),
+        "agg_bottomk_range_by": Case(m, f"bottomk by (Hostname) (1, {G})", ("aggregate",), "r"),
+        "agg_by_name": Case(m, f"sum by (__name__) ({G})", ("aggregate",)),
         "agg_topk_over_int64": Case(m, f"topk(9223372036854775807, {X})", ("aggregate",), "i",
                                     error("execution", "overflows int64")),
     }
