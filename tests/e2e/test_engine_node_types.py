@@ -62,6 +62,8 @@ G = f"(DCGM_FI_DEV_POWER_USAGE * on (Hostname) group_left {N})"
 SD = "scalar(sum(DCGM_FI_DEV_POWER_USAGE))"  # a scalar from the DCGM store
 SN = "scalar(max(node_load1))"  # a scalar from the node store
 RATIO = "(sum(DCGM_FI_DEV_POWER_USAGE) / sum(node_load1))"
+HIST = (f'(label_replace({D}, "le", "+Inf", "", "") or '
+        f'label_replace(sum by (Hostname) ({N}) * 100, "le", "1000", "", ""))')
 # by_time building blocks: windows of 3h at T+2h straddle T.
 W = "DCGM_FI_DEV_GPU_TEMP[3h]"
 C = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[3h]"
@@ -202,6 +204,12 @@ def _cases() -> dict[str, Case]:
                                        ("binary",), "ir"),
         "selector_at_end_offset_join": Case(m, f"{D} - on (Hostname) label_replace(node_load1 @ end() offset 5m, "
                                                '"Hostname", "$1", "instance", "(.+):9100")', ("binary",), "ir"),
+        "selector_at_end_vs_literal": Case(t, f"sum(DCGM_FI_DEV_GPU_TEMP @ end()) - sum(DCGM_FI_DEV_GPU_TEMP @ {AT_AMP})",
+                                           ("binary",), "ir"),
+        "window_offset_join": Case(m, "sum by (Hostname) (rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[5m] offset 1h)) "
+                                      f"/ on (Hostname) {N}", ("binary",), "ir"),
+        "window_at_start_join": Case(m, "sum by (Hostname) (rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[5m] @ start())) "
+                                        f"/ on (Hostname) {N}", ("binary",), "ir"),
         "timestamp_at_start": Case(t, "max(timestamp(DCGM_FI_DEV_GPU_TEMP @ start())) - "
                                          f"min(timestamp(DCGM_FI_DEV_GPU_TEMP @ {AT_AMP}))",
                                    ("binary",), "ir"),
@@ -222,6 +230,20 @@ def _cases() -> dict[str, Case]:
         "unary_minus_pow_precedence": Case(m, f"-{X} ^ 0.5", ("binary",)),
         "compare_division_by_zero": Case(m, f"{X} / 0 > bool 1", ("binary",)),
         "nested_aggregations": Case(m, f"max(sum by (Hostname) ({G}))", ("aggregate",), "ir"),
+        # buckets from both stores: le="+Inf" from the DCGM store, le="1000" from the node one
+        "fn_histogram_quantile": Case(m, f"histogram_quantile(0.5, {HIST})", ("function",), "ir"),
+        "fn_histogram_quantile_param_other_store": Case(m, f"histogram_quantile({SN} / 10, {HIST})", ("function",)),
+        "fn_clamp_max_per_step": Case(m, f"clamp_max({D}, {SN} * 300)", ("function",), "r"),
+        "fn_day_of_month_scalar_vector": Case(m, f"day_of_month(vector({SD} * 0 + {SN} * 0 + {T}))", ("function",)),
+        "fn_absent_of_union": Case(m, 'absent({__name__=~"DCGM_FI_DEV_GPU_UTIL|node_load1"})', ("absent",), "i",
+                                   EMPTY),
+        "fn_label_replace_of_union": Case(m, 'label_replace({__name__=~"DCGM_FI_DEV_GPU_UTIL|node_load1"}, "n", "$1", '
+                                             '"__name__", "(.*)_.*")', ("union",)),
+        "mod_by_zero": Case(m, f"{D} % on (Hostname) ({N} * 0)", ("binary",)),
+        "nan_never_equal": Case(m, f"{X} / 0 * 0 == on (Hostname) ({N} / 0 * 0)", ("binary",), "i", EMPTY),
+        "nan_bool_compare": Case(m, f"{X} / 0 * 0 != bool on (Hostname) ({N} / 0 * 0)", ("binary",)),
+        "agg_by_absent_label": Case(m, f"sum by (nonexistent) ({G})", ("aggregate",)),
+        "agg_without_match_label": Case(m, f"max without (Hostname) ({X})", ("aggregate",)),
         "fn_abs": Case(m, f"abs(-{X})", ("function",), "ir"),
         "fn_sqrt_ln": Case(m, f"ln(sqrt({X}))", ("function",)),
         "fn_round_param_other_store": Case(m, f"round({D}, {SN})", ("function",), "ir"),
