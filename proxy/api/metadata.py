@@ -11,9 +11,11 @@ a plain metric name, or when there is no `match[]`) and its time window meets th
     /api/v1/metadata            per metric, the union of entries (first seen order); `limit`
                                 and `limit_per_metric` applied after the merge
 
-A backend that fails (unreachable, 5xx, throttled) is left out with a Prometheus warning
-naming it; when every backend fails, the first failure is relayed. A backend's 4xx (a bad
-`match[]`) is relayed as is: it is the client's error, not a missing backend.
+A backend that fails (unreachable, timed out, 5xx, throttled, an answer that is not JSON) is
+left out with the query path's warning naming it (`proxy/pipeline/hybrid/warnings.py`, one
+rule and one text for both); when every backend fails, the first failure is relayed. Any other
+failure (a 4xx: a bad `match[]`) is relayed as is: it is the client's error, not a missing
+backend.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from shardplanner.promql import CannotParse, parse
 from ..backends import Backend, BackendReply
 from ..errors import PromError
 from ..pipeline.hybrid.router import holdings_of
+from ..pipeline.hybrid.warnings import ALL_LOST, missing_warning, unavailable
 from .forms import Pairs
 from .responses import JSON, relay
 
@@ -122,31 +125,29 @@ async def fan_out(backends: Sequence[Backend], method: str, path: str, pairs: Pa
     outcomes = await asyncio.gather(*(one(b) for b in asked), return_exceptions=True)
     datas: list[Any] = []
     warnings: list[str] = []
-    failed: list[BackendReply | PromError] = []
+    failed: list[BackendReply | BaseException] = []
     for b, out in zip(asked, outcomes):
-        if isinstance(out, BaseException):
-            if not isinstance(out, PromError):
+        if not isinstance(out, BaseException) and out.ok:
+            try:
+                body = out.parsed if out.parsed is not None else orjson.loads(out.body)
+            except orjson.JSONDecodeError:
+                out = PromError("unavailable", f"backend {b.name!r} answered {endpoint} with invalid JSON")
+            else:
+                datas.append(body.get("data"))
+                warnings.extend(body.get("warnings") or ())
+                continue
+        # The query path's rule (`unavailable`): a backend that is down or throttled is left
+        # out with the one warning; any other failure (a bad `match[]`) is the answer.
+        why = unavailable(out)
+        if why is None:
+            if isinstance(out, BaseException):
                 raise out
-            failed.append(out)
-            warnings.append(f"promaccel: backend {b.name!r} did not answer ({out.kind}); its data is missing")
-            continue
-        if not out.ok:
-            if 400 <= out.status < 500 and out.status != 429:
-                return relay(out)
-            failed.append(out)
-            warnings.append(f"promaccel: backend {b.name!r} did not answer (HTTP {out.status}); its data is missing")
-            continue
-        try:
-            body = out.parsed if out.parsed is not None else orjson.loads(out.body)
-        except orjson.JSONDecodeError:
-            failed.append(PromError("unavailable", f"backend {b.name!r} answered with invalid JSON"))
-            warnings.append(f"promaccel: backend {b.name!r} answered with invalid JSON; its data is missing")
-            continue
-        datas.append(body.get("data"))
-        warnings.extend(body.get("warnings") or ())
+            return relay(out)
+        failed.append(out)
+        warnings.append(missing_warning((b.name,), why, ALL_LOST))
     if not datas:
         first = failed[0]
-        if isinstance(first, PromError):
+        if isinstance(first, BaseException):
             raise first
         return relay(first)
     params = {k: v for k, v in pairs}

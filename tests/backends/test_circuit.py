@@ -81,7 +81,7 @@ def test_breaker_with_zero_failures_never_opens() -> None:
 def test_a_breaker_error_only_makes_a_backends_data_missing_in_a_hybrid_overlap() -> None:
     """The hybrid path answers without a backend whose failure is `unavailable` (with a warning
     naming it): the breaker's fail-fast error is one."""
-    from proxy.pipeline.hybrid.fetch import unavailable
+    from proxy.pipeline.hybrid.warnings import unavailable
 
     b = BackendBreaker("amp", failures=1, cooldown_ms=1000)
     b.failure("HTTP 503", b.admit())

@@ -1,7 +1,7 @@
-"""A fetch's answer from the backend(s) of its route: one backend, several backends that each
-hold the same times (answers merged, `proxy/result/overlap.py`), or parts split in time
-(concatenated). A backend that is down costs its part of the answer, with a warning saying
-what is missing (never cached), when the rest of the answer can come from others.
+"""A fetch's answer from the backend(s) of the route it carries: one backend, several backends
+that each hold the same times (answers merged, `proxy/result/overlap.py`), or parts split in
+time (concatenated). A backend that is down costs its part of the answer, with a warning saying
+what is missing (never cached, `warnings.py`), when the rest of the answer can come from others.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from ...result.pieces import slice_time
 from ..ask import Asker, seconds
 from ..units import Fetch
 from ..values import Pairs, PieceFailed
-from .router import Router, missing_warning
+from .router import Router
+from .warnings import OVERLAP_LOST, lost_between, missing_warning, unavailable
 
 # Step of the range an overlap instant is asked as.
 OVERLAP_PROBE_STEP_MS = 60_000
@@ -88,8 +89,7 @@ class RouteAnswer:
                 METRICS.backend_missing.labels(route.backend).inc()
                 lo, hi = f.span.start_ms, f.span.end_ms
                 return QueryResult.empty("matrix" if f.span.is_range else "vector", warnings=[
-                    f"promaccel: backend {route.backend!r} did not answer ({why}); the data from "
-                    f"{seconds(lo or 0)} to {seconds(hi or 0)} is missing"])
+                    missing_warning(route.backends, why, lost_between(lo or 0, hi or 0))])
         if route.kind != "split_time":
             lo, hi = f.span.start_ms, f.span.end_ms
             return await self._ask_part(TimePart(lo, hi, route.backends), path, form, timeout_s, router, f.step_ms)
@@ -105,8 +105,7 @@ class RouteAnswer:
             # with a warning saying plainly what is missing (and it is never cached).
             for name in part.backends:
                 METRICS.backend_missing.labels(name).inc()
-            missing.append(f"promaccel: backend {'+'.join(map(repr, part.backends))} did not answer ({why}); "
-                           f"the data from {seconds(part.start_ms)} to {seconds(part.end_ms)} is missing")
+            missing.append(missing_warning(part.backends, why, lost_between(part.start_ms, part.end_ms)))
         if not results:
             raise failed[0][2]
         merged = results[0] if len(results) == 1 else concat(results)
@@ -157,7 +156,7 @@ class RouteAnswer:
         answers = [r for _, r in answered]
         warnings: list[str] = []
         for name, why, _ in failed:
-            warnings.append(missing_warning(name, why))
+            warnings.append(missing_warning((name,), why, OVERLAP_LOST))
             METRICS.backend_missing.labels(name).inc()
         if not answers:
             raise failed[0][2]
@@ -191,17 +190,6 @@ def survivors(outcomes: Any) -> tuple[list[tuple[Any, QueryResult]], list[tuple[
             raise out  # a bad query, an undecodable answer: as from one backend
         failed.append((key, why, out))
     return answered, failed
-
-
-def unavailable(exc: BaseException) -> str | None:
-    """Why a backend's failure only makes its data missing (unreachable, timed out, 5xx,
-    throttled past the retries); None for a failure every backend would give (bad query)."""
-    if isinstance(exc, PieceFailed):
-        status = exc.reply.status
-        return f"HTTP {status}" if status >= 500 or status == 429 else None
-    if isinstance(exc, PromError) and exc.kind in ("unavailable", "timeout"):
-        return exc.kind
-    return None
 
 
 def in_answer_order(merged: QueryResult, answers: Sequence[QueryResult]) -> QueryResult:

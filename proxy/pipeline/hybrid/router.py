@@ -17,8 +17,6 @@ evaluation timestamp. This module turns that into per-request state for the exec
 - `edge_ms`: how far an unmarked gap in one backend spoils that backend's values next to
   it (lookback + the longest range the query reads): `proxy/result/overlap.py` takes values from
   the other backend within that distance of a gap.
-- `missing_warning`: the Prometheus warning put on an answer that lacks a backend (overlap
-  merge with one backend down). An answer with a warning is never cached.
 """
 
 from __future__ import annotations
@@ -62,11 +60,6 @@ def route_id(route: Route, urls: Mapping[str, str]) -> str:
     if route.kind == "split_time":
         return "split:" + ",".join(f"{who(p.backends)}@{p.start_ms}-{p.end_ms}" for p in route.parts)
     raise ValueError("an unroutable route has no id")
-
-
-def missing_warning(backend: str, why: str) -> str:
-    return (f"promaccel: backend {backend!r} did not answer ({why}); this answer holds only "
-            "the data of the other backends for the times both hold")
 
 
 @dataclass(frozen=True, eq=False)
