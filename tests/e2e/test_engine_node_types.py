@@ -71,6 +71,7 @@ C = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[3h]"
 S = "sum by (Hostname) (DCGM_FI_DEV_GPU_TEMP)"
 AT_AMP = T - HOUR + 7  # only the first store holds it
 AT_LOCAL = T + 90 * MIN + 7  # only the second
+EDGE = T + 45 * MIN - 16  # a sample time of some series, as is EDGE - 45m
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class Case:
     forms: str = "i"  # "i" instant, "r" range, "ir" both
     expect: Expect = DATA
     window: dict[str, str] | None = None  # the range query's, when not RANGE[topology]
+    at: int | None = None  # the instant query's time, when not INSTANT[topology]
 
 
 def _cases() -> dict[str, Case]:
@@ -166,6 +168,18 @@ def _cases() -> dict[str, Case]:
         "window_absent_over_time": Case(t, 'absent_over_time(DCGM_FI_DEV_GPU_TEMP{gpu="9"}[3h])', ("absent",),
                                         "ir"),
         "window_absent_over_time_present": Case(t, f"absent_over_time({W})", ("absent",), "i", EMPTY),
+        # 2.42's windows are closed on both ends: at EDGE, samples of some series sit on the 45m
+        # window's first second (held by the first store only) or its last (the second only)
+        # -- their counts differ a second either side
+        "window_closed_edges": Case(t, "count_over_time(DCGM_FI_DEV_GPU_TEMP[45m])", ("window",), "i",
+                                    at=EDGE),
+        "window_closed_edges_rate": Case(t, "rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[45m])", ("window",), "i",
+                                         at=EDGE),
+        "subquery_closed_edges": Case(t, f"count_over_time({S}[45m:1m])", ("subquery",), "i", at=EDGE),
+        "segments_subquery_offset": Case(t, f"max_over_time({S}[1h:5m] offset 10m)", ("segments", "subquery"), "r",
+                                         window=NEAR_T),
+        "window_at_end_near_t": Case(t, "rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[2h] @ end())", ("window",), "r",
+                                     window=NEAR_T),
         # -- a range query's steps in three stretches (first store, both, second store): only
         # the middle one is evaluated here, the others routed whole
         "segments_window": Case(t, f"sum by (Hostname) (rate({C.replace('3h', '1h')}))", ("segments", "window"),
@@ -385,7 +399,7 @@ def tree_kinds(tree: dict[str, Any]) -> set[str]:
 def _forms(case: Case) -> list[tuple[str, dict[str, str]]]:
     forms = []
     if "i" in case.forms:
-        forms.append(("/api/v1/query", {"query": case.query, "time": str(INSTANT[case.topology])}))
+        forms.append(("/api/v1/query", {"query": case.query, "time": str(case.at or INSTANT[case.topology])}))
     if "r" in case.forms:
         forms.append(("/api/v1/query_range", {"query": case.query, **(case.window or RANGE[case.topology])}))
     return forms
