@@ -234,6 +234,10 @@ def _cases() -> dict[str, Case]:
                                    ("binary",), "ir"),
         # -- instant function calls ---------------------------------------------------------------
         # the "many" side's series equal once __name__ is dropped (VectorBinop's signature check)
+        # containers come and go: several per node at some steps only, and one is enough
+        "group_left_duplicates_at_some_steps": Case(
+            m, f"{N} * on (Hostname) group_left max by (Hostname, container) (DCGM_FI_DEV_GPU_UTIL)", ("binary",),
+            "ir", error("execution", "found duplicate series for the match group")),
         "group_left_many_side_collides": Case(
             m, f'{{__name__=~"DCGM_FI_DEV_GPU_UTIL|DCGM_FI_DEV_GPU_TEMP"}} * on (Hostname) group_left {N}', ("binary",),
             "i", error("execution", "multiple matches for labels: grouping labels must ensure unique matches")),
