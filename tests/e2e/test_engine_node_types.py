@@ -83,6 +83,9 @@ class Case:
     expect: Expect = DATA
     window: dict[str, str] | None = None  # the range query's, when not RANGE[topology]
     at: int | None = None  # the instant query's time, when not INSTANT[topology]
+    # The error names the series it found first, in Go map order when they come out of an
+    # aggregation (Prometheus's own text varies from run to run): compared up to the names.
+    names_in_map_order: bool = False
 
 
 def _cases() -> dict[str, Case]:
@@ -237,7 +240,7 @@ def _cases() -> dict[str, Case]:
         # containers come and go: several per node at some steps only, and one is enough
         "group_left_duplicates_at_some_steps": Case(
             m, f"{N} * on (Hostname) group_left max by (Hostname, container) (DCGM_FI_DEV_GPU_UTIL)", ("binary",),
-            "ir", error("execution", "found duplicate series for the match group")),
+            "ir", error("execution", "found duplicate series for the match group"), names_in_map_order=True),
         "group_left_many_side_collides": Case(
             m, f'{{__name__=~"DCGM_FI_DEV_GPU_UTIL|DCGM_FI_DEV_GPU_TEMP"}} * on (Hostname) group_left {N}', ("binary",),
             "i", error("execution", "multiple matches for labels: grouping labels must ensure unique matches")),
@@ -419,6 +422,15 @@ def test_the_table_covers_every_node_type() -> None:
     assert kinds <= covered, sorted(kinds - covered)
 
 
+def _up_to_names(answer: dict[str, Any], expect: Expect) -> dict[str, Any]:
+    """An error answer whose text starts with the expected one, cut there (the series it
+    names follow); any other answer as it is."""
+    text = str(answer.get("error", ""))
+    if answer.get("status") == "error" and expect.error_text and text.startswith(expect.error_text):
+        return {**answer, "error": expect.error_text}
+    return answer
+
+
 XFAIL: dict[str, str] = {}
 
 
@@ -439,8 +451,12 @@ def test_engine_node_type_answers_as_prometheus(prom: Any, stores: dict[str, Sce
             assert bumped.status_code == 200, bumped.text[:300]
             for ask, cached in (("cold", ("MISS",)), ("warm", ("HIT",))):
                 r = client.post(proxy + path, data=form)
-                problems = compare_case("engine_node_types", name, case.query, path, status, direct,
-                                        r.status_code, orjson.loads(r.content), expect=case.expect)
+                proxied = orjson.loads(r.content)
+                reference_answer = direct
+                if case.names_in_map_order:
+                    reference_answer, proxied = _up_to_names(direct, case.expect), _up_to_names(proxied, case.expect)
+                problems = compare_case("engine_node_types", name, case.query, path, status, reference_answer,
+                                        r.status_code, proxied, expect=case.expect)
                 assert problems == [], (name, path, ask, problems[:3], r.text[:300])
                 if r.status_code == 200:  # an error is not cached
                     assert r.headers.get("X-Cache") in cached, (name, path, ask, dict(r.headers))
