@@ -19,9 +19,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from shardplanner.ast import Expr
+from shardplanner.coverage import partition_window
 from shardplanner.holdings import BackendHolding, fmt_time
 from shardplanner.plan import Piece, Plan, ShardSpec
-from shardplanner.routing import DEFAULT_LOOKBACK_MS, Route, partition_window, reads
+from shardplanner.read_windows import DEFAULT_LOOKBACK_MS, reads
+from shardplanner.routing import Route
 from shardplanner.serialize import quote_string
 
 __all__ = ["REASON_CODES", "explain", "explain_text", "reason_code", "unheld_reads"]

@@ -4,7 +4,7 @@ In a hybrid fleet only a `"*"` holding can answer `{__name__=~"DCGM_FI_DEV_(GPU|
 as written: its series may be in any store. Given every store's metric names
 (`/api/v1/label/__name__/values`), the selector is the same query as one that lists the names
 it matches, `{__name__=~"DCGM_FI_DEV_GPU_UTIL|DCGM_FI_DEV_MEM_COPY_UTIL"}`, and routing reads a
-literal list as those metrics (`shardplanner.routing.listed_names`): each goes to the stores
+literal list as those metrics (`shardplanner.read_windows.listed_names`): each goes to the stores
 that hold it, and names held by different stores are a union of their answers.
 
     resolve_names(parse('{__name__=~"a.*", job="x"}'), {"ab", "ac", "b"})

@@ -2,7 +2,7 @@
 
 During a migration to AMP each backend holds some metrics for some time window. A piece can
 be answered by a backend only if that backend holds *every* sample the piece reads, so the
-unit of routing is the piece's read windows, not its evaluation range:
+unit of routing is the piece's read windows (`read_windows.py`), not its evaluation range:
 
     reads("rate(x[5m]) offset 1h", 10:00, 11:00)  ->  [("x", 08:55, 10:00)]
 
@@ -46,180 +46,29 @@ read (Prometheus 2 includes it, Prometheus 3 does not): conservative either way.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import Literal
 
-from shardplanner.ast import (
-    Agg,
-    At,
-    Binary,
-    Call,
-    Expr,
-    MatrixSel,
-    Selector,
-    Subquery,
-    children,
-    selectors,
-)
+from shardplanner.ast import Agg, Binary, Call, Expr, Subquery, children, selectors
+from shardplanner.coverage import Fleet
 from shardplanner.holdings import ALL_METRICS, BackendHolding, fmt_time
 from shardplanner.plan import Piece
 from shardplanner.promql import CannotParse, parse
+from shardplanner.read_windows import DEFAULT_LOOKBACK_MS, UNPARSED, Shape, read_shapes
 from shardplanner.serialize import to_promql
 from shardplanner.timesplit import first_grid_point_at_or_after
 
 __all__ = [
-    "DEFAULT_LOOKBACK_MS",
     "Placement",
-    "Read",
     "Route",
     "RouteKind",
+    "Segment",
     "TimePart",
-    "partition_window",
-    "reads",
     "route",
     "route_piece",
     "served_segments",
 ]
-
-DEFAULT_LOOKBACK_MS = 300_000
-
-
-# --- what a query reads --------------------------------------------------------------------
-
-
-class Read(NamedTuple):
-    """One selector's samples: metric name (None: picked by regex or not at all) and the
-    closed sample-time window `[from_ms, to_ms]` it may touch."""
-
-    metric: str | None
-    from_ms: int
-    to_ms: int
-
-
-@dataclass(frozen=True)
-class _Shape:
-    """A selector's read window as a function of the evaluation range [a, b]:
-    `[a + lo_ms, b + hi_ms]`, or the fixed `pinned` window when `@` fixes its times.
-    `name`: one of the names of a selector that names its metrics as a literal alternation
-    (`{__name__=~"a|b"}` reads a and b: one shape each)."""
-
-    selector: Selector
-    lo_ms: int
-    hi_ms: int
-    pinned: tuple[int, int] | None
-    name: str | None = None
-
-    @property
-    def metric(self) -> str | None:
-        return self.name if self.name is not None else self.selector.metric_name
-
-    @property
-    def text(self) -> str:
-        if self.selector == _UNPARSED:
-            return "the query (not parsed: it may read any metric)"
-        return to_promql(self.selector)
-
-    def window(self, a: int, b: int) -> tuple[int, int]:
-        return self.pinned if self.pinned is not None else (a + self.lo_ms, b + self.hi_ms)
-
-
-# Stands in for every selector of a query the planner cannot parse.
-_UNPARSED = Selector(None)
-
-
-def _shapes(expr: Expr, start_ms: int, end_ms: int, lookback_ms: int) -> list[_Shape]:
-    """Every selector's read shape, in print order. `@ start()` / `@ end()` resolve to
-    `start_ms` / `end_ms` (the planner pins them to the whole query's before splitting)."""
-
-    def at_ms(at: At) -> int | None:
-        if at == "start":
-            return start_ms
-        if at == "end":
-            return end_ms
-        return at
-
-    out: list[_Shape] = []
-
-    # Evaluation times of `node`: [a + lo, b + hi] for the range [a, b], or `pin` when fixed.
-    def rec(node: Expr, lo: int, hi: int, pin: tuple[int, int] | None) -> None:
-        match node:
-            case Selector():
-                _read(node, lookback_ms, lo, hi, pin)
-            case MatrixSel():
-                _read(node.selector, node.range_ms, lo, hi, pin)
-            case Subquery():
-                # Inner steps lie in [t - offset - range, t - offset] (aligned to the
-                # subquery step inside it; the bound is what matters here).
-                o, r = node.offset_ms, node.range_ms
-                at = at_ms(node.at)
-                if at is not None:
-                    pin = (at - o - r, at - o)
-                elif pin is not None:
-                    pin = (pin[0] - o - r, pin[1] - o)
-                rec(node.expr, lo - o - r, hi - o, pin)
-            case _:
-                for child in children(node):
-                    rec(child, lo, hi, pin)
-
-    def _read(sel: Selector, span: int, lo: int, hi: int, pin: tuple[int, int] | None) -> None:
-        o = sel.offset_ms
-        at = at_ms(sel.at)
-        if at is not None:
-            pin = (at - o - span, at - o)
-        elif pin is not None:
-            pin = (pin[0] - o - span, pin[1] - o)
-        names = listed_names(sel)
-        for name in names or (None,):
-            out.append(_Shape(sel, lo - o - span, hi - o, pin, name))
-
-    rec(expr, 0, 0, None)
-    return out
-
-
-_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-
-
-def listed_names(sel: Selector) -> tuple[str, ...]:
-    """The metrics a nameless selector reads when its `__name__` matcher is a literal list,
-    `{__name__=~"a|b|c"}` (PromQL regexes are anchored: exactly a, b and c); `()` otherwise."""
-    if sel.metric_name is not None or sel.or_matchers:
-        return ()
-    regexes = [m for m in sel.matchers if m.name == "__name__"]
-    if len(regexes) != 1 or regexes[0].op != "=~":
-        return ()
-    names = regexes[0].value.split("|")
-    if not all(_METRIC_NAME.fullmatch(n) for n in names):
-        return ()
-    return tuple(dict.fromkeys(names))
-
-
-def reads(
-    expr: Expr | str,
-    eval_start_ms: int,
-    eval_end_ms: int,
-    lookback_ms: int = DEFAULT_LOOKBACK_MS,
-) -> list[Read]:
-    """The samples each selector of `expr` may read when it is evaluated at every time in
-    `[eval_start_ms, eval_end_ms]` (an instant query: both the same). One `Read` per selector,
-    in print order (a metric read twice appears twice).
-
-        x                         [s, e] -> ("x", s - lookback, e)
-        rate(x[1h] offset 1d)     [s, e] -> ("x", s - 1d - 1h, e - 1d)
-        max_over_time(x[10m:1m])  [s, e] -> ("x", s - 10m - lookback, e)
-        x @ 1000 offset 5m        [s, e] -> ("x", 1000 - 5m - lookback, 1000 - 5m)  (any s, e)
-        {__name__=~"DCGM_.*"}     [s, e] -> (None, s - lookback, e)
-
-    Raises `CannotParse` for a query string the planner cannot read.
-    """
-    if eval_end_ms < eval_start_ms:
-        raise ValueError(f"eval_end_ms {eval_end_ms} is before eval_start_ms {eval_start_ms}")
-    node = parse(expr) if isinstance(expr, str) else expr
-    return [
-        Read(s.metric, *s.window(eval_start_ms, eval_end_ms))
-        for s in _shapes(node, eval_start_ms, eval_end_ms, lookback_ms)
-    ]
 
 
 # --- routes --------------------------------------------------------------------------------
@@ -363,7 +212,7 @@ def route_piece(
         step_ms = 1
     elif step_ms <= 0:
         raise ValueError(f"step_ms must be positive, got {step_ms}")
-    fleet = _Fleet(holdings)
+    fleet = Fleet(holdings)
     notes: list[str] = []
     expr: Expr | None
     if isinstance(piece_query, str):
@@ -374,10 +223,10 @@ def route_piece(
     else:
         expr = piece_query
     if expr is None:
-        shapes = [_Shape(_UNPARSED, -lookback_ms, 0, None)]
+        shapes = [Shape(UNPARSED, -lookback_ms, 0, None)]
         notes.append("query not parsed: routed as if it read every metric over the lookback")
     else:
-        shapes = _shapes(expr, start_ms, end_ms, lookback_ms)
+        shapes = read_shapes(expr, start_ms, end_ms, lookback_ms)
     if not shapes:
         return Route("single", (fleet.order[0],), notes=(*notes, "reads no series"))
 
@@ -404,7 +253,7 @@ def route_piece(
 Segment = tuple[int, int, tuple[str, ...]]
 
 
-def _segments(shapes: Sequence[_Shape], fleet: _Fleet, start_ms: int, end_ms: int, step_ms: int) -> list[Segment]:
+def _segments(shapes: Sequence[Shape], fleet: Fleet, start_ms: int, end_ms: int, step_ms: int) -> list[Segment]:
     """The step grid `start_ms + k*step_ms` (to `end_ms`) cut where the backends that hold
     every read change: `(first, last, backends)`, time order; `()` where nobody holds them
     all."""
@@ -443,42 +292,13 @@ def served_segments(
     routes the rest as usual. `[]` when some metric read is named by no backend."""
     if step_ms <= 0 or end_ms < start_ms:
         raise ValueError("a range needs start <= end and a positive step")
-    fleet = _Fleet(holdings)
-    shapes = _shapes(expr, start_ms, end_ms, lookback_ms)
+    fleet = Fleet(holdings)
+    shapes = read_shapes(expr, start_ms, end_ms, lookback_ms)
     if shapes and _unheld(shapes, fleet):
         return []
     if not shapes:
         return [(start_ms, start_ms + ((end_ms - start_ms) // step_ms) * step_ms, (fleet.order[0],))]
     return _segments(shapes, fleet, start_ms, end_ms, step_ms)
-
-
-def partition_window(holdings: Sequence[BackendHolding], metric: str | None, lo_ms: int,
-                     hi_ms: int) -> list[tuple[str, int, int]]:
-    """The closed sample window `[lo_ms, hi_ms]` of `metric` cut among the backends that hold
-    it: `(backend, from, to)` in time order, disjoint, each stretch given to the preferred
-    backend holding it (the primary where stores overlap). Stretches nobody holds are left
-    out: no backend has their samples."""
-    fleet = _Fleet(holdings)
-    cuts = {lo_ms, hi_ms + 1}
-    for name in fleet.order:
-        for s, u in fleet.windows(metric, name):
-            for c in (s, u + 1):
-                if lo_ms < c <= hi_ms:
-                    cuts.add(int(c))
-    edges = sorted(cuts)
-    out: list[tuple[str, int, int]] = []
-    for a, nxt in zip(edges, edges[1:]):
-        b = nxt - 1
-        who = next((n for n in fleet.order
-                    if any(s <= a and b <= u for s, u in fleet.windows(metric, n))), None)
-        if who is None:
-            continue
-        if out and out[-1][0] == who and out[-1][2] == a - 1:
-            out[-1] = (who, out[-1][1], b)
-        else:
-            out.append((who, a, b))
-    return out
-
 
 def route(
     piece: Piece, holdings: Sequence[BackendHolding], lookback_ms: int = DEFAULT_LOOKBACK_MS
@@ -488,108 +308,9 @@ def route(
     return route_piece(piece.query, span.start_ms, span.end_ms, holdings, lookback_ms, step_ms=span.step_ms)
 
 
-# --- the fleet: coverage per backend -------------------------------------------------------
-
-Interval = tuple[float, float]  # closed; -inf / +inf for unbounded
-_INF = float("inf")
-
-
-class _Fleet:
-    """Holdings grouped by backend name, in preference order."""
-
-    def __init__(self, holdings: Sequence[BackendHolding]) -> None:
-        if not holdings:
-            raise ValueError("no backend holdings to route to")
-        self.holdings = tuple(holdings)
-        rank: dict[str, tuple[int, int, int]] = {}
-        for i, h in enumerate(self.holdings):
-            mine = (0 if h.primary else 1, -h.priority, i)
-            rank[h.name] = min(rank.get(h.name, mine), mine)
-        self.order: tuple[str, ...] = tuple(sorted(rank, key=rank.__getitem__))
-        self._windows: dict[tuple[str | None, str | None], tuple[Interval, ...]] = {}
-
-    @staticmethod
-    def _interval(h: BackendHolding) -> Interval:
-        return (
-            -_INF if h.since_ms is None else h.since_ms,
-            _INF if h.until_ms is None else h.until_ms,
-        )
-
-    def windows(self, metric: str | None, name: str | None = None) -> tuple[Interval, ...]:
-        """Merged windows in which backend `name` (None: any backend) holds `metric`. For
-        a nameless selector, "any backend" means any at all: series matching its regex may be
-        anywhere, so only a "*" holder covering all of that time can answer it."""
-        key = (metric, name)
-        if key not in self._windows:
-            self._windows[key] = self._merged(metric, name)
-        return self._windows[key]
-
-    def _merged(self, metric: str | None, name: str | None) -> tuple[Interval, ...]:
-        spans = sorted(
-            self._interval(h)
-            for h in self.holdings
-            if (name is None or h.name == name)
-            and (h.holds_metric(metric) or (name is None and metric is None))
-        )
-        merged: list[Interval] = []
-        for s, u in spans:
-            if merged and s <= merged[-1][1] + 1:
-                merged[-1] = (merged[-1][0], max(merged[-1][1], u))
-            else:
-                merged.append((s, u))
-        return tuple(merged)
-
-    def clip(self, metric: str | None, lo: int, hi: int) -> Interval | None:
-        """The hull of the part of [lo, hi] where some backend holds `metric` (the only part a
-        backend must cover: nobody has the rest), or None when nobody holds any of it."""
-        parts = [
-            (max(lo, s), min(hi, u)) for s, u in self.windows(metric) if max(lo, s) <= min(hi, u)
-        ]
-        if not parts:
-            return None
-        return parts[0][0], parts[-1][1]
-
-    def covers(self, name: str, metric: str | None, lo: int, hi: int) -> bool:
-        clipped = self.clip(metric, lo, hi)
-        if clipped is None:
-            return True
-        return any(s <= clipped[0] and clipped[1] <= u for s, u in self.windows(metric, name))
-
-    def holders(self, metric: str | None, lo: int, hi: int) -> tuple[str, ...]:
-        return tuple(n for n in self.order if self.covers(n, metric, lo, hi))
-
-    def serving(self, shapes: Sequence[_Shape], t: int) -> tuple[str, ...]:
-        """Backends that hold every read of evaluation time `t`, preferred first. When
-        nobody holds any of it (all before every retention), the preferred backend among
-        those whose patterns name every metric read."""
-        windows = [(s.metric, *s.window(t, t)) for s in shapes]
-        if all(self.clip(m, lo, hi) is None for m, lo, hi in windows):
-            named = [n for n in self.order if all(self._names(n, m) for m, _, _ in windows)]
-            return ((named or list(self.order))[0],)
-        return tuple(
-            n for n in self.order if all(self.covers(n, m, lo, hi) for m, lo, hi in windows)
-        )
-
-    def _names(self, name: str, metric: str | None) -> bool:
-        return any(h.name == name and h.holds_metric(metric) for h in self.holdings)
-
-    def critical_times(self, shapes: Sequence[_Shape]) -> Iterator[int]:
-        """Evaluation times at which `serving` may change: where a moving read window's edge
-        crosses a holding boundary. Between two of them `serving` is constant."""
-        bounds = {h.since_ms for h in self.holdings if h.since_ms is not None}
-        bounds |= {h.until_ms + 1 for h in self.holdings if h.until_ms is not None}
-        for s in shapes:
-            if s.pinned is not None:
-                continue
-            for v in bounds:
-                for edge in (s.lo_ms, s.hi_ms):
-                    for d in (-1, 0, 1):
-                        yield v - edge + d
-
-
-def _unheld(shapes: Sequence[_Shape], fleet: _Fleet) -> Route | None:
+def _unheld(shapes: Sequence[Shape], fleet: Fleet) -> Route | None:
     """`unroutable` when some selector's metric is named by no backend's patterns."""
-    missing: list[_Shape] = []
+    missing: list[Shape] = []
     for s in shapes:
         if not any(h.holds_metric(s.metric) for h in fleet.holdings):
             if all(s.metric != m.metric for m in missing):
@@ -621,8 +342,8 @@ def _unheld(shapes: Sequence[_Shape], fleet: _Fleet) -> Route | None:
 
 def _diagnose(
     expr: Expr | None,
-    shapes: Sequence[_Shape],
-    fleet: _Fleet,
+    shapes: Sequence[Shape],
+    fleet: Fleet,
     a: int,
     b: int,
     notes: list[str],

@@ -45,8 +45,9 @@ from shardplanner.functions import unknown_names
 from shardplanner.holdings import ALL_METRICS, BackendHolding
 from shardplanner.names import NO_METRIC, fixed_names, needs_names, per_series_selector, resolve_names, with_names
 from shardplanner.plan import Plan, QueryRequest, Span
+from shardplanner.read_windows import listed_names
 from shardplanner.routing import Route as PieceRoute
-from shardplanner.routing import listed_names, served_segments
+from shardplanner.routing import served_segments
 from shardplanner.serialize import to_promql
 
 from ..backends import Backend

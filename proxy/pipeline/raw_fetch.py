@@ -2,7 +2,7 @@
 
 A range function whose window straddles two stores (AMP until 2 h ago, the local Prometheus
 since 3 h ago) cannot be asked of either. Its samples can: the window is cut among the
-stores that hold the metric (`shardplanner.routing.partition_window`: each stretch to the
+stores that hold the metric (`shardplanner.coverage.partition_window`: each stretch to the
 preferred holder, the primary where they overlap), each stretch is asked as a matrix
 selector at an instant (`x[3599999ms]` at the stretch's end returns the samples in
 [end - 3599999ms, end], both ends included as in Prometheus 2), and the stretches are
@@ -23,9 +23,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from shardplanner.ast import MatrixSel, Selector
+from shardplanner.coverage import partition_window
 from shardplanner.holdings import BackendHolding
 from shardplanner.plan import Span
-from shardplanner.routing import listed_names, partition_window
+from shardplanner.read_windows import listed_names
 from shardplanner.serialize import to_promql
 
 from ..backends import Backend

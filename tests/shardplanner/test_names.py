@@ -18,7 +18,7 @@ from shardplanner.names import (
     with_names,
 )
 from shardplanner.promql import parse
-from shardplanner.routing import listed_names
+from shardplanner.read_windows import listed_names
 from shardplanner.serialize import to_promql
 
 KNOWN = {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_FB_USED", "node_load1"}

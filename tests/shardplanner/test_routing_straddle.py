@@ -1,15 +1,14 @@
 """Pure parts of exact hybrid evaluation: the steps no single store answers
-(`served_segments`), a window's samples cut among the stores (`partition_window`), literal name
-lists in routing (`listed_names`). Selectors without a fixed name resolved against the stores'
-names: tests/shardplanner/test_names.py."""
+(`served_segments`). A window's samples cut among the stores (`partition_window`):
+tests/shardplanner/test_coverage.py; literal name lists (`listed_names`):
+tests/shardplanner/test_read_windows.py; selectors without a fixed name resolved against the
+stores' names: tests/shardplanner/test_names.py."""
 
 from __future__ import annotations
 
-import pytest
-
 from shardplanner.holdings import BackendHolding
 from shardplanner.promql import parse
-from shardplanner.routing import listed_names, partition_window, reads, route_piece, served_segments
+from shardplanner.routing import route_piece, served_segments
 
 H, M = 3_600_000, 60_000
 T = 100 * H
@@ -37,36 +36,6 @@ def test_served_segments_cut_the_grid_where_a_window_straddles() -> None:
 def test_served_segments_empty_for_a_metric_no_backend_names() -> None:
     holdings = [BackendHolding("amp", ("DCGM_.*",)), BackendHolding("local", ("node_.*",), primary=True)]
     assert served_segments(parse("rate(kube_x[5m])"), 0, H, holdings, step_ms=M) == []
-
-
-@pytest.mark.parametrize(("lo", "hi", "want"), [
-    # the overlap [T, T+30m] goes to the primary (local); amp gets what local lacks
-    (T - H, T + H, [("amp", T - H, T - 1), ("local", T, T + H)]),
-    (T - H, T - M, [("amp", T - H, T - M)]),
-    (T + M, T + 2 * H, [("local", T + M, T + 2 * H)]),
-])
-def test_partition_window_prefers_the_primary(lo: int, hi: int, want: list[tuple[str, int, int]]) -> None:
-    assert partition_window(BY_TIME, "x", lo, hi) == want
-
-
-def test_partition_window_leaves_out_time_nobody_holds() -> None:
-    gap = [BackendHolding("old", ("*",), until_ms=T), BackendHolding("new", ("*",), since_ms=T + H, primary=True)]
-    assert partition_window(gap, "x", T - H, T + 2 * H) == [("old", T - H, T), ("new", T + H, T + 2 * H)]
-    by_metric = [BackendHolding("amp", ("DCGM_.*",)), BackendHolding("local", ("node_.*",), primary=True)]
-    assert partition_window(by_metric, "DCGM_A", 0, H) == [("amp", 0, H)]
-    assert partition_window(by_metric, "other", 0, H) == []
-
-
-def test_listed_names_reads_each_name() -> None:
-    sel = parse('{__name__=~"DCGM_A|node_b", gpu="1"}')
-    assert listed_names(sel) == ("DCGM_A", "node_b")
-    assert [r.metric for r in reads(sel, 0, 0)] == ["DCGM_A", "node_b"]
-    for text in ('{__name__=~"DCGM_.*"}', '{__name__=~"a|b", __name__!="a"}', 'x{job=~"a|b"}',
-                 '{__name__!~"a|b", job="j"}'):
-        assert listed_names(parse(text)) == (), text  # a pattern, two matchers, a fixed name, a negation
-    holdings = [BackendHolding("amp", ("DCGM_.*",)), BackendHolding("local", ("node_.*",), primary=True)]
-    assert route_piece('{__name__=~"DCGM_A|DCGM_B"}', 0, 0, holdings).backends == ("amp",)
-    assert route_piece('{__name__=~"DCGM_A|node_b"}', 0, 0, holdings).kind == "unroutable"
 
 
 def test_explain_names_the_time_no_store_holds() -> None:

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING
 from shardplanner.ast import Expr
 from shardplanner.holdings import BackendHolding
 from shardplanner.plan import Span
-from shardplanner.routing import DEFAULT_LOOKBACK_MS, Route, route_piece
+from shardplanner.read_windows import DEFAULT_LOOKBACK_MS
+from shardplanner.routing import Route, route_piece
 
 from ...errors import PromError
 
