@@ -15,9 +15,9 @@ cell (`pieces.slice_time`, the window's edge cells) carries its `origin`: the ce
 and where each of its series starts in it, so it is spliced from the cell's bytes as well.
 A `Concatenation` (time pieces) says where each piece's runs go (`Concatenation.parts`).
 
-The kept bytes are bounded (MEMO_MAX_BYTES, least recently used first out) and live no
-longer than their cell (the cache reader's decoded-cell memo and the landing zone hold the
-cells). Only answers written whole take this path (up to SPLICE_MAX_SAMPLES); a heavy
+The bytes are kept only for the cells the cache reader keeps decoded (`keeps_json`: a cold
+answer's fetched cells are written for it alone), within MEMO_MAX_BYTES (least recently used
+first out), and live no longer than their cell. Only answers written whole take this path (up to SPLICE_MAX_SAMPLES); a heavy
 streamed answer's cells are never kept as bytes (scenario (e)'s memory bound).
 A cell whose samples are still packed in its cache payload is read through a cursor for
 this, and stays packed.
@@ -47,13 +47,14 @@ __all__ = ["MEMO_MAX_BYTES", "SPLICE_MAX_SAMPLES", "SampleJSON", "memo_bytes", "
 I64 = npt.NDArray[np.int64]
 U8 = npt.NDArray[np.uint8]
 
-# All cells' encoded samples together: a 16-panel dashboard's large panels are a few MB of
-# JSON each (the bench's 24 h dashboard on 2,048 GPUs: five of 4-6 MB, ~40 MB of cells' bytes
-# with their positions).
-MEMO_MAX_BYTES = 48 << 20
-# Answers up to this many samples are written whole from their cells' bytes (~40 MB of JSON
-# at most); larger ones are streamed by the encoder (a heavy raw 24 h panel: 3 M samples).
-SPLICE_MAX_SAMPLES = 1_000_000
+# All cells' encoded samples together: a dashboard's large panels are a few MB of JSON each
+# (a 256-series 1 h panel: 2-3 MB). Bounded low: what is kept here adds to the process's
+# peak (48 MiB, with answers up to 1 M samples written whole, took scenario (e)'s 20 heavy
+# queries at once from +95 to +125-140 MiB over idle, over its +116 MiB bound).
+MEMO_MAX_BYTES = 16 << 20
+# Answers up to this many samples are written whole from their cells' bytes; larger ones
+# are streamed by the encoder (responses.STREAM_ABOVE_SAMPLES, the same bound).
+SPLICE_MAX_SAMPLES = 200_000
 
 # A piece's origin is written whole when it is at most this many times the piece (or small).
 ORIGIN_MAX_RATIO = 8
@@ -96,7 +97,8 @@ class _Memos:
                     self._lru.move_to_end(id(r))
             return memo
         memo = SampleJSON(*encode_samples(*_samples_of(r)))
-        self._keep(r, memo)
+        if r.keeps_json:  # else made for this answer alone (a cold answer's fetched cells)
+            self._keep(r, memo)
         return memo
 
     def _keep(self, r: QueryResult, memo: SampleJSON) -> None:
@@ -172,9 +174,22 @@ def _copy_runs(out, dest, src, a, n):  # type: ignore[no-untyped-def]
 
 
 def spliceable(result: QueryResult) -> bool:
-    """Whether `splice_prometheus_json` writes this result (else it answers None)."""
-    return (result.result_type == "matrix" and 0 < result.n_series and result.n_samples <= SPLICE_MAX_SAMPLES
-            and _runs(result) is not None)
+    """Whether `splice_prometheus_json` writes this result (else it answers None): a matrix of
+    cells the cache reader keeps (or cut from them), whose bytes are kept or will be. A cold
+    answer's fetched cells are not: the encoder writes it as before (written once, nothing
+    to keep; their bytes and the whole answer at once cost scenario (e) ~40 MiB more)."""
+    if result.result_type != "matrix" or result.n_series == 0 or result.n_samples > SPLICE_MAX_SAMPLES:
+        return False
+    runs = _runs(result)
+    return runs is not None and all(map(_warm, runs[0]))
+
+
+def _warm(r: QueryResult) -> bool:
+    """Whether r's encoded samples are kept (or will be): r, or the cell it was cut from."""
+    if r.sample_json is not None or r.keeps_json:
+        return True
+    cell = r.origin[0]() if r.origin is not None else None
+    return cell is not None and (cell.sample_json is not None or cell.keeps_json)
 
 
 def _runs(result: QueryResult) -> tuple[list[QueryResult], I64, I64, I64, I64] | None:
@@ -186,7 +201,7 @@ def _runs(result: QueryResult) -> tuple[list[QueryResult], I64, I64, I64, I64] |
         pieces, s_start, s_len, s_piece, dest = parts
         series = np.searchsorted(result.offsets, dest, side="right") - 1
         return pieces, s_start, s_len, s_piece, series
-    if result.origin is None and result.sample_json is None:
+    if not _warm(result):
         return None  # made for this answer alone: nothing to reuse
     counts = result.counts
     series = np.flatnonzero(counts)
@@ -210,8 +225,8 @@ def _source(r: QueryResult) -> tuple[SampleJSON, I64]:
         cell = r.origin[0]()
         # The cell whole is written once for later answers, unless it is much larger than
         # this cut of it and not written yet (a whole backend answer cut for a cold query).
-        if cell is not None and (
-                cell.sample_json is not None or cell.n_samples <= ORIGIN_MAX_RATIO * r.n_samples + ORIGIN_SMALL):
+        if cell is not None and (cell.sample_json is not None or (
+                cell.keeps_json and cell.n_samples <= ORIGIN_MAX_RATIO * r.n_samples + ORIGIN_SMALL)):
             return _MEMOS.of(cell), r.origin[1]
     return _MEMOS.of(r), r.offsets[:-1]
 
@@ -252,8 +267,8 @@ def _fresh(size: int) -> U8:
 class _Buffers:
     """A few output buffers kept for the next answers (at most KEPT of at most KEEP_MAX bytes)."""
 
-    KEPT = 2
-    KEEP_MAX = 16 << 20
+    KEPT = 1
+    KEEP_MAX = 8 << 20
 
     def __init__(self) -> None:
         self._free: list[U8] = []

@@ -123,6 +123,7 @@ class DecodedCells:
         old = self._cells.pop(digest, None)
         if old is not None:
             self._samples -= old[2].n_samples
+        result.keeps_json = True  # read again by later answers: its encoded samples are kept
         self._cells[digest] = (signature[0], signature[1], result)
         self._samples += n
         while self._samples > self.max_samples:
@@ -146,7 +147,13 @@ class CacheReader:
         # next refresh's lookups of the same cells, decode each payload once; the cells this
         # process stored are not decoded at all (`DecodedCells.adopt`).
         self.decoded = DecodedCells()
-        landing.on_unland = self.decoded.adopt
+        landing.on_unland = self._adopt
+
+    def _adopt(self, digest: str, result: QueryResult) -> None:
+        pack_from = self.config.cache.pack_min_samples
+        if pack_from and result.n_samples >= pack_from:
+            return  # read back packed (cache.pack_min_samples), as before
+        self.decoded.adopt(digest, result)
 
     async def lookup(self, slots: Sequence[Slot]) -> None:
         """Fill the slots that the landing zone or the store can answer (one get_many)."""

@@ -283,12 +283,21 @@ def concat(results: Sequence[QueryResult], *, keep_first: bool = False, lazy: bo
     out_labels = None if labels is None else [labels[g] for g in kept]
     out_keys = [ckeys[g] for g in kept]
     if t is None or v is None:
-        # Several pieces stay in them too: their encoded samples are spliced (json_splice).
-        if lazy and rtype == "matrix" and (total > LAZY_ABOVE_SAMPLES or len(results) > 1):
+        # Several cells the cache reader keeps stay in them too: their encoded samples are
+        # spliced (codec/json_splice.py). A cold answer's are gathered as before.
+        if lazy and rtype == "matrix" and (total > LAZY_ABOVE_SAMPLES or (len(results) > 1 and all(map(_kept, results)))):
             return Concatenation(rtype, out_labels, offsets, warnings, infos, out_keys,  # type: ignore[arg-type]
                                  (list(results), s_start, s_len, s_piece, dest))
         t, v = _gather(results, s_start, s_len, s_piece, dest, 0, total, _cursors(results))
     return QueryResult(rtype, out_labels, offsets, t, v, warnings, infos, keys=out_keys)  # type: ignore[arg-type]
+
+
+def _kept(r: QueryResult) -> bool:
+    """Whether r is a cell the cache reader keeps, or was cut from one (`QueryResult.keeps_json`)."""
+    if r.keeps_json:
+        return True
+    cell = r.origin[0]() if r.origin is not None else None
+    return cell is not None and cell.keeps_json
 
 
 def _gather(results: Sequence[QueryResult], s_start: I64, s_len: I64, s_piece: I64, dest: I64,

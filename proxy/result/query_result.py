@@ -62,8 +62,11 @@ class QueryResult:
     # and, per series here, the index of its first sample there -- the samples are the same,
     # so the JSON encoder splices that result's encoded samples (codec/json_splice.py).
     origin: tuple[Callable[[], QueryResult | None], I64] | None = None
-    # The encoded samples of this result once an encoder made them (codec/json_splice.py).
+    # The encoded samples of this result once an encoder made them (codec/json_splice.py),
+    # kept only on results marked `keeps_json`: the cells the cache reader keeps decoded
+    # (pipeline/cache_read.py), which later answers read again.
     sample_json: Any = None
+    keeps_json: bool = False
 
     def __init__(
         self,

@@ -87,10 +87,15 @@ def test_lazy_is_the_gathered_answer(seed: int, n_pieces: int, window: int, batc
 def test_small_answers_and_other_types_are_gathered_at_once() -> None:
     rng = random.Random(1)
     pieces = time_pieces(fleet(rng, 10, 20), 3, rng)
-    # Under LAZY_ABOVE_SAMPLES: one piece is gathered; several stay in their pieces, whose
-    # encoded samples the JSON writer splices (codec/json_splice.py).
+    # Under LAZY_ABOVE_SAMPLES: gathered, unless they are several cells the cache reader keeps,
+    # whose encoded samples the JSON writer splices (codec/json_splice.py).
+    assert type(concat(pieces, lazy=True)) is QueryResult
+    for p in pieces:
+        p.keeps_json = True
     assert type(concat(pieces[:1], lazy=True)) is QueryResult
     assert isinstance(concat(pieces, lazy=True), Concatenation)
+    for p in pieces:
+        p.keeps_json = False
     with mock.patch.object(concat_mod, "LAZY_ABOVE_SAMPLES", 0):
         assert isinstance(concat(pieces, lazy=True), Concatenation)
         assert type(concat(pieces)) is QueryResult  # not asked for

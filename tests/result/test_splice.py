@@ -39,7 +39,10 @@ def cells_of(whole: QueryResult, n: int, rng: random.Random) -> list[QueryResult
     last = int(whole.t_ms.max()) if whole.n_samples else T0
     size = max(1, (last - T0) // STEP // n + 1) * STEP
     bounds = [(T0 + k * size, T0 + (k + 1) * size - 1) for k in range(n)]
-    return split_time(whole, bounds)
+    cells = split_time(whole, bounds)
+    for c in cells:
+        c.keeps_json = True  # as the cache reader marks the cells it keeps decoded
+    return cells
 
 
 def window(cells: list[QueryResult], lo: int, hi: int) -> list[QueryResult]:
@@ -185,6 +188,8 @@ def test_packed_cells_are_spliced_and_stay_packed() -> None:
     rng = random.Random(11)
     whole = fleet(rng, 40, 60)
     cells = [c.to_packed("lz4", 1) if c.n_samples else c for c in cells_of(whole, 3, rng)]
+    for c in cells:
+        c.keeps_json = True
     assert any(c.packed_samples() is not None for c in cells)
     lo, hi = T0 + 5 * STEP, T0 + 50 * STEP
     want = encode_prometheus_json(concat(window(cells_of(whole, 3, rng), lo, hi)))
@@ -202,24 +207,6 @@ def test_packed_cells_are_spliced_and_stay_packed() -> None:
             assert c.sample_json is not None
 
 
-def test_large_answers_of_cells_are_written_whole_others_streamed(monkeypatch: pytest.MonkeyPatch) -> None:
-    from proxy.api import responses
-
-    monkeypatch.setattr(responses, "STREAM_ABOVE_SAMPLES", 10)
-    rng = random.Random(13)
-    cells = cells_of(fleet(rng, 30, 60), 4, rng)
-    want = encode_prometheus_json(concat(cells))
-    of_cells = concat(cells, lazy=True)
-    assert of_cells.n_samples > 10
-    assert isinstance(json_response(of_cells, {}, gzip_ok=True), responses._Written)
-    assert isinstance(json_response(concat(cells), {}, gzip_ok=True), responses._Stream)  # made for one answer
-    monkeypatch.setattr(json_splice, "SPLICE_MAX_SAMPLES", 10)
-    assert isinstance(json_response(concat(cells, lazy=True), {}, gzip_ok=True), responses._Stream)
-    assert splice_prometheus_json(of_cells) is None
-    monkeypatch.undo()
-    assert splice_prometheus_json(of_cells) == want
-
-
 @pytest.mark.parametrize("size", [0, 1000, (1 << 20) - 1, 1 << 20, 3_000_001])
 def test_gzip_in_halves_is_one_member_every_reader_reads(size: int) -> None:
     from proxy.api.compress import gzip_bytes
@@ -232,3 +219,19 @@ def test_gzip_in_halves_is_one_member_every_reader_reads(size: int) -> None:
     assert d.decompress(body) + d.flush() == data and d.eof and not d.unused_data  # one member
     decoded = httpx.Response(200, headers={"Content-Encoding": "gzip"}, content=body)
     assert decoded.read() == data
+
+
+def test_cells_made_for_one_answer_are_encoded() -> None:
+    """A cold answer's fetched cells (not kept by the cache reader): the encoder writes it,
+    nothing is kept."""
+    rng = random.Random(17)
+    cells = cells_of(fleet(rng, 20, 60), 3, rng)
+    for c in cells:
+        c.keeps_json = False
+    before = memo_bytes()
+    answer = concat(window(cells, T0 + 3 * STEP, T0 + 55 * STEP), lazy=True)
+    assert not isinstance(answer, Concatenation) and answer.n_samples  # gathered as before
+    assert splice_prometheus_json(answer) is None
+    assert all(c.sample_json is None for c in cells) and memo_bytes() == before
+    cells[1].keeps_json = True  # one cell kept: still not all of them
+    assert splice_prometheus_json(concat(window(cells, T0 + 3 * STEP, T0 + 55 * STEP), lazy=True)) is None
