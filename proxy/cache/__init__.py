@@ -7,6 +7,8 @@
     store.py         PieceStore, the interface every store implements
     memory.py        the in-process LRU store
     redis_store.py   the Redis / Redis Cluster store
+    redis_invalidation.py  its generation, per-metric invalidation indexes and marker
+    shared_reads.py  concurrent lookups of the same keys share one read
     redis_client.py  Redis connections (the only importer of `redis`)
     leases.py        fetch leases in Redis (one process of all sharing it fetches a piece)
     breaker.py       the Redis store's circuit breaker (the product's one, primitives/breaker.py)

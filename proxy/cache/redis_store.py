@@ -6,11 +6,10 @@ back-off, and the store recovers by itself. Concurrent lookups of the same keys 
 read (`promaccel_coalesced_calls_total{flight="cache_read"}`), from a bounded blocking
 connection pool, under deadlines that count the event loop's idle time (`deadline.py`).
 
-Invalidation indexes: one sorted set per metric and generation, members
-`<start_ms>:<end_ms>:<sha>` scored by expiry and trimmed on every write. The generation is
-`INCR promaccel:generation`, which every proxy re-reads at most every
-`generation_refresh_ms`; the invalidation marker is `promaccel:invalidated_at`. A put that
-sees the marker move while it writes deletes what it wrote.
+The generation, the invalidation indexes (one sorted set per metric and generation) and the
+invalidation marker are `redis_invalidation.RedisInvalidation`'s; the sharing of reads in
+flight is `shared_reads.SharedReads`'s. A put that sees the marker move while it writes
+deletes what it wrote.
 
 Fetch leases (`leases.py`, `store.leases`): of the processes sharing the Redis, one fetches a
 piece missing from the cache while the others wait for it. The lease commands run through this
@@ -36,17 +35,16 @@ from .bound import PayloadLimits
 from .breaker import CircuitBreaker
 from .deadline import idle_timeout
 from .frame import DEFAULT_KEY, encode_value
-from .keys import KEY_PREFIX, CacheItem, CacheKey, Payload
+from .keys import CacheItem, CacheKey, Payload
 from .leases import RedisLeases
 from .redis_client import connect, redact_url
-from .store import ANY_METRIC, PieceStore, describe
+from .redis_invalidation import RedisInvalidation
+from .shared_reads import SharedReads
+from .store import PieceStore, describe
 
-__all__ = ["GENERATION_KEY", "INVALIDATED_AT_KEY", "RedisStore"]
+__all__ = ["RedisStore"]
 
 log = logging.getLogger("promaccel.cache")
-
-GENERATION_KEY = "promaccel:generation"
-INVALIDATED_AT_KEY = "promaccel:invalidated_at"
 
 _T = TypeVar("_T")
 _FAILED: Any = object()
@@ -117,19 +115,14 @@ class RedisStore(PieceStore):
         self._timeout_s = timeout_ms / 1000
         self._per_key_s = timeout_per_key_ms / 1000
         self._max_wait_s = max(max_wait_ms, timeout_ms) / 1000
-        # Reads in flight, per key digest: a lookup for a key that another lookup is reading
-        # right now waits for that read (50 users on one dashboard: one MGET, not 50).
-        self._reads: dict[str, asyncio.Future[Payload | None]] = {}
-        self._read_tasks: set[asyncio.Task[None]] = set()
+        # A lookup for a key that another lookup is reading right now waits for that read.
+        self._reads = SharedReads(self._read)
         self._put_timeout_s = put_timeout_ms / 1000
         self._admin_timeout_s = admin_timeout_ms / 1000
-        self._gen_refresh_s = generation_refresh_ms / 1000
-        self._index_ttl_ms = index_ttl_ms
-        self._skew_ms = skew_ms
-        self._clock = clock
+        self._index = RedisInvalidation(self._client, generation_refresh_ms=generation_refresh_ms,
+                                        index_ttl_ms=index_ttl_ms, skew_ms=skew_ms, clock=clock,
+                                        marked=self._reads.forget)
         self.breaker = CircuitBreaker(breaker_failures, breaker_backoff_ms, breaker_max_backoff_ms)
-        self._generation = 0
-        self._gen_read_at: float | None = None
         self._ping: tuple[float, dict[str, Any]] | None = None  # (monotonic, health's ping result)
         self._last_error: dict[str, Any] | None = None
         self.leases = RedisLeases(self)
@@ -143,7 +136,7 @@ class RedisStore(PieceStore):
 
     async def generation(self) -> int:
         """The current generation (re-read at most every `generation_refresh_ms`)."""
-        return await self._current_generation()
+        return await self._index.current()
 
     async def guarded(self, op: str, fn: Callable[[], Awaitable[_T]]) -> _T | None:
         """fn() within a small call's deadline in loop idle time, behind the breaker; None
@@ -195,29 +188,10 @@ class RedisStore(PieceStore):
             log.warning("redis cache %s failed: %s", op, describe(exc))
             raise PromError("unavailable", f"cache {op} failed: {describe(exc)}") from exc
 
-    # Generation -------------------------------------------------------------------------
-
-    def _take_generation(self, raw: bytes | None) -> tuple[int, bool]:
-        """Adopt the remote generation; never go backwards. Returns (generation, lost)
-        where lost means the remote key is gone (restart, eviction) and must be restored."""
-        remote = int(raw) if raw is not None else 0
-        self._generation = max(self._generation, remote)
-        self._gen_read_at = time.monotonic()
-        return self._generation, raw is None and self._generation > 0
-
-    async def _current_generation(self) -> int:
-        read_at = self._gen_read_at
-        if read_at is not None and time.monotonic() - read_at < self._gen_refresh_s:
-            return self._generation
-        gen, lost = self._take_generation(await self._client.get(GENERATION_KEY))
-        if lost:
-            await self._client.set(GENERATION_KEY, gen, nx=True)
-        return gen
-
     # Reads ------------------------------------------------------------------------------
 
     def storage_key(self, key: CacheKey) -> str:
-        return key.redis_key(self._generation)
+        return key.redis_key(self._index.known)
 
     async def get_many(self, keys: Sequence[CacheKey]) -> list[Payload | None]:
         """Keys another lookup is reading right now are awaited from that read; the rest
@@ -225,57 +199,25 @@ class RedisStore(PieceStore):
         that gives up does not fail the lookups that joined its read."""
         if not keys:
             return []
-        loop = asyncio.get_running_loop()
-        futs: list[asyncio.Future[Payload | None]] = []
-        mine: dict[str, tuple[CacheKey, asyncio.Future[Payload | None]]] = {}
-        joined = 0
-        for k in keys:
-            fut = self._reads.get(k.digest)
-            if fut is None:
-                fut = self._reads[k.digest] = loop.create_future()
-                mine[k.digest] = (k, fut)
-            else:
-                joined += 1
-            futs.append(fut)
-        if joined:
-            METRICS.coalesced.labels("cache_read").inc(joined)
-        if mine:
-            task = loop.create_task(self._read([k for k, _ in mine.values()], [f for _, f in mine.values()]))
-            self._read_tasks.add(task)
-            task.add_done_callback(self._read_tasks.discard)
-        # asyncio.wait, not gather: a caller cancelled here must not cancel shared reads.
-        await asyncio.wait(set(futs))
-        out = [f.result() for f in futs]
+        out = await self._reads.get_many(keys)
         self._count_payloads(out)
         return out
 
-    async def _read(self, keys: list[CacheKey], futs: list[asyncio.Future[Payload | None]]) -> None:
-        """One batched read; resolves every future (None on any failure), never raises."""
-        out: list[Payload | None] = [None] * len(keys)
-        try:
-            deadline_s = self._timeout_s + self._per_key_s * len(keys)
-            fetched = await self._guarded("get", deadline_s, lambda: self._mget(keys), idle_deadline=True)
-            if fetched is not _FAILED:
-                skeys, values = fetched
-                out, bad = self.verify(keys, skeys, values)
-                if bad:
-                    self._spawn_read_task(self._guarded("delete", self._timeout_s, lambda: self._unlink(bad)))
-        except BaseException:  # noqa: BLE001 -- cancelled at shutdown: the waiters read misses
-            pass
-        finally:
-            for k, fut, payload in zip(keys, futs, out):
-                if self._reads.get(k.digest) is fut:
-                    del self._reads[k.digest]
-                if not fut.done():
-                    fut.set_result(payload)
-
-    def _spawn_read_task(self, coro: Awaitable[Any]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._read_tasks.add(task)
-        task.add_done_callback(self._read_tasks.discard)
+    async def _read(self, keys: list[CacheKey]) -> list[Payload | None]:
+        """One batched read, checked (`verify`); None for every key on any failure. Bad
+        entries are unlinked in the background."""
+        deadline_s = self._timeout_s + self._per_key_s * len(keys)
+        fetched = await self._guarded("get", deadline_s, lambda: self._mget(keys), idle_deadline=True)
+        if fetched is _FAILED:
+            return [None] * len(keys)
+        skeys, values = fetched
+        out, bad = self.verify(keys, skeys, values)
+        if bad:
+            self._reads.spawn(self._guarded("delete", self._timeout_s, lambda: self._unlink(bad)))
+        return out
 
     async def _mget(self, keys: Sequence[CacheKey]) -> tuple[list[str], list[bytes | None]]:
-        gen = await self._current_generation()
+        gen = await self._index.current()
         skeys = [k.redis_key(gen) for k in keys]
         if self.cluster:
             values = await self._client.mget_nonatomic(skeys)
@@ -303,34 +245,12 @@ class RedisStore(PieceStore):
                                 max_wall_s=max(self._max_wait_s, 5 * self._put_timeout_s))
 
     async def _put(self, items: list[CacheItem]) -> None:
-        """One round trip: [GET marker, index updates, SETs, GET marker]. Entries fetched
-        before the marker read first, or all of them when the marker moved while the
-        pipeline ran (an invalidation interleaved with it and may have scanned the indexes
-        before our entries were in them), are unlinked again; an invalidation that sets
-        the marker after the last GET scans indexes that already hold our entries."""
-        gen = await self._current_generation()
-        now = self._clock()
-        index_ttl = max(self._index_ttl_ms, *(it.ttl_ms or 0 for it in items))
-        by_metric: dict[str, dict[str, int]] = {}
+        """One round trip: [GET marker, index updates, SETs, GET marker]; what raced an
+        invalidation is unlinked again (`RedisInvalidation.raced`)."""
+        gen = await self._index.current()
         skeys: list[str] = []
         pipe = self._client.pipeline(transaction=False)
-        pipe.get(INVALIDATED_AT_KEY)
-        for it in items:
-            expires = now + (it.ttl_ms or 0)
-            member = f"{it.meta.start_ms}:{it.meta.end_ms}:{it.key.digest}"
-            for metric in it.meta.metrics or (ANY_METRIC,):
-                members = by_metric.setdefault(metric, {})
-                members[member] = max(expires, members.get(member, 0))
-        metrics_key = f"{KEY_PREFIX}:g{gen}:metrics"
-        for metric, members in by_metric.items():
-            idx = f"{KEY_PREFIX}:g{gen}:m:{metric}"
-            pipe.zadd(idx, members)
-            pipe.zremrangebyscore(idx, "-inf", now)
-            pipe.pexpire(idx, index_ttl)
-        # GT keeps the latest expiry of each metric (and still adds new ones).
-        pipe.zadd(metrics_key, {m: max(ms.values()) for m, ms in by_metric.items()}, gt=True)
-        pipe.zremrangebyscore(metrics_key, "-inf", now)
-        pipe.pexpire(metrics_key, index_ttl)
+        self._index.write_indexes(pipe, gen, items)
         written = 0
         for it in items:
             skey = it.key.redis_key(gen)
@@ -338,16 +258,9 @@ class RedisStore(PieceStore):
             pipe.set(skey, value, px=it.ttl_ms)
             skeys.append(skey)
             written += len(value)
-        pipe.get(INVALIDATED_AT_KEY)
+        self._index.read_marker(pipe)
         replies = await pipe.execute()
-        marker_before, marker_after = replies[0], replies[-1]
-        if marker_after != marker_before:
-            doomed = skeys
-        elif marker_before is not None:
-            cut = int(marker_before) + self._skew_ms
-            doomed = [k for k, it in zip(skeys, items) if it.meta.fetched_at_ms < cut]
-        else:
-            doomed = []
+        doomed = self._index.raced(replies[0], replies[-1], skeys, items)
         if doomed:
             await self._unlink(doomed)
             self._count_put("raced", len(doomed))
@@ -363,64 +276,16 @@ class RedisStore(PieceStore):
         start_ms: int | None = None,
         end_ms: int | None = None,
     ) -> int:
-        dropped = await self._admin("invalidate", lambda: self._invalidate(metric_names, start_ms, end_ms))
+        dropped = await self._admin("invalidate", lambda: self._index.invalidate(metric_names, start_ms, end_ms))
         self._n["invalidated"] += dropped
         METRICS.cache_invalidated.labels(self.kind).inc(dropped)
         return dropped
 
-    async def _invalidate(
-        self, metric_names: Sequence[str] | None, start_ms: int | None, end_ms: int | None
-    ) -> int:
-        # The marker first: puts of pieces fetched before now are dropped from here on.
-        await self._client.set(INVALIDATED_AT_KEY, self._clock())
-        self._reads.clear()  # lookups from now on read afresh
-        self._gen_read_at = None
-        gen = await self._current_generation()
-        if metric_names is None:
-            names = [m.decode() for m in await self._client.zrange(f"{KEY_PREFIX}:g{gen}:metrics", 0, -1)]
-        else:
-            names = list(metric_names)
-        if ANY_METRIC not in names:
-            names.append(ANY_METRIC)
-        doomed: set[str] = set()
-        stale_members: dict[str, list[bytes]] = {}
-        for metric in names:
-            idx = f"{KEY_PREFIX}:g{gen}:m:{metric}"
-            async for member, _score in self._client.zscan_iter(idx, count=1000):
-                start_s, end_s, digest = member.decode().split(":", 2)
-                if (end_ms is None or int(start_s) <= end_ms) and (start_ms is None or int(end_s) >= start_ms):
-                    doomed.add(f"{KEY_PREFIX}:g{gen}:{digest}")
-                    stale_members.setdefault(idx, []).append(member)
-        dropped = 0
-        doomed_list = sorted(doomed)
-        for i in range(0, len(doomed_list), 1000):
-            pipe = self._client.pipeline(transaction=False)
-            for skey in doomed_list[i : i + 1000]:
-                pipe.execute_command("UNLINK", skey)
-            dropped += sum(int(r) for r in await pipe.execute())
-        for idx, members in stale_members.items():
-            for i in range(0, len(members), 1000):
-                await self._client.zrem(idx, *members[i : i + 1000])
-        return dropped
-
     async def bump_generation(self) -> int:
-        async def bump() -> int:
-            await self._client.set(INVALIDATED_AT_KEY, self._clock())
-            self._reads.clear()  # lookups from now on read afresh
-            gen = int(await self._client.incr(GENERATION_KEY))
-            if gen <= self._generation:
-                # The key was lost (restart, eviction) while we knew a higher number.
-                gen = self._generation + 1
-                await self._client.set(GENERATION_KEY, gen)
-            self._generation = gen
-            self._gen_read_at = time.monotonic()
-            return gen
-
-        return await self._admin("bump", bump)
+        return await self._admin("bump", self._index.bump)
 
     async def aclose(self) -> None:
-        for task in list(self._read_tasks):
-            task.cancel()
+        self._reads.cancel()
         try:
             await self._client.aclose()
         except Exception as exc:  # closing a broken connection must not fail shutdown
@@ -452,6 +317,6 @@ class RedisStore(PieceStore):
             **super().stats(),
             "url": redact_url(self.url),
             "cluster": self.cluster,
-            "generation": self._generation,
+            "generation": self._index.known,
             "breaker_open": self.breaker.is_open,
         }
