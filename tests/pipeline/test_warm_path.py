@@ -139,7 +139,7 @@ def test_malloc_tuning_is_on_by_default_and_applied_once(monkeypatch: pytest.Mon
     import pyarrow as pa
 
     import proxy
-    from proxy import memory
+    from proxy.runtime import memory
 
     glibc = hasattr(ctypes.CDLL(None), "mallopt")
     before = pa.default_memory_pool()
@@ -174,7 +174,7 @@ def test_malloc_tuning_is_on_by_default_and_applied_once(monkeypatch: pytest.Mon
 def test_memory_is_given_back_after_a_large_answer_at_most_once_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
     import asyncio
 
-    from proxy import memory
+    from proxy.runtime import memory
     from proxy.pipeline import answer_bytes
 
     memory.give_back()  # glibc's malloc_trim and Arrow's release_unused: callable here
@@ -345,7 +345,7 @@ def test_memory_tuning_and_give_back_start_no_process(monkeypatch: pytest.Monkey
     of a burst (seen as a +250 MiB spike of the process tree). Neither path may start one."""
     import subprocess
 
-    from proxy import memory
+    from proxy.runtime import memory
 
     started: list[object] = []
 
