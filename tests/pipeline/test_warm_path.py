@@ -174,8 +174,8 @@ def test_malloc_tuning_is_on_by_default_and_applied_once(monkeypatch: pytest.Mon
 def test_memory_is_given_back_after_a_large_answer_at_most_once_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
     import asyncio
 
-    from proxy.runtime import memory
     from proxy.pipeline import answer_bytes
+    from proxy.runtime import memory
 
     memory.give_back()  # glibc's malloc_trim and Arrow's release_unused: callable here
     started: list[str] = []
