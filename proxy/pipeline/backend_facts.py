@@ -7,13 +7,14 @@ Two facts shape how promaccel evaluates PromQL the way the backend would:
   `ev.defaultEvalInterval`; 1m by default, often 30s); promaccel uses the primary's when it
   evaluates such a subquery itself (a cross-store query). The config is scanned for the one
   key of its `global:` block, never parsed as YAML (a hostile backend's YAML could expand
-  without bound). Not said (AMP has no status/config, a config without the key): 1m,
-  Prometheus's default.
+  without bound). Not said (a config without the key): 1m, Prometheus's default; AMP (`kind:
+  amp`) has no status/config and is not asked.
 - the Go version it is built with (`/api/v1/status/buildinfo` `goVersion`; `version` is kept
   beside it): the regexp dialect of its `=~` / `!~` matchers and label_replace
   (`shardplanner.promql.Dialect`; Go 1.22 added the named group `(?<name>...)`). Not said
-  (AMP has no buildinfo, a buildinfo without `goVersion`): Go 1.19, Prometheus 2.42's, the
-  conservative dialect -- a query whose regex it rejects is left to the backend.
+  (a buildinfo without `goVersion`; AMP, which has no buildinfo and is not asked): Go 1.19,
+  Prometheus 2.42's, the conservative dialect -- a query whose regex it rejects is left to
+  the backend.
 
 Each fact is one small call per backend, kept by the discovery component (`discovery.py`:
 concurrent askers share one call; refreshed in the background after FACTS_TTL_MS, so an
@@ -139,12 +140,16 @@ class BackendFacts:
         return (await self.build(backend)).dialect
 
     async def _fetch_interval(self, backend: Backend) -> int:
+        if backend.cfg.kind == "amp":
+            return DEFAULT_EVALUATION_INTERVAL_MS  # AMP has no status/config: not asked (a 404 per process)
         path = "/api/v1/status/config"
         reply = await backend.request("GET", path, timeout_s=FACT_TIMEOUT_S, endpoint=path,
                                       max_body_bytes=CONFIG_BODY_MAX)
         return _config_interval(reply.body) if _answered(reply.status) else _failed(backend, path, reply.status)
 
     async def _fetch_build(self, backend: Backend) -> BuildInfo:
+        if backend.cfg.kind == "amp":
+            return BuildInfo()  # AMP has no buildinfo: the conservative dialect, not asked
         path = "/api/v1/status/buildinfo"
         reply = await backend.request("GET", path, timeout_s=FACT_TIMEOUT_S, endpoint="buildinfo",
                                       max_body_bytes=FACT_BODY_MAX)

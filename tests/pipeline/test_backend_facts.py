@@ -180,3 +180,18 @@ def test_a_query_no_dialect_reads_differently_asks_nothing() -> None:
         assert plan.expr is not None and primary.asked(BUILDINFO) == 0
 
     asyncio.run(main())
+
+
+def test_an_amp_backend_is_never_asked_for_facts() -> None:
+    """AMP (`kind: amp`) has neither status/config nor buildinfo: the defaults, without the
+    404 a call would cost per process (and per throttled retry)."""
+
+    async def main() -> None:
+        amp = FactsBackend({BUILDINFO: (200, buildinfo()), CONFIG: (200, config("30s"))})
+        amp.cfg = amp.cfg.model_copy(update={"kind": "amp"})
+        facts = BackendFacts()
+        assert await facts.dialect(amp) == DEFAULT_DIALECT  # type: ignore[arg-type]
+        assert await facts.evaluation_interval_ms(amp) == DEFAULT_EVALUATION_INTERVAL_MS  # type: ignore[arg-type]
+        assert amp.calls == []
+
+    asyncio.run(main())
