@@ -431,15 +431,7 @@ def _up_to_names(answer: dict[str, Any], expect: Expect) -> dict[str, Any]:
     return answer
 
 
-XFAIL: dict[str, str] = {}
-
-
-def _params() -> list[Any]:
-    return [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=XFAIL[name])) if name in XFAIL else name
-            for name in CASES]
-
-
-@pytest.mark.parametrize("name", _params())
+@pytest.mark.parametrize("name", list(CASES))
 def test_engine_node_type_answers_as_prometheus(prom: Any, stores: dict[str, Scenario], name: str) -> None:
     case = CASES[name]
     proxy = stores[case.topology].proxy.url
