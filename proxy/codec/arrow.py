@@ -31,12 +31,12 @@ import pyarrow as pa
 from numba import njit
 
 from proxy.result import QueryResult
-from proxy.result.concat import _increasing_within
+from proxy.result.concat import increasing_within
 from proxy.result.query_result import LazySamples
 
 from .errors import MalformedAnswer
-from .json_decode import _LABEL_CACHE, _SlowPath
-from .json_scan import _array_element_spans
+from .json_decode import LABEL_CACHE, SlowPath
+from .json_scan import array_element_spans
 
 __all__ = ["PackedPiece", "encode_arrow_stream", "from_ipc_bytes", "from_table", "release_unused", "to_ipc_bytes",
            "to_ipc_view", "to_table", "use_system_pool"]
@@ -276,7 +276,7 @@ class PackedPiece(LazySamples):
     @classmethod
     def of(cls, r: QueryResult, payload: bytes | memoryview) -> PackedPiece:
         """`r`, just decoded from `payload`, with its samples let go."""
-        if not _increasing_within(r.t_ms, r.offsets):
+        if not increasing_within(r.t_ms, r.offsets):
             raise MalformedAnswer("bad promaccel result table: a series is not in time order")
         counts = r.counts
         starts = r.offsets[:-1]
@@ -382,7 +382,7 @@ class _Cursor:
 class _LabelLists:
     """Label list JSON of cached pieces -> its keys (and its label block, when small). The
     pieces of one panel mostly carry the very same series list from refresh to refresh:
-    split it once. The keys are the shared ones (`_LABEL_CACHE.intern`): an entry costs a
+    split it once. The keys are the shared ones (`LABEL_CACHE.intern`): an entry costs a
     list of references, not the list's JSON again (the hour cells of a 2,048-GPU raw panel
     kept ~9 MB of it, issue 15). Bounded by the bytes of JSON listed (cleared when full);
     values are never mutated, and callers get their own copies of the lists."""
@@ -468,7 +468,7 @@ def _canonical_label_list(raw: bytes, stored: bytes, max_series: int) -> Any:
     n_max = min(n_fit, max_series + 1)
     starts = np.empty(n_max, dtype=np.int64)
     ends = np.empty(n_max, dtype=np.int64)
-    n = _array_element_spans(buf, starts, ends) if len(raw) > 2 else 0
+    n = array_element_spans(buf, starts, ends) if len(raw) > 2 else 0
     if n > max_series or (n < 0 and n_max < n_fit):
         raise ValueError("more label sets than the table's rows allow")
     if n < 0:
@@ -478,8 +478,8 @@ def _canonical_label_list(raw: bytes, stored: bytes, max_series: int) -> Any:
         return None  # not a list of objects
     keys = [raw[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
     try:
-        _LABEL_CACHE.intern(keys)
-    except _SlowPath:
+        LABEL_CACHE.intern(keys)
+    except SlowPath:
         return None
     _LABEL_LISTS.put(stored, keys, (raw, starts, ends))
     return keys, (raw, starts, ends)

@@ -25,12 +25,12 @@ import orjson
 from proxy.result import QueryResult
 
 from .errors import MalformedAnswer, Undecodable
-from .json_scan import _lit, _parse_series_list, _scan_members, _skip_value
+from .json_scan import literal_bytes, parse_series_list, scan_members, skip_value
 
 __all__ = ["decode_prometheus_json"]
 
 
-class _SlowPath(Exception):
+class SlowPath(Exception):
     pass
 
 
@@ -42,20 +42,20 @@ def decode_prometheus_json(body: bytes | bytearray) -> QueryResult:
     successful query answer."""
     try:
         return _decode_fast(body)
-    except _SlowPath:
+    except SlowPath:
         return _decode_slow(body)
 
 
-_K_DATA = _lit(b"data")
-_K_RESULT = _lit(b"result")
-_K_NONE = _lit(b"")
+_K_DATA = literal_bytes(b"data")
+_K_RESULT = literal_bytes(b"result")
+_K_NONE = literal_bytes(b"")
 
 
 def _collect(body: bytes | bytearray, rows: Any, k: int, into: dict[bytes, tuple[int, int]]) -> None:
     for ks, ke, vs, ve in rows[:k].tolist():
         key = bytes(body[ks:ke])
         if key in into or b"\\" in key:
-            raise _SlowPath
+            raise SlowPath
         into[key] = (vs, ve)
 
 
@@ -104,7 +104,7 @@ class _LabelSets:
 
     def intern(self, spans: list[bytes]) -> None:
         """Each span in the list replaced by the kept key of its JSON (new ones kept). Raises
-        _SlowPath for a new span that is not UTF-8 (its dict could not be parsed later)."""
+        SlowPath for a new span that is not UTF-8 (its dict could not be parsed later)."""
         self._take(spans, parse=False)
 
     def lookup(self, spans: list[bytes]) -> list[dict[str, str]]:
@@ -127,7 +127,7 @@ class _LabelSets:
                         if not spans[i].isascii():
                             spans[i].decode()
             except (orjson.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise _SlowPath from exc
+                raise SlowPath from exc
             self._room(len(todo), (4 if parse else 1) * sum(len(spans[i]) for i in todo))
             share = self.values.setdefault
             for j, i in enumerate(todo):
@@ -148,12 +148,12 @@ def labels_of_keys(keys: list[bytes]) -> list[dict[str, str]]:
     """The label dicts of canonical keys (`QueryResult.labels` of a result made from its
     keys): looked up in, or parsed into, the shared table."""
     try:
-        return _LABEL_CACHE.lookup(list(keys))
-    except _SlowPath:  # keys are checked UTF-8 when made: not expected
+        return LABEL_CACHE.lookup(list(keys))
+    except SlowPath:  # keys are checked UTF-8 when made: not expected
         return [orjson.loads(k) for k in keys]
 
 
-_LABEL_CACHE = _LabelSets()
+LABEL_CACHE = _LabelSets()
 
 
 _DECODE_SCRATCH = threading.local()
@@ -207,18 +207,18 @@ def _decode_fast(body: bytes | bytearray) -> QueryResult:
     rows = np.empty((64, 4), dtype=np.int64)
     top: dict[bytes, tuple[int, int]] = {}
     dm: dict[bytes, tuple[int, int]] = {}
-    st, k, pos = _scan_members(buf, 0, n, True, _K_DATA, rows)
+    st, k, pos = scan_members(buf, 0, n, True, _K_DATA, rows)
     if st != 1:
-        raise _SlowPath
+        raise SlowPath
     _collect(body, rows, k - 1, top)
     data_start = pos
-    st, k, pos = _scan_members(buf, data_start, n, True, _K_RESULT, rows)
+    st, k, pos = scan_members(buf, data_start, n, True, _K_RESULT, rows)
     if st != 1:
-        raise _SlowPath
+        raise SlowPath
     _collect(body, rows, k - 1, dm)
     rt_span = dm.get(b"resultType")
     if rt_span is None:
-        raise _SlowPath  # resultType after result: not Prometheus's layout
+        raise SlowPath  # resultType after result: not Prometheus's layout
     rtype = body[rt_span[0] : rt_span[1]].strip(b'"').decode("ascii", "replace")
     res_start = pos
     parsed = None
@@ -233,32 +233,32 @@ def _decode_fast(body: bytes | bytearray) -> QueryResult:
         met_s, met_e, counts, t_out, v_out, fb_idx, fb_s, fb_e = scratch
         del scratch
         canon = np.ones(1, dtype=np.uint8)
-        code, ns, nk, nfb, unsorted, res_end = _parse_series_list(
+        code, ns, nk, nfb, unsorted, res_end = parse_series_list(
             buf, res_start, n, rtype == "matrix", met_s, met_e, counts, t_out, v_out, fb_idx, fb_s, fb_e, canon
         )
         if code == 2:
             raise Undecodable("native histograms are not decoded")
         if code != 0 or unsorted:
-            raise _SlowPath
+            raise SlowPath
         parsed = (ns, nk, nfb, met_s, met_e, counts, t_out, v_out, fb_idx, fb_s, fb_e, bool(canon[0]), kept)
     elif rtype in ("scalar", "string"):
-        res_end = _skip_value(buf, res_start, n)
+        res_end = skip_value(buf, res_start, n)
     else:
         raise MalformedAnswer(f"unknown resultType {rtype!r}")
     if res_end < 0:
-        raise _SlowPath
+        raise SlowPath
     dm[b"result"] = (res_start, res_end)
-    st, k, pos = _scan_members(buf, res_end, n, False, _K_NONE, rows)
+    st, k, pos = scan_members(buf, res_end, n, False, _K_NONE, rows)
     if st != 0:
-        raise _SlowPath
+        raise SlowPath
     _collect(body, rows, k, dm)
-    st, k, pos = _scan_members(buf, pos, n, False, _K_NONE, rows)
+    st, k, pos = scan_members(buf, pos, n, False, _K_NONE, rows)
     if st != 0:
-        raise _SlowPath
+        raise SlowPath
     _collect(body, rows, k, top)
     status = top.get(b"status")
     if status is None or body[status[0] : status[1]] != b'"success"':
-        raise _SlowPath  # the slow path produces the precise error
+        raise SlowPath  # the slow path produces the precise error
     warnings = _str_list(body, top.get(b"warnings"), "warnings")
     infos = _str_list(body, top.get(b"infos"), "infos")
     if parsed is None:
@@ -289,9 +289,9 @@ def _decode_fast(body: bytes | bytearray) -> QueryResult:
     if canonical:
         # The backend's label JSON is what we would write: keep it for encoding and
         # merging, and parse the dicts only if they are asked for.
-        _LABEL_CACHE.intern(spans)
+        LABEL_CACHE.intern(spans)
         return QueryResult(rtype, None, offsets, t, v, warnings, infos, keys=spans)  # type: ignore[arg-type]
-    labels = _LABEL_CACHE.lookup(spans)
+    labels = LABEL_CACHE.lookup(spans)
     return QueryResult(rtype, labels, offsets, t, v, warnings, infos)  # type: ignore[arg-type]
 
 

@@ -32,17 +32,17 @@ from numba import njit
 from proxy.result import QueryResult
 from proxy.result.labels import go_json_string
 
-from .json_scan import _lit
+from .json_scan import literal_bytes
 
 __all__ = ["encode_prometheus_json", "encode_samples", "format_timestamp", "format_value", "head_tail",
            "iter_prometheus_json"]
 
-_W_METRIC = _lit(b'{"metric":')
-_W_VALUES = _lit(b',"values":[')
-_W_VALUE = _lit(b',"value":')
-_W_NAN = _lit(b"NaN")
-_W_PINF = _lit(b"+Inf")
-_W_NINF = _lit(b"-Inf")
+_W_METRIC = literal_bytes(b'{"metric":')
+_W_VALUES = literal_bytes(b',"values":[')
+_W_VALUE = literal_bytes(b',"value":')
+_W_NAN = literal_bytes(b"NaN")
+_W_PINF = literal_bytes(b"+Inf")
+_W_NINF = literal_bytes(b"-Inf")
 _D4 = np.array([[ord(c) for c in f"{i:04d}"] for i in range(10000)], dtype=np.uint8)
 
 

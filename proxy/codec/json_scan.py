@@ -47,7 +47,7 @@ def _kernels_follow(callee: object) -> None:
 _kernels_follow(go_float)
 
 
-def _lit(s: bytes) -> npt.NDArray[np.uint8]:
+def literal_bytes(s: bytes) -> npt.NDArray[np.uint8]:
     return np.frombuffer(s, dtype=np.uint8).copy()
 
 
@@ -57,11 +57,11 @@ _LBL_PLAIN[:32] = 0
 _LBL_PLAIN[[34, 92, 60, 62, 38, 0xE2]] = 0
 
 
-_K_METRIC = _lit(b"metric")
-_K_VALUES = _lit(b"values")
-_K_VALUE = _lit(b"value")
-_K_HISTOGRAM = _lit(b"histogram")
-_K_HISTOGRAMS = _lit(b"histograms")
+_K_METRIC = literal_bytes(b"metric")
+_K_VALUES = literal_bytes(b"values")
+_K_VALUE = literal_bytes(b"value")
+_K_HISTOGRAM = literal_bytes(b"histogram")
+_K_HISTOGRAMS = literal_bytes(b"histograms")
 
 
 @njit(cache=True)
@@ -87,7 +87,7 @@ def _skip_string(b, i, n):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _skip_value(b, i, n):  # type: ignore[no-untyped-def]
+def skip_value(b, i, n):  # type: ignore[no-untyped-def]
     """Index after the JSON value starting at i (not validated), or -1."""
     if i >= n:
         return -1
@@ -130,7 +130,7 @@ def _key_is(b, ks, ke, lit):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def _scan_members(b, i, n, first, stop, out):  # type: ignore[no-untyped-def]
+def scan_members(b, i, n, first, stop, out):  # type: ignore[no-untyped-def]
     """Members of a JSON object, from its '{' at i (first) or from just after a member's
     value. Rows (key_start, key_end, value_start, value_end) go to out, key spans inside
     the quotes. Stops before skipping the value of the key `stop` (its value_end is -1), so
@@ -169,7 +169,7 @@ def _scan_members(b, i, n, first, stop, out):  # type: ignore[no-untyped-def]
         if len(stop) > 0 and _key_is(b, ks, ke, stop):
             out[k, 3] = -1
             return 1, k + 1, i
-        i = _skip_value(b, i, n)
+        i = skip_value(b, i, n)
         if i < 0:
             return -1, k, i
         out[k, 3] = i
@@ -475,7 +475,7 @@ def _parse_sample_general(b, i, n, t_out, v_out, v_bits, k, fb_idx, fb_s, fb_e, 
 
 
 @njit(cache=True, nogil=True)
-def _parse_series_list(b, i, n, is_matrix, met_s, met_e, counts, t_out, v_out, fb_idx, fb_s, fb_e, canon):  # type: ignore[no-untyped-def]
+def parse_series_list(b, i, n, is_matrix, met_s, met_e, counts, t_out, v_out, fb_idx, fb_s, fb_e, canon):  # type: ignore[no-untyped-def]
     """The `result` array of a matrix or vector answer.
     Returns (status, n_series, n_samples, n_fallback, unsorted, end); status 0 ok, 1 use
     the slow path, 2 native histograms (Undecodable); end is the index after the array.
@@ -626,7 +626,7 @@ def _parse_series_list(b, i, n, is_matrix, met_s, met_e, counts, t_out, v_out, f
                 elif _key_is(b, ks, ke, _K_HISTOGRAM) or _key_is(b, ks, ke, _K_HISTOGRAMS):
                     return 2, ns, k, nfb, unsorted, i
                 else:
-                    i = _skip_value(b, i, n)
+                    i = skip_value(b, i, n)
                     if i < 0:
                         return 1, ns, k, nfb, unsorted, i
                 i = _skip_ws(b, i, n)
@@ -654,7 +654,7 @@ def _parse_series_list(b, i, n, is_matrix, met_s, met_e, counts, t_out, v_out, f
 
 
 @njit(cache=True)
-def _array_element_spans(b, starts, ends):  # type: ignore[no-untyped-def]
+def array_element_spans(b, starts, ends):  # type: ignore[no-untyped-def]
     """Spans of the elements of the JSON array b (as orjson writes it: no whitespace)."""
     n = len(b)
     i = 1
@@ -662,7 +662,7 @@ def _array_element_spans(b, starts, ends):  # type: ignore[no-untyped-def]
     if n < 2 or b[1] == 93:
         return 0
     while i < n:
-        j = _skip_value(b, i, n)
+        j = skip_value(b, i, n)
         if j < 0 or k >= starts.shape[0]:
             return -1
         starts[k] = i

@@ -6,7 +6,7 @@
 
 concat maps each piece's series to the union by canonical label JSON (one dict operation
 per series; a piece with the same key list as the previous one, as time pieces have, is
-mapped once), orders the union once with a compiled bytewise sort key (`_order_by_labels`),
+mapped once), orders the union once with a compiled bytewise sort key (`order_by_labels`),
 and gathers the samples in one compiled pass. The merged result keeps the pieces' keys, so
 its labels are not formatted again for encoding.
 
@@ -41,7 +41,7 @@ F64 = npt.NDArray[np.float64]
 # which an encoder gathers a window at a time (json_encode._WINDOW_SAMPLES).
 LAZY_ABOVE_SAMPLES = 262_144
 WINDOW_SAMPLES = 262_144
-# Sort keys are made this many label sets at a time (`_order_by_labels`).
+# Sort keys are made this many label sets at a time (`order_by_labels`).
 SORT_KEY_CHUNK = 2048
 
 
@@ -52,13 +52,13 @@ class MergeConflict(PromError):
         super().__init__("internal", message)
 
 
-def _notes(results: Sequence[QueryResult]) -> tuple[list[str], list[str]]:
+def merged_notes(results: Sequence[QueryResult]) -> tuple[list[str], list[str]]:
     warnings = list(dict.fromkeys(w for r in results for w in r.warnings))
     infos = list(dict.fromkeys(w for r in results for w in r.infos))
     return warnings, infos
 
 
-def _result_type(results: Sequence[QueryResult]) -> str:
+def merged_result_type(results: Sequence[QueryResult]) -> str:
     types = {r.result_type for r in results}
     if len(types) != 1:
         raise MergeConflict(f"pieces of different result types: {sorted(types)}")
@@ -78,7 +78,7 @@ def _copy_segments(src_start, seg_len, dest, t_src, v_src, t_out, v_out):  # typ
 
 
 @njit(cache=True, nogil=True)
-def _increasing_within(t, offsets):  # type: ignore[no-untyped-def]
+def increasing_within(t, offsets):  # type: ignore[no-untyped-def]
     """True if every series' timestamps are strictly increasing."""
     for s in range(len(offsets) - 1):
         for i in range(offsets[s] + 1, offsets[s + 1]):
@@ -109,7 +109,7 @@ def _sort_key_block(raw, starts, ends, out, out_s, out_e):  # type: ignore[no-un
     return o
 
 
-def _order_by_labels(ckeys: list[bytes]) -> list[int]:
+def order_by_labels(ckeys: list[bytes]) -> list[int]:
     """Series indexes in Prometheus's labels.Compare order. `n1 NUL v1 NUL n2 NUL v2 NUL`
     (UTF-8) compares bytewise exactly like labels.Compare (a string that is a prefix of
     another sorts first) as long as no name or value holds a NUL, and is much cheaper than
@@ -182,8 +182,8 @@ def concat(results: Sequence[QueryResult], *, keep_first: bool = False, lazy: bo
     `Concatenation` (the same answer, gathered when read)."""
     if not results:
         raise MergeConflict("nothing to merge")
-    rtype = _result_type(results)
-    warnings, infos = _notes(results)
+    rtype = merged_result_type(results)
+    warnings, infos = merged_notes(results)
     if rtype in ("scalar", "string"):
         if len(results) != 1:
             raise MergeConflict(f"cannot concatenate {len(results)} {rtype} results")
@@ -229,11 +229,11 @@ def concat(results: Sequence[QueryResult], *, keep_first: bool = False, lazy: bo
         else:
             seg_first.append(r.t_ms[starts])
             seg_last.append(r.t_ms[starts + counts[nz] - 1])
-            increasing = increasing and bool(_increasing_within(r.t_ms, r.offsets))
+            increasing = increasing and bool(increasing_within(r.t_ms, r.offsets))
         seg_piece.append(np.full(len(starts), p, dtype=np.int64))
 
     ckeys = list(gid_of)
-    order = _order_by_labels(ckeys)
+    order = order_by_labels(ckeys)
     rank = np.empty(len(order), dtype=np.int64)
     rank[order] = np.arange(len(order))
     g_all = np.concatenate(seg_gid)

@@ -51,14 +51,14 @@ def label_block(labels: list[dict[str, str]]) -> tuple[bytes, I64, I64]:
     """All label sets as Prometheus writes them: (bytes, start, end) per series."""
     # The compiled span scanner is imported here, on first use, so that QueryResult (and
     # everything that only passes results around) loads without numba.
-    from proxy.codec.json_scan import _array_element_spans
+    from proxy.codec.json_scan import array_element_spans
 
     n = len(labels)
     raw = orjson.dumps(labels, option=orjson.OPT_SORT_KEYS)
     if not _needs_go_fix(raw):
         starts = np.empty(n, dtype=np.int64)
         ends = np.empty(n, dtype=np.int64)
-        if _array_element_spans(np.frombuffer(raw, dtype=np.uint8), starts, ends) == n:
+        if array_element_spans(np.frombuffer(raw, dtype=np.uint8), starts, ends) == n:
             return raw, starts, ends
     parts = [labels_json(d) for d in labels]
     lens = np.array([len(x) for x in parts], dtype=np.int64)

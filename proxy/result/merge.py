@@ -54,11 +54,11 @@ import numpy.typing as npt
 from numba import njit
 
 from proxy.result.aggops import AVG, CODES, COUNT, GROUP, MAX, MIN, SUM
-from proxy.result.concat import MergeConflict, _notes, _order_by_labels, _result_type, concat
+from proxy.result.concat import MergeConflict, concat, merged_notes, merged_result_type, order_by_labels
 from proxy.result.query_result import QueryResult
 from shardplanner.plan import MergeRecipe
 
-__all__ = ["MergeConflict", "_order_by_labels", "aggregate", "concat", "merge"]
+__all__ = ["MergeConflict", "order_by_labels", "aggregate", "concat", "merge"]
 
 Key = tuple[tuple[str, str], ...]
 I64 = npt.NDArray[np.int64]
@@ -216,10 +216,10 @@ class _Flat:
         time_ms: int | None,
     ) -> None:
         results = [r for _, r in pieces]
-        self.rtype = _result_type(results)
+        self.rtype = merged_result_type(results)
         if self.rtype not in ("matrix", "vector"):
             raise MergeConflict(f"cannot aggregate {self.rtype} results")
-        self.warnings, self.infos = _notes(results)
+        self.warnings, self.infos = merged_notes(results)
         group_of: dict[Key, int] = {}
         self.group_keys: list[Key] = []
         self.group_labels: list[dict[str, str]] = []

@@ -70,19 +70,13 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from proxy.result.concat import _order_by_labels
+from proxy.result.concat import merged_notes, order_by_labels
 from proxy.result.merge import MergeConflict
 from proxy.result.query_result import QueryResult
 
 __all__ = ["merge_overlap"]
 
 I64 = npt.NDArray[np.int64]
-
-
-def _notes(answers: Sequence[QueryResult]) -> tuple[list[str], list[str]]:
-    warnings = list(dict.fromkeys(w for r in answers for w in r.warnings))
-    infos = list(dict.fromkeys(w for r in answers for w in r.infos))
-    return warnings, infos
 
 
 def _tainted(cell_rank: I64, cell_t: I64, present: npt.NDArray[np.bool_], edge_ms: int,
@@ -147,7 +141,7 @@ def merge_overlap(answers: Sequence[QueryResult], *, edge_ms: int) -> QueryResul
     if len(types) != 1:
         raise MergeConflict(f"overlap answers of different result types: {sorted(types)}")
     (rtype,) = types
-    warnings, infos = _notes(answers)
+    warnings, infos = merged_notes(answers)
     if rtype in ("scalar", "string"):
         first = answers[0]
         return QueryResult(rtype, first.labels, first.offsets, first.t_ms, first.value, warnings, infos,
@@ -161,7 +155,7 @@ def merge_overlap(answers: Sequence[QueryResult], *, edge_ms: int) -> QueryResul
         setdefault = gid_of.setdefault
         per_answer_gids.append(np.array([setdefault(ck, len(gid_of)) for ck in r.canonical_keys()], dtype=np.int64))
     ckeys = list(gid_of)
-    order = _order_by_labels(ckeys)
+    order = order_by_labels(ckeys)
     rank = np.empty(len(order), dtype=np.int64)
     rank[order] = np.arange(len(order), dtype=np.int64)
 

@@ -585,7 +585,7 @@ def test_label_order_matches_labels_compare(sets: list[dict[str, str]], plain_on
     from proxy.result import concat as concat_mod
 
     with mock.patch.object(concat_mod, "SORT_KEY_CHUNK", chunk):  # keys made a chunk at a time
-        order = merge_mod._order_by_labels(r.canonical_keys())
+        order = merge_mod.order_by_labels(r.canonical_keys())
     assert [key(r.labels[i]) for i in order] == sorted(key(d) for d in sets)
 
 
