@@ -23,7 +23,7 @@ from shardplanner.timesplit import day_cell, day_cells_fit
 from ..cache import CacheKey, Payload, PieceStore
 from ..config import Config
 from ..errors import PromError
-from ..observe.activity import ACTIVITY
+from ..observe.activity import ACTIVITY, QueryRecord
 from ..observe.metrics import METRICS
 from ..result import QueryResult
 from ..result.pieces import slice_time, subsample
@@ -278,14 +278,15 @@ class CacheReader:
                 METRICS.cache_finer_step.inc()
                 break
 
-    def count(self, slots: Sequence[Slot]) -> str:
-        """X-Cache value for an answer; counts the query in promaccel_cache_lookups_total."""
+    def count(self, slots: Sequence[Slot], record: QueryRecord | None = None) -> str:
+        """X-Cache value for an answer; counts the query in promaccel_cache_lookups_total (and on
+        the operator page, in `record`: the query's)."""
         keyed = sum(1 for s in slots if s.keys)
         hits = sum(1 for s in slots if s.status == "hit")
         status = "HIT" if slots and hits == len(slots) else "PARTIAL" if hits else "MISS"
         if keyed:
             METRICS.cache.labels(status.lower()).inc()
-            ACTIVITY.pieces_looked_up(hits, keyed - hits)
+            ACTIVITY.pieces_looked_up(hits, keyed - hits, record)
         return status
 
 
