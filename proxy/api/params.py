@@ -246,7 +246,9 @@ def parse_optional_time(form: dict[str, str], name: str) -> int | None:
     try:
         return parse_time_ms(text)
     except ValueError as exc:
-        raise invalid_param(name, str(exc)) from exc
+        # series, labels, label values (web/api/v1/api.go, parseTimeParam) wrap the reason once
+        # more, as /api/v1/query's `time` does (tests/api/test_metadata.py compares with 2.42).
+        raise invalid_param(name, f"Invalid time value for '{name}': {exc}") from exc
 
 
 __all__ = [
