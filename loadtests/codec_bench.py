@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from proxy.codec import arrow
 from proxy.codec.arrow import encode_arrow_stream
 from proxy.codec.json_decode import decode_prometheus_json
 from proxy.codec.json_encode import encode_prometheus_json, iter_prometheus_json
@@ -254,8 +255,8 @@ def main() -> None:
     agg_points = agg.n_samples
     bench(f"encode the sum ({agg_points} points; rate per input point)", lambda: encode_prometheus_json(agg), n, reps)
     want_agg = encode_prometheus_json(aggregate([(None, p) for p in spieces], recipe))
-    ipc = bench("cache: to_ipc_bytes (zstd)", dec.to_ipc_bytes, n, reps)
-    bench("cache: from_ipc_bytes", lambda: QueryResult.from_ipc_bytes(ipc), n, reps)
+    ipc = bench("cache: to_ipc_bytes (zstd)", lambda: arrow.to_ipc_bytes(dec), n, reps)
+    bench("cache: from_ipc_bytes", lambda: arrow.from_ipc_bytes(ipc), n, reps)
     bench("client Arrow stream (encode)", lambda: encode_arrow_stream(dec), n, reps)
     del tdec, sdec
 
@@ -274,10 +275,10 @@ def main() -> None:
     assert bench("(a) decode + encode, one answer", one, n, reps) == body
     assert bench("(b) decode 4 time pieces + concat + encode", time_pieces, n, reps) == body
     assert bench("(c) decode 8 shard pieces + sum + encode", shard_pieces, n, reps) == want_agg
-    tipc = [decode_prometheus_json(b).to_ipc_bytes() for b in tbodies]
+    tipc = [arrow.to_ipc_bytes(decode_prometheus_json(b)) for b in tbodies]
 
     def cached_pieces() -> bytes:
-        return encode_prometheus_json(concat([QueryResult.from_ipc_bytes(x) for x in tipc]))
+        return encode_prometheus_json(concat([arrow.from_ipc_bytes(x) for x in tipc]))
 
     assert bench("(d) 4 cached pieces (Arrow IPC) + concat + encode", cached_pieces, n, reps) == body
     print_table()

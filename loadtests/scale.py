@@ -11,7 +11,7 @@ Measured here, each time it runs:
   configuration, for 1 h, 24 h and 7 d windows;
 - on the CI dataset (16 nodes x 4 GPUs x 6 h, built if missing) served by a Prometheus of its
   own on 127.0.0.1 (stopped on exit, every step bounded in time): each panel's answer for
-  every hour cell, encoded as the cache stores it (QueryResult.to_ipc_bytes, lz4 above the
+  every hour cell, encoded as the cache stores it (proxy.codec.arrow.to_ipc_bytes, lz4 above the
   small-piece threshold) = Redis bytes per hour of history; and the samples Prometheus
   processed (`stats=all`, totalQueryableSamples, what AMP bills as query samples processed)
   for each 24 h-window panel request and for the pieces a warm refresh re-fetches.
@@ -38,6 +38,7 @@ from loadtests.dashboard import load_dashboard, panel_requests
 from loadtests.exporters import write_fleet
 from loadtests.gen import CI_SPEC, Fleet, FleetSpec
 from loadtests.load import build_tsdb, running_prometheus
+from proxy.codec import arrow
 from proxy.codec.json_decode import decode_prometheus_json
 from proxy.config import build_config
 from proxy.pipeline.cache_write import COMPRESS_ABOVE_SAMPLES
@@ -123,7 +124,7 @@ def measure_on_ci(data_dir: Path) -> dict[str, Any]:
                     warm_samples += int(_query(client, url, "/api/v1/query_range", form)["data"]["stats"]["samples"]["totalQueryableSamples"])
                 if CI_SPEC.start + HOUR <= s and e < now - MAX_FRESHNESS_S:  # a whole cell inside the data
                     res = decode_prometheus_json(client.post(url + "/api/v1/query_range", data=form).content)
-                    cell_bytes.append(len(res.to_ipc_bytes(None if res.n_samples <= COMPRESS_ABOVE_SAMPLES else "lz4")))
+                    cell_bytes.append(len(arrow.to_ipc_bytes(res, None if res.n_samples <= COMPRESS_ABOVE_SAMPLES else "lz4")))
     data_hours = CI_SPEC.hours - 0.5  # the 24 h window holds the CI data up to "now"
     return {"cells": len(cell_bytes), "bytes_per_cell_median": statistics.median(cell_bytes),
             "bytes_per_cell_mean": statistics.fmean(cell_bytes),

@@ -231,3 +231,101 @@ def test_primitives_are_below_every_layer() -> None:
     assert all("primitives" not in forbidden for forbidden in LAYERS.values())
     probe = ROOT / "proxy" / "pipeline" / "planning.py"
     assert "primitives" in _proxy_subpackages(probe)  # a layer above uses it
+
+
+# --- no import cycles between product modules ---------------------------------------------
+# A cycle (a imports b, b imports a, however far round) means neither module can be read,
+# tested or moved without the other, and it only works by the accident of which one loads
+# first; lazy imports inside functions hide such a cycle from Python, not from the reader,
+# so they count. Imports under `if TYPE_CHECKING:` never run and do not count.
+CYCLE_PACKAGES = ("proxy", "shardplanner")
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph(root: Path = ROOT, packages: tuple[str, ...] = CYCLE_PACKAGES) -> dict[str, set[str]]:
+    """Module -> the modules of `packages` it imports at run time, at module level or inside
+    functions. `from p import m` is an edge to the module p.m when there is one, else to p;
+    a package's own `__init__` is not counted as imported by importing its submodules."""
+    paths = {_module_name(p, root): p for pkg in packages for p in (root / pkg).rglob("*.py")}
+
+    class Strip(ast.NodeTransformer):
+        def visit_If(self, node: ast.If) -> ast.AST | list[ast.stmt] | None:
+            if isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+                return node.orelse or None
+            return self.generic_visit(node)
+
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        tree = Strip().visit(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)))
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        found: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = [] if node.level == 0 else package[: len(package) - (node.level - 1)]
+                module = ".".join(base + (node.module.split(".") if node.module else []))
+                for alias in node.names:
+                    found.add(f"{module}.{alias.name}" if f"{module}.{alias.name}" in paths else module)
+            elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+                func = node.func
+                called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+                if called in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+                    found.add(node.args[0].value)
+        graph[name] = {m for m in found if m in paths and m != name}
+    return graph
+
+
+def _import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module, each sorted."""
+
+    def reach(start: str) -> set[str]:
+        seen, todo = {start}, [start]
+        while todo:
+            for nxt in graph[todo.pop()] - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        return seen
+
+    reachable = {m: reach(m) for m in graph}
+    cycles: list[list[str]] = []
+    placed: set[str] = set()
+    for m in sorted(graph):
+        if m in placed:
+            continue
+        component = sorted(n for n in reachable[m] if m in reachable[n])
+        placed.update(component)
+        if len(component) > 1:
+            cycles.append(component)
+    return cycles
+
+
+def test_no_import_cycles_between_product_modules() -> None:
+    graph = _import_graph()
+    assert "proxy.codec.arrow" in graph and "shardplanner.planner" in graph
+    cycles = _import_cycles(graph)
+    described = ["; ".join(f"{m} -> {sorted(graph[m] & set(c))}" for m in c) for c in cycles]
+    assert not cycles, "import cycles:\n" + "\n".join(described)
+
+
+def test_cycle_detector(tmp_path: Path) -> None:
+    pkg = tmp_path / "proxy"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from .a import A\n")
+    (pkg / "sub" / "a.py").write_text("from proxy.sub import b\nA = 1\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from .a import A\n    return A\n")  # lazy: counts
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from proxy import d\n")
+    (pkg / "d.py").write_text("import proxy.c\nimport importlib\nimportlib.import_module('proxy.e')\n")
+    (pkg / "e.py").write_text("from . import c\n")
+    graph = _import_graph(tmp_path, ("proxy",))
+    assert graph["proxy.sub.a"] == {"proxy.sub.b"} and graph["proxy.sub.b"] == {"proxy.sub.a"}
+    assert graph["proxy.sub"] == {"proxy.sub.a"} and graph["proxy.c"] == set()  # type-only: not an edge
+    assert graph["proxy.d"] == {"proxy.c", "proxy.e"} and graph["proxy.e"] == {"proxy.c"}
+    assert _import_cycles(graph) == [["proxy.sub.a", "proxy.sub.b"]]
+    (pkg / "c.py").write_text("from proxy.d import x\n")  # now c -> d -> c, and d -> e -> c
+    assert _import_cycles(_import_graph(tmp_path, ("proxy",))) == [["proxy.c", "proxy.d", "proxy.e"], ["proxy.sub.a", "proxy.sub.b"]]

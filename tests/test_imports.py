@@ -1,6 +1,6 @@
 """What importing the result type and the JSON codec loads: `QueryResult` comes without
-numba or pyarrow (the kernels and the Arrow conversions load them on first use), and the
-JSON codec without pyarrow. Each check runs in a fresh interpreter."""
+numba or pyarrow (the kernels load numba on first use; the Arrow conversions are
+proxy/codec/arrow.py's), nor any codec, and the JSON codec without pyarrow. Each check runs in a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -52,11 +52,23 @@ def test_json_codec_and_kernels_import_without_pyarrow(module: str) -> None:
     assert _loaded_after(f"import {module}", ("pyarrow",)) == []
 
 
-def test_arrow_conversions_load_pyarrow_on_first_use() -> None:
+def test_the_result_type_loads_no_codec() -> None:
+    # The codecs convert results (proxy/codec/arrow.py, json_decode.py); a result never needs
+    # a codec, not even to parse labels it was made from the keys of (no import cycle).
+    statement = (
+        "import numpy as np\n"
+        "from proxy.result import QueryResult\n"
+        "r = QueryResult('vector', None, np.array([0, 1]), np.array([1000]), np.array([1.5]), keys=[b'{\"a\":\"1\"}'])\n"
+        "assert r.labels == [{'a': '1'}]"
+    )
+    assert _loaded_after(statement, ("proxy.codec", "pyarrow")) == []
+
+
+def test_arrow_conversions_are_the_codecs() -> None:
     statement = (
         "from proxy.result import QueryResult\n"
         "r = QueryResult.from_series('vector', [({'a': '1'}, [1000], [1.5])])\n"
-        "assert QueryResult.from_ipc_bytes(r.to_ipc_bytes()).to_pylist() == r.to_pylist()"
+        "from proxy.codec import arrow\n"
+        "assert arrow.from_ipc_bytes(arrow.to_ipc_bytes(r)).to_pylist() == r.to_pylist()"
     )
     assert _loaded_after(statement, ("pyarrow",)) == ["pyarrow"]
-

@@ -32,13 +32,13 @@ from numba import njit
 
 from proxy.result import QueryResult
 from proxy.result.concat import increasing_within
+from proxy.result.label_sets import LABEL_CACHE, BadLabelJSON
 from proxy.result.query_result import LazySamples
 
 from .errors import MalformedAnswer
-from .json_decode import LABEL_CACHE, SlowPath
 from .json_scan import array_element_spans
 
-__all__ = ["PackedPiece", "encode_arrow_stream", "from_ipc_bytes", "from_table", "release_unused", "to_ipc_bytes",
+__all__ = ["PackedPiece", "encode_arrow_stream", "from_ipc_bytes", "from_table", "pack", "release_unused", "to_ipc_bytes",
            "to_ipc_view", "to_table", "use_system_pool"]
 
 I64 = npt.NDArray[np.int64]
@@ -479,7 +479,7 @@ def _canonical_label_list(raw: bytes, stored: bytes, max_series: int) -> Any:
     keys = [raw[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
     try:
         LABEL_CACHE.intern(keys)
-    except SlowPath:
+    except BadLabelJSON:
         return None
     _LABEL_LISTS.put(stored, keys, (raw, starts, ends))
     return keys, (raw, starts, ends)

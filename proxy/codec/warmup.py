@@ -14,7 +14,7 @@ from proxy.result.merge import merge
 from proxy.result.pieces import slice_time
 from shardplanner.plan import MergeRecipe
 
-from .arrow import PAYLOAD_BATCH_ROWS
+from . import arrow
 from .json_decode import decode_prometheus_json
 from .json_encode import encode_prometheus_json
 from .json_splice import splice_prometheus_json
@@ -53,12 +53,12 @@ def warm_up() -> float:
     encode_prometheus_json(merge([(None, m), (None, later)], MergeRecipe(kind="concat")))
     # A warm answer spliced from its cells' bytes (json_splice.py): an edge cell cut by time and
     # a cell read back from the cache (read-only arrays: kernels of their own).
-    cell = type(later).from_ipc_bytes(later.to_ipc_bytes("lz4"))
+    cell = arrow.from_ipc_bytes(arrow.to_ipc_bytes(later, "lz4"))
     # A cached cell of several record batches (over arrow.PAYLOAD_BATCH_ROWS samples, as an
     # hour of a large fleet is): its columns are concatenated into writable arrays on the way
     # back, which the kernels see as another signature than a one-batch cell's read-only ones.
-    big = [decode_prometheus_json(_big_matrix(PAYLOAD_BATCH_ROWS + 1, 1_700_000_000 + 200_000 * i)) for i in (0, 1)]
-    big_cells = [type(b).from_ipc_bytes(b.to_ipc_bytes("lz4")) for b in big]
+    big = [decode_prometheus_json(_big_matrix(arrow.PAYLOAD_BATCH_ROWS + 1, 1_700_000_000 + 200_000 * i)) for i in (0, 1)]
+    big_cells = [arrow.from_ipc_bytes(arrow.to_ipc_bytes(b, "lz4")) for b in big]
     splice_prometheus_json(merge([(None, c) for c in big_cells], MergeRecipe(kind="concat"), lazy=True))
     encode_prometheus_json(big_cells[0])
     splice_prometheus_json(merge([(None, slice_time(m, 1_700_000_015_000, 1_700_000_045_000)), (None, cell)],

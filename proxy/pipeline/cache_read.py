@@ -21,6 +21,7 @@ from shardplanner.plan import Span
 from shardplanner.timesplit import day_cell, day_cells_fit
 
 from ..cache import CacheKey, Payload, PieceStore
+from ..codec import arrow
 from ..config import Config
 from ..errors import PromError
 from ..observe.activity import ACTIVITY, QueryRecord
@@ -314,7 +315,7 @@ def decode_payloads(payloads: list[Payload | None], consume: bool = False,
         try:
             if payload is None:
                 raise ValueError("no payload")
-            r = QueryResult.from_ipc_bytes(payload, pack_from=pack_from)
+            r = arrow.from_ipc_bytes(payload, pack_from=pack_from)
             if pack_from and r.packed_samples() is not None:
                 METRICS.cells_packed.labels("read").inc()
             out.append(r)

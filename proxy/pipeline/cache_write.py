@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from shardplanner.footprint import digest_query
 
 from ..cache import CacheItem, PieceMeta, PieceStore
+from ..codec import arrow
 from ..config import Config
 from ..observe.metrics import METRICS
 from ..result import QueryResult
@@ -193,6 +194,6 @@ def encode_items(entries: Sequence[tuple[Unit, QueryResult, bytes | None]], fetc
         # Small pieces are stored uncompressed: nothing to gain, and compression's fixed cost
         # doubled the encoding and decoding time of a one-series answer.
         small = r.n_samples <= COMPRESS_ABOVE_SAMPLES
-        items.append(CacheItem(u.key, r.to_ipc_view(None if compression == "none" or small else compression),
+        items.append(CacheItem(u.key, arrow.to_ipc_view(r, None if compression == "none" or small else compression),
                                u.ttl_ms, meta))
     return items

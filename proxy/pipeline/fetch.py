@@ -13,6 +13,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from ..backends.tenancy import scope as tenant_scope
+from ..codec import arrow
 from ..errors import PromError
 from ..observe.metrics import METRICS
 from ..primitives.clock import wall_ms
@@ -205,7 +206,7 @@ class Fetcher:
 
     async def _cut_packed(self, f: Fetch, units: Sequence[Unit], result: QueryResult) -> list[QueryResult] | None:
         """A large range answer cut into `units` with the cells to be stored packed as their
-        cache payloads (`QueryResult.to_packed`), one cell at a time, off the event loop: the
+        cache payloads (`arrow.pack`), one cell at a time, off the event loop: the
         cells waiting in the landing zone and the answer merged from them then hold a few
         megabytes packed instead of tens decoded (the 24 cells of a 2,048-GPU day: ~47 MB
         of columns), and the call's answer is never held twice over (issue 15). None when
@@ -223,7 +224,7 @@ class Fetcher:
             out = []
             for u, cell in zip(units, cells):
                 if u.storable and u.key is not None:
-                    cell = cell.to_packed(compression, pack_from)
+                    cell = arrow.pack(cell, compression, pack_from)
                     if cell.packed_samples() is not None:
                         METRICS.cells_packed.labels("fetched").inc()
                 out.append(cell)

@@ -32,6 +32,7 @@ from shardplanner.serialize import to_promql
 from ..backends import Backend
 from ..backends.tenancy import scope as tenant_scope
 from ..cache import CacheItem, CacheKey, Payload, PieceMeta, PieceStore, ttl_for
+from ..codec import arrow
 from ..config import Config
 from ..errors import PromError
 from ..observe.metrics import METRICS
@@ -108,7 +109,7 @@ class RawCache:
 
     async def _put(self, kept: list[tuple[CacheKey, QueryResult, int, PieceMeta]]) -> None:
         def encode() -> list[CacheItem]:
-            return [CacheItem(k, r.to_ipc_view(), ttl, meta) for k, r, ttl, meta in kept]
+            return [CacheItem(k, arrow.to_ipc_view(r), ttl, meta) for k, r, ttl, meta in kept]
 
         big = sum(r.n_samples for _, r, _, _ in kept) > 50_000
         items = await asyncio.to_thread(encode) if big else encode()

@@ -2,6 +2,7 @@
 
     query_result.py  the QueryResult type (imports neither numba nor pyarrow)
     labels.py        label sets as Prometheus writes them (canonical keys)
+    label_sets.py    the process-wide table of label sets (each label JSON kept once)
     merge.py         concat / re-aggregate pieces (sum of sums, avg as sum/count, topk)
     overlap.py       merge the answers of backends whose data overlap in time
     aggops.py        the aggregation op codes merge.py and proxy/engine/aggregate.py share

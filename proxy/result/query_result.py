@@ -16,8 +16,9 @@ empty label set and one sample (a string's value is NaN, its text is `string_val
 The dicts in `labels` may be shared between results (proxy/codec/json_decode.py looks label
 sets up in a process-wide table): never mutate them.
 
-This module imports neither numba nor pyarrow: the Arrow conversions load
-proxy/codec/arrow.py on first use.
+This module imports neither numba nor pyarrow, nor any codec: the conversions to and from
+Arrow (the cache's payload) are proxy/codec/arrow.py's functions (`to_ipc_bytes`,
+`from_ipc_bytes`, `pack`, ...), which import this module, not the other way round.
 """
 
 from __future__ import annotations
@@ -25,24 +26,16 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
+from .label_sets import labels_of_keys
 from .labels import label_block
-
-if TYPE_CHECKING:
-    import pyarrow as pa
 
 __all__ = ["LazySamples", "QueryResult", "ResultType"]
 
-
-def _labels_of_keys(keys: list[bytes]) -> list[dict[str, str]]:
-    # Imported on first use: this module loads without numba (json_decode's scanner).
-    from proxy.codec.json_decode import labels_of_keys
-
-    return labels_of_keys(keys)
 
 ResultType = Literal["matrix", "vector", "scalar", "string"]
 _RESULT_TYPES = ("matrix", "vector", "scalar", "string")
@@ -54,7 +47,7 @@ F64 = npt.NDArray[np.float64]
 class QueryResult:
     """See the module docstring. `labels` may be given as None with `keys` (the canonical
     keys of the label sets, `canonical_keys()`): the dicts are then parsed from the keys the
-    first time `labels` is read (shared with every other result: `json_decode._LabelSets`).
+    first time `labels` is read (shared with every other result: label_sets.py's `LABEL_CACHE`).
     A merge of raw series never reads them (it hashes, sorts and writes the keys): a 24 h
     panel of 2,048 GPUs has 18,500 label sets, ~22 MB as dicts (issue 15)."""
 
@@ -116,7 +109,7 @@ class QueryResult:
         if labels is None:
             if self._ckeys is None:
                 raise ValueError("a result made from its keys lost them")
-            labels = self._labels = _labels_of_keys(self._ckeys)
+            labels = self._labels = labels_of_keys(self._ckeys)
         return labels
 
     @labels.setter
@@ -269,46 +262,6 @@ class QueryResult:
             a, b = int(self.offsets[i]), int(self.offsets[i + 1])
             out.append((dict(d), self.t_ms[a:b].tolist(), self.value[a:b].tolist()))
         return out
-
-    # -- Arrow (proxy/codec/arrow.py, imported here on first use) -----------------------
-
-    def to_arrow_table(self) -> pa.Table:
-        from proxy.codec import arrow
-
-        return arrow.to_table(self)
-
-    @classmethod
-    def from_arrow_table(cls, table: pa.Table) -> QueryResult:
-        from proxy.codec import arrow
-
-        return arrow.from_table(table)
-
-    def to_ipc_bytes(self, compression: Literal["zstd", "lz4"] | None = "zstd") -> bytes:
-        """The cache's payload: `to_arrow_table()` as an Arrow IPC stream."""
-        from proxy.codec import arrow
-
-        return arrow.to_ipc_bytes(self, compression)
-
-    def to_ipc_view(self, compression: Literal["zstd", "lz4"] | None = "zstd") -> memoryview:
-        """`to_ipc_bytes()` as a view of Arrow's buffer (no copy)."""
-        from proxy.codec import arrow
-
-        return arrow.to_ipc_view(self, compression)
-
-    def to_packed(self, compression: Literal["zstd", "lz4"], pack_from: int) -> QueryResult:
-        """A matrix of `pack_from` samples or more as its cache payload, read back a batch at
-        a time when merged (`arrow.pack`); anything else as it is."""
-        from proxy.codec import arrow
-
-        return arrow.pack(self, compression, pack_from)
-
-    @classmethod
-    def from_ipc_bytes(cls, data: bytes | memoryview, *, pack_from: int = 0) -> QueryResult:
-        """`pack_from` > 0: a matrix of that many samples or more keeps them in `data`
-        (`arrow.PackedPiece`)."""
-        from proxy.codec import arrow
-
-        return arrow.from_ipc_bytes(data, pack_from=pack_from)
 
 
 class LazySamples(QueryResult):

@@ -45,6 +45,7 @@ from proxy.cache import CacheItem, CacheKey, MemoryStore, PieceMeta, RedisStore,
 from proxy.cache.bound import PayloadLimits, check_payload
 from proxy.cache.frame import DEFAULT_SECRET, CorruptValue, encode_value, frame_key
 from proxy.cache.leases import lease_key
+from proxy.codec import arrow
 from proxy.codec.errors import MalformedAnswer
 from proxy.config import CacheConfig, ConfigError, build_config
 from proxy.observe.metrics import METRICS
@@ -108,7 +109,7 @@ def test_the_bound_reads_every_payload_promaccel_writes() -> None:
     key = dataclasses.replace(RANGE_KEY, span=Span.range(0, 3_570_000, 30_000))
     for r in shapes:
         for compression in ("zstd", "lz4", None):
-            payload = r.to_ipc_bytes(compression)
+            payload = arrow.to_ipc_bytes(r, compression)
             assert check_payload(key, payload, LIMITS) == r.n_samples
             instant = dataclasses.replace(key, span=Span.instant(3_600_000))
             assert check_payload(instant, payload, LIMITS) == r.n_samples
@@ -146,7 +147,7 @@ def test_a_label_list_of_a_million_series_in_a_one_row_payload_is_refused_before
     before = peak_rss_mb()
     t0 = time.perf_counter()
     with pytest.raises(MalformedAnswer, match="more label sets"):
-        QueryResult.from_ipc_bytes(payload)
+        arrow.from_ipc_bytes(payload)
     assert time.perf_counter() - t0 < 0.5
     assert peak_rss_mb() - before < 40
 
@@ -166,7 +167,7 @@ def meta() -> PieceMeta:
 
 
 def cell() -> bytes:
-    return QueryResult.from_series("matrix", [({"Hostname": "node-1"}, [1_700_000_000_000], [7.0])]).to_ipc_bytes()
+    return arrow.to_ipc_bytes(QueryResult.from_series("matrix", [({"Hostname": "node-1"}, [1_700_000_000_000], [7.0])]))
 
 
 def test_the_store_serves_only_frames_made_with_its_secret(rurl: str) -> None:
@@ -182,9 +183,9 @@ def test_the_store_serves_only_frames_made_with_its_secret(rurl: str) -> None:
             assert not r.exists(skey)
             forged = QueryResult.from_series("matrix", [({"Hostname": "forged"}, [1_700_000_000_000], [1e9])])
             before = counter("cache_corrupt", "redis", "mac")
-            for value in (encode_value(RANGE_KEY, forged.to_ipc_bytes(), skey=skey),  # the built-in key
-                          encode_value(RANGE_KEY, forged.to_ipc_bytes(), mac_key=frame_key(SECRET)),  # no skey
-                          v1_frame(RANGE_KEY, forged.to_ipc_bytes())):
+            for value in (encode_value(RANGE_KEY, arrow.to_ipc_bytes(forged), skey=skey),  # the built-in key
+                          encode_value(RANGE_KEY, arrow.to_ipc_bytes(forged), mac_key=frame_key(SECRET)),  # no skey
+                          v1_frame(RANGE_KEY, arrow.to_ipc_bytes(forged))):
                 r.set(skey, value)
                 assert await store.get_many([RANGE_KEY]) == [None]
                 assert not r.exists(skey)
@@ -417,7 +418,7 @@ def test_forged_frames_under_real_keys_are_misses_and_the_answer_is_prometheuss(
         assert isinstance(good, bytes)
         key: Any = Canonical(good)
         t0 = key.fields[3]  # its span's start
-        forged = QueryResult.from_series("matrix", [({"Hostname": "forged"}, [t0], [1e9])]).to_ipc_bytes("lz4")
+        forged = arrow.to_ipc_bytes(QueryResult.from_series("matrix", [({"Hostname": "forged"}, [t0], [1e9])]), "lz4")
         r.set(skey, {0: v1_frame(key, forged),  # CRC-sound, as before: served before issue 26
                      1: encode_value(key, forged, skey=skey.decode()),  # the built-in key
                      2: encode_value(key, forged, mac_key=frame_key(b"not the fleet's secret!"),

@@ -27,6 +27,7 @@ from proxy.cache import (
     encode_value,
     make_store,
 )
+from proxy.codec import arrow
 from proxy.config import CacheConfig
 from proxy.result import QueryResult
 from tests.cache.redis_helpers import H, item, key, meta, mget_calls, run, store_for
@@ -123,7 +124,7 @@ def test_make_store_uses_redis(server: RedisNode, r: redis.Redis) -> None:
         try:
             assert isinstance(store, RedisStore)
             # Its payloads are bounded (cache.max_piece_samples): Arrow IPC, not any bytes.
-            payload = QueryResult.from_series("matrix", [({"a": "1"}, [key(0).span.start_ms], [1.0])]).to_ipc_bytes()
+            payload = arrow.to_ipc_bytes(QueryResult.from_series("matrix", [({"a": "1"}, [key(0).span.start_ms], [1.0])]))
             await store.put_many([item(key(0), payload), item(key(1), b"v")])
             assert await store.get_many([key(0), key(1)]) == [payload, None]
             assert store.stats()["too_large"] == 1

@@ -31,6 +31,7 @@ import yaml
 from loadtests.compare import diff_answers
 from proxy.cache import CacheItem, CacheKey, PieceMeta, RedisStore
 from proxy.cache.leases import lease_key
+from proxy.codec import arrow
 from proxy.config import build_config
 from proxy.observe.metrics import METRICS
 from proxy.pipeline.cache_read import CacheReader
@@ -76,7 +77,7 @@ class Proc:
     async def put(self, i: int) -> None:
         u = unit(i)
         assert u.key is not None
-        await self.store.put_many([CacheItem(u.key, cell(i).to_ipc_bytes(None), 600_000,
+        await self.store.put_many([CacheItem(u.key, arrow.to_ipc_bytes(cell(i), None), 600_000,
                                              PieceMeta(("DCGM_FI_DEV_FB_USED",), 0, 1, int(time.time() * 1000)))])
 
     async def aclose(self) -> None:
@@ -90,7 +91,7 @@ def lease_count(result: str) -> float:
 
 @pytest.fixture()
 def rurl(redis_server: RedisServer) -> str:
-    cell(0).to_ipc_bytes(None)  # the first encoding imports pyarrow: not inside a timed step
+    arrow.to_ipc_bytes(cell(0), None)  # the first encoding imports pyarrow: not inside a timed step
     url = redis_server.url.rsplit("/", 1)[0] + "/11"
     redis.Redis.from_url(url).flushdb()
     return url

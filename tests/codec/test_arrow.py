@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from proxy.codec import arrow
 from proxy.codec.arrow import encode_arrow_stream
 from proxy.codec.errors import MalformedAnswer
 from proxy.codec.json_decode import decode_prometheus_json
@@ -32,7 +33,7 @@ def _sample_result() -> QueryResult:
 @pytest.mark.parametrize("compression", ["zstd", "lz4", None])
 def test_ipc_round_trip(compression: Any) -> None:
     r = _sample_result()
-    back = QueryResult.from_ipc_bytes(r.to_ipc_bytes(compression))
+    back = arrow.from_ipc_bytes(arrow.to_ipc_bytes(r, compression))
     assert back.labels == r.labels and back.warnings == ["w"] and back.result_type == "matrix"
     assert np.array_equal(back.offsets, r.offsets) and np.array_equal(back.t_ms, r.t_ms)
     assert same_floats(back.value, r.value)
@@ -41,14 +42,14 @@ def test_ipc_round_trip(compression: Any) -> None:
 def test_cached_labels_are_not_formatted_again() -> None:
     d = {"__name__": "up", "a": "<x> \"y\" \u2028", "Z": "é"}
     r = QueryResult.from_series("matrix", [(d, [1000], [1.0]), ({}, [1000], [2.0])])
-    back = QueryResult.from_ipc_bytes(r.to_ipc_bytes())
+    back = arrow.from_ipc_bytes(arrow.to_ipc_bytes(r))
     assert back._label_block is not None and back.labels == r.labels
     assert back.canonical_keys() == [labels_json(d), b"{}"]
     assert encode_prometheus_json(back) == encode_prometheus_json(r) == ref_encode("matrix", r.to_pylist())
     # A table written without the canonical marker (an older cache entry) still decodes.
-    t = r.to_arrow_table()
+    t = arrow.to_table(r)
     meta = {k: v for k, v in t.schema.metadata.items() if k != b"promaccel.labels_canonical"}
-    old = QueryResult.from_arrow_table(t.replace_schema_metadata(meta))
+    old = arrow.from_table(t.replace_schema_metadata(meta))
     assert old._label_block is None and encode_prometheus_json(old) == encode_prometheus_json(r)
 
 
@@ -62,10 +63,8 @@ def _fleet_hour(n_series: int = 256, pod: str = "p") -> QueryResult:
 
 
 def test_cached_label_lists_are_packed_and_unpacked_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    from proxy.codec import arrow
-
     r = _fleet_hour()
-    payload = r.to_ipc_bytes("lz4")
+    payload = arrow.to_ipc_bytes(r, "lz4")
     meta = pa.ipc.open_stream(payload).read_all().schema.metadata
     assert b"promaccel.labels" not in meta and int(meta[b"promaccel.labels_size"]) > 30_000
     plain = b"[" + b",".join(r.canonical_keys()) + b"]"
@@ -76,24 +75,22 @@ def test_cached_label_lists_are_packed_and_unpacked_once(monkeypatch: pytest.Mon
     monkeypatch.setattr(arrow._PACKED, "unpack", lambda p, n: unpacked.append(1) or real(p, n))
     monkeypatch.setattr(arrow, "_LABEL_LISTS", arrow._LabelLists())
     for _ in range(3):  # the hour cells of one day: the same list, unpacked and parsed once
-        back = QueryResult.from_ipc_bytes(payload)
+        back = arrow.from_ipc_bytes(payload)
         assert back.labels == r.labels and back.canonical_keys() == r.canonical_keys()
         assert np.array_equal(back.t_ms, r.t_ms) and np.array_equal(back.value, r.value)
         assert encode_prometheus_json(back) == encode_prometheus_json(r)
     assert unpacked == [1]
     other = _fleet_hour(pod="q")  # another list: unpacked too
-    assert QueryResult.from_ipc_bytes(other.to_ipc_bytes("zstd")).labels == other.labels
+    assert arrow.from_ipc_bytes(arrow.to_ipc_bytes(other, "zstd")).labels == other.labels
     assert unpacked == [1, 1]
     # A short list stays plain JSON.
     small = _sample_result()
-    small_meta = pa.ipc.open_stream(small.to_ipc_bytes()).read_all().schema.metadata
+    small_meta = pa.ipc.open_stream(arrow.to_ipc_bytes(small)).read_all().schema.metadata
     assert b"promaccel.labels_zstd" not in small_meta and small_meta[b"promaccel.labels"].startswith(b"[")
 
 
 @pytest.mark.parametrize("size", [b"", b"x", b"0", b"-5", str(1 << 31).encode(), b"12", b"1000000", str(900 << 20).encode()])
 def test_a_packed_label_list_of_a_wrong_size_is_malformed(size: bytes) -> None:
-    from proxy.codec import arrow
-
     t = arrow.to_table(_fleet_hour(pod=f"size{size!r}"), pack_labels=True)
     meta = dict(t.schema.metadata)
     meta[b"promaccel.labels_size"] = size
@@ -102,22 +99,22 @@ def test_a_packed_label_list_of_a_wrong_size_is_malformed(size: bytes) -> None:
     with pa.ipc.new_stream(sink, bad.schema) as w:
         w.write_table(bad)
     with pytest.raises(MalformedAnswer):
-        QueryResult.from_ipc_bytes(sink.getvalue().to_pybytes())
+        arrow.from_ipc_bytes(sink.getvalue().to_pybytes())
 
 
 def test_arrow_table_schema() -> None:
-    t = _sample_result().to_arrow_table()
+    t = arrow.to_table(_sample_result())
     assert t.schema.names == ["series", "t_ms", "value"]
     assert t.column("series").to_pylist() == [0, 0, 1]
     assert t.schema.metadata[b"promaccel.result_type"] == b"matrix"
     with pytest.raises(MalformedAnswer):
-        QueryResult.from_ipc_bytes(b"garbage")
+        arrow.from_ipc_bytes(b"garbage")
 
 
 def test_scalar_and_string_through_ipc() -> None:
     for body in (GOLDEN[12], GOLDEN[14]):
         r = decode_prometheus_json(body)
-        assert encode_prometheus_json(QueryResult.from_ipc_bytes(r.to_ipc_bytes())) == body
+        assert encode_prometheus_json(arrow.from_ipc_bytes(arrow.to_ipc_bytes(r))) == body
 
 
 def test_public_arrow_stream() -> None:
@@ -134,11 +131,9 @@ def test_public_arrow_stream() -> None:
 def test_cached_label_lists_keep_no_large_json() -> None:
     """An hour cell's label list is split once and remembered as the shared keys; its JSON
     (~1 MB an hour for 2,048 GPUs) is not kept."""
-    from proxy.codec import arrow
-
     lists = arrow._LabelLists()
     big = _fleet_hour(600, pod="big-list")
-    payload = big.to_ipc_bytes("lz4")
+    payload = arrow.to_ipc_bytes(big, "lz4")
     table = pa.ipc.open_stream(payload).read_all()
     stored = table.schema.metadata[b"promaccel.labels_zstd"]
     raw = arrow._PACKED.unpack(stored, table.schema.metadata[b"promaccel.labels_size"])

@@ -14,11 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.codec import json_decode
+from proxy.codec import arrow, json_decode
 from proxy.codec.errors import MalformedAnswer, Undecodable
 from proxy.codec.json_decode import decode_prometheus_json
 from proxy.codec.json_encode import encode_prometheus_json, iter_prometheus_json
-from proxy.result import QueryResult
+from proxy.result.label_sets import LabelSets
 from tests.codec.reference import GOLDEN, hard_text, matrices, ref_encode, ref_value, same_floats
 
 
@@ -86,7 +86,7 @@ def test_matrix_round_trip_hard_labels(series: Any, warnings: list[str]) -> None
     assert encode_prometheus_json(r) == body
     assert b"".join(iter_prometheus_json(r, batch_samples=3)) == body
     # Through the cache format and back.
-    back = QueryResult.from_ipc_bytes(r.to_ipc_bytes())
+    back = arrow.from_ipc_bytes(arrow.to_ipc_bytes(r))
     assert encode_prometheus_json(back) == body
 
 
@@ -240,7 +240,7 @@ def test_label_sets_share_one_key_and_their_values_between_answers() -> None:
     assert all(x is y for x, y in zip(a.canonical_keys(), b.canonical_keys()))
     assert a.labels[0]["model"] is a.labels[1]["model"] and a.labels[0]["host"] is b.labels[1]["host"]
     # Read back from the cache's Arrow payload: the same key objects, and the same bytes out.
-    c = QueryResult.from_ipc_bytes(memoryview(a.to_ipc_view("lz4")))
+    c = arrow.from_ipc_bytes(memoryview(arrow.to_ipc_view(a, "lz4")))
     assert all(x is y for x, y in zip(a.canonical_keys(), c.canonical_keys()))
     assert encode_prometheus_json(c) == encode_prometheus_json(a) == body
 
@@ -292,8 +292,8 @@ def test_raw_answers_are_merged_and_written_without_parsing_their_label_sets() -
     assert r.parsed_labels() is None and r.n_series == 40
     halves = split_time(r, [(1700000000_000, 1700000060_000), (1700000120_000, 1700000120_000)])
     assert all(h.parsed_labels() is None for h in halves)
-    cached = [QueryResult.from_ipc_bytes(h.to_ipc_bytes("lz4")) for h in halves]
-    packed = [QueryResult.from_ipc_bytes(h.to_ipc_bytes("lz4"), pack_from=1) for h in halves]
+    cached = [arrow.from_ipc_bytes(arrow.to_ipc_bytes(h, "lz4")) for h in halves]
+    packed = [arrow.from_ipc_bytes(arrow.to_ipc_bytes(h, "lz4"), pack_from=1) for h in halves]
     assert all(c.parsed_labels() is None for c in cached + packed)
     for parts in (halves, cached, packed):
         merged = concat(parts[::-1], lazy=True)
@@ -324,7 +324,7 @@ def test_a_label_value_that_is_not_utf8_is_never_relayed() -> None:
 
 
 def test_the_label_table_keeps_keys_and_parses_dicts_on_demand() -> None:
-    table = json_decode._LabelSets(max_bytes=1 << 20)
+    table = LabelSets(max_bytes=1 << 20)
     spans = [b'{"a":"1"}', b'{"a":"2"}']
     table.intern(spans)
     assert all(e[1] is None for e in table.map.values()) and table.bytes == 18

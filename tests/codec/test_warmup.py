@@ -37,6 +37,7 @@ warmed = signatures()
 import orjson
 from proxy.codec.json_decode import decode_prometheus_json
 from proxy.codec.json_encode import encode_prometheus_json, iter_prometheus_json
+from proxy.codec import arrow
 from proxy.codec.arrow import PAYLOAD_BATCH_ROWS
 from proxy.codec.json_splice import splice_prometheus_json
 from proxy.result import QueryResult
@@ -67,7 +68,7 @@ for op in ("sum", "max", "count"):
     encode_prometheus_json(merge([(None, a), (None, b)], MergeRecipe(kind="aggregate", op=op, grouping=("gpu",))))
 encode_prometheus_json(merge([("sum", a), ("count", a)], MergeRecipe(kind="aggregate", op="avg", grouping=())))
 encode_prometheus_json(merge([(None, a), (None, b)], MergeRecipe(kind="aggregate", op="topk", param=3.0)))
-cached = QueryResult.from_ipc_bytes(cell.to_ipc_bytes("lz4"))
+cached = arrow.from_ipc_bytes(arrow.to_ipc_bytes(cell, "lz4"))
 edge = slice_time(a, (T + 600) * 1000, (T + 3000) * 1000)
 splice_prometheus_json(merge([(None, edge), (None, cached)], MergeRecipe(kind="concat"), lazy=True))
 

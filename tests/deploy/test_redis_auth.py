@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from proxy.cache import CacheItem, CacheKey, PieceMeta, make_store
+from proxy.codec import arrow
 from proxy.config import CacheConfig, ConfigError, build_config
 from proxy.result import QueryResult
 from shardplanner.plan import Span
@@ -33,7 +34,7 @@ KEY = CacheKey(query="sum(up)", span=Span.range(1_700_000_000_000, 1_700_003_570
 
 
 def _cell() -> bytes:
-    return QueryResult.from_series("matrix", [({"job": "a"}, [1_700_000_000_000], [1.0])]).to_ipc_bytes()
+    return arrow.to_ipc_bytes(QueryResult.from_series("matrix", [({"job": "a"}, [1_700_000_000_000], [1.0])]))
 
 
 def _redis_container(docs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from starlette.routing import Route
 
 from proxy.api import compress
 from proxy.api.compress import FastGZipMiddleware
+from proxy.codec import arrow
 from proxy.config import CacheConfig
 from proxy.pipeline.cache_read import decode_payloads as _decode_payloads
 from proxy.result import QueryResult
@@ -88,7 +89,7 @@ def _result(n_series: int = 5, points: int = 7) -> QueryResult:
 @pytest.mark.parametrize("compression", ["lz4", "zstd", None])
 def test_cached_pieces_decode_whatever_they_were_written_with(compression: str | None) -> None:
     r = _result()
-    (back,) = _decode_payloads([r.to_ipc_bytes(compression)])
+    (back,) = _decode_payloads([arrow.to_ipc_bytes(r, compression)])
     assert isinstance(back, QueryResult)
     assert back.labels == r.labels
     assert np.array_equal(back.t_ms, r.t_ms) and np.array_equal(back.value, r.value)
@@ -96,14 +97,14 @@ def test_cached_pieces_decode_whatever_they_were_written_with(compression: str |
 
 
 def test_undecodable_payload_is_an_exception_not_a_failure() -> None:
-    good = _result().to_ipc_bytes("lz4")
+    good = arrow.to_ipc_bytes(_result(), "lz4")
     outcomes = _decode_payloads([good[: len(good) // 2], b"not arrow", good])
     assert isinstance(outcomes[0], Exception) and isinstance(outcomes[1], Exception)
     assert isinstance(outcomes[2], QueryResult)
 
 
 def test_label_list_memo_hands_out_independent_lists() -> None:
-    payload = _result().to_ipc_bytes("lz4")
+    payload = arrow.to_ipc_bytes(_result(), "lz4")
     a, b = _decode_payloads([payload, payload])
     assert isinstance(a, QueryResult) and isinstance(b, QueryResult)
     assert a.labels == b.labels
@@ -250,13 +251,13 @@ def test_cached_table_with_a_bad_series_column_is_refused(series: list[int]) -> 
     from proxy.codec.errors import MalformedAnswer
 
     good = _result(n_series=2, points=2)
-    table = good.to_arrow_table()
+    table = arrow.to_table(good)
     bad = table.set_column(table.schema.get_field_index("series"), "series",
                            pa.array(series, type=pa.int32()))
     bad = bad.replace_schema_metadata(table.schema.metadata)
     with pytest.raises(MalformedAnswer, match="out of order"):
-        QueryResult.from_arrow_table(bad)
-    back = QueryResult.from_arrow_table(table)
+        arrow.from_table(bad)
+    back = arrow.from_table(table)
     assert list(back.offsets) == [0, 2, 4]
 
 
@@ -264,21 +265,21 @@ def test_decoded_cells_are_reused_only_for_the_same_bytes() -> None:
     from proxy.pipeline.cache_read import DecodedCells, payload_signature
 
     one = QueryResult.from_series("matrix", [({"a": "1"}, [1, 2], [1.0, 2.0])])
-    payload = one.to_ipc_bytes(None)
+    payload = arrow.to_ipc_bytes(one, None)
     sig = payload_signature(payload)
     cells = DecodedCells(max_samples=8)
     assert cells.get("d", payload) is None and cells.keeps(payload)
     cells.put("d", sig, one)
     assert cells.get("d", bytes(payload)) is one  # equal bytes, another object: reused
     assert cells.get("d", memoryview(b"xx" + payload)[2:]) is one  # a view of the stored value too
-    other = QueryResult.from_series("matrix", [({"a": "1"}, [1, 2], [1.0, 3.0])]).to_ipc_bytes(None)
+    other = arrow.to_ipc_bytes(QueryResult.from_series("matrix", [({"a": "1"}, [1, 2], [1.0, 3.0])]), None)
     assert cells.get("d", other) is None  # the entry changed (re-stored after late data)
     # Bounded by samples, least recently used out.
     for i in range(5):
         cells.put(f"k{i}", sig, one)
     assert cells.get("k0", payload) is None and cells.get("k4", payload) is one
     big = QueryResult.from_series("matrix", [({"a": "1"}, list(range(3)), [1.0] * 3)])
-    blob = big.to_ipc_bytes(None)
+    blob = arrow.to_ipc_bytes(big, None)
     cells.put("big", payload_signature(blob), big)  # over a quarter of the bound: not kept
     assert cells.get("big", blob) is None
     assert not DecodedCells(max_samples=4).keeps(b"x" * (24 + (1 << 20) + 1))  # too large to hash
@@ -298,17 +299,17 @@ def test_a_read_lets_each_payload_go_once_decoded() -> None:
 
     # Buffers that can be watched going away (bytes cannot be weakly referenced).
     # Compressed, as large cells are stored: the decoded arrays are fresh, not views of it.
-    payloads: list[Any] = [np.frombuffer(c.to_ipc_bytes("lz4"), dtype=np.uint8).copy() for c in cells]
+    payloads: list[Any] = [np.frombuffer(arrow.to_ipc_bytes(c, "lz4"), dtype=np.uint8).copy() for c in cells]
     gone = [weakref.ref(p) for p in payloads]
     seen: list[list[bool]] = []
-    real = QueryResult.from_ipc_bytes
+    real = arrow.from_ipc_bytes
 
     def watched(data: Any, pack_from: int = 0) -> QueryResult:
         seen.append([g() is None for g in gone])
         return real(data, pack_from=pack_from)
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(QueryResult, "from_ipc_bytes", staticmethod(watched))
+    mp.setattr(arrow, "from_ipc_bytes", watched)
     try:
         keys = [CacheKey(f"up{i}", Span.instant(1_000), lookback_ms=0) for i in range(3)]
         reader = CacheReader.__new__(CacheReader)
@@ -373,7 +374,7 @@ def test_a_stored_cell_is_adopted_by_the_first_read_of_its_key(monkeypatch: pyte
     from proxy.pipeline.landing import Landing
 
     one = QueryResult.from_series("matrix", [({"a": "1"}, [1, 2], [1.0, 2.0])])
-    payload = one.to_ipc_bytes(None)
+    payload = arrow.to_ipc_bytes(one, None)
     cells = DecodedCells(max_samples=1000)
     landing = Landing()
     landing.on_unland = cells.adopt
@@ -388,7 +389,7 @@ def test_a_stored_cell_is_adopted_by_the_first_read_of_its_key(monkeypatch: pyte
     assert landing.landed("d") is None  # gone from the landing zone ...
     assert cells.get("d", payload) is one  # ... and adopted by the first read of its key
     assert cells.get("d", bytes(payload)) is one  # then kept as any decoded cell
-    other = QueryResult.from_series("matrix", [({"a": "1"}, [1, 2], [1.0, 3.0])]).to_ipc_bytes(None)
+    other = arrow.to_ipc_bytes(QueryResult.from_series("matrix", [({"a": "1"}, [1, 2], [1.0, 3.0])]), None)
     assert cells.get("d", other) is None  # its payload changed: decoded again
     # Adopted once, for a while, small cells only.
     cells.adopt("e", one)
@@ -397,7 +398,7 @@ def test_a_stored_cell_is_adopted_by_the_first_read_of_its_key(monkeypatch: pyte
     assert cells.get("e", payload) is None
     big = QueryResult.from_series("matrix", [({"a": "1"}, list(range(300)), [1.0] * 300)])
     cells.adopt("f", big)  # over a quarter of the decoded cells' bound
-    assert cells.get("f", big.to_ipc_bytes(None)) is None
+    assert cells.get("f", arrow.to_ipc_bytes(big, None)) is None
     # An invalidation drops what is adopted.
     cells.adopt("g", one)
     cells.clear()

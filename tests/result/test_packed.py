@@ -25,8 +25,8 @@ from .test_concat import STEP, T0, fleet, time_pieces
 
 def packed(r: QueryResult, batch_rows: int, compression: str = "lz4") -> QueryResult:
     with mock.patch.object(arrow, "PAYLOAD_BATCH_ROWS", batch_rows):
-        payload = r.to_ipc_bytes(compression)  # type: ignore[arg-type]
-    return QueryResult.from_ipc_bytes(payload, pack_from=1)
+        payload = arrow.to_ipc_bytes(r, compression)  # type: ignore[arg-type]
+    return arrow.from_ipc_bytes(payload, pack_from=1)
 
 
 def sorted_fleet(rng: random.Random, n_series: int, n_steps: int) -> QueryResult:
@@ -101,39 +101,39 @@ def test_a_cursor_reads_forward_a_few_batches_and_starts_again_when_asked_back()
 def test_small_single_batch_and_unasked_payloads_decode_as_before() -> None:
     cell = fleet(random.Random(3), 20, 30)
     with mock.patch.object(arrow, "PAYLOAD_BATCH_ROWS", 7):
-        payload = cell.to_ipc_bytes("lz4")
-    assert isinstance(QueryResult.from_ipc_bytes(payload, pack_from=cell.n_samples), arrow.PackedPiece)
-    small = QueryResult.from_ipc_bytes(payload, pack_from=cell.n_samples + 1)  # read without values, then them
+        payload = arrow.to_ipc_bytes(cell, "lz4")
+    assert isinstance(arrow.from_ipc_bytes(payload, pack_from=cell.n_samples), arrow.PackedPiece)
+    small = arrow.from_ipc_bytes(payload, pack_from=cell.n_samples + 1)  # read without values, then them
     assert type(small) is QueryResult and 2 * (cell.n_samples + 1) <= len(payload)
     assert encode_prometheus_json(small) == encode_prometheus_json(cell)
-    assert type(QueryResult.from_ipc_bytes(payload)) is QueryResult  # not asked
+    assert type(arrow.from_ipc_bytes(payload)) is QueryResult  # not asked
     with mock.patch.object(arrow, "PAYLOAD_BATCH_ROWS", 1 << 20):
-        one_batch = cell.to_ipc_bytes("lz4")  # as written before batches: read whole, the same cell
-    whole = QueryResult.from_ipc_bytes(one_batch, pack_from=1)
+        one_batch = arrow.to_ipc_bytes(cell, "lz4")  # as written before batches: read whole, the same cell
+    whole = arrow.from_ipc_bytes(one_batch, pack_from=1)
     assert isinstance(whole, arrow.PackedPiece)
     assert encode_prometheus_json(whole) == encode_prometheus_json(cell)
 
 
 def test_a_fetched_cell_packs_once_and_its_payload_is_what_is_stored() -> None:
     cell = fleet(random.Random(4), 30, 40)
-    assert cell.to_packed("lz4", cell.n_samples + 1) is cell  # under the threshold
-    assert cell.to_packed("lz4", 0) is cell  # off
-    p = cell.to_packed("lz4", 1)
+    assert arrow.pack(cell, "lz4", cell.n_samples + 1) is cell  # under the threshold
+    assert arrow.pack(cell, "lz4", 0) is cell  # off
+    p = arrow.pack(cell, "lz4", 1)
     assert isinstance(p, arrow.PackedPiece) and p.packed_samples() is not None
-    assert p.to_packed("lz4", 1) is p
+    assert arrow.pack(p, "lz4", 1) is p
     # The store gets the payload made when it was packed (no second encoding), and it reads
     # back as the cell.
-    assert p.to_ipc_view("lz4").obj is p.to_ipc_view("lz4").obj
-    assert bytes(p.to_ipc_view("lz4")) == cell.to_ipc_bytes("lz4")
-    assert encode_prometheus_json(QueryResult.from_ipc_bytes(p.to_ipc_view("lz4"))) == encode_prometheus_json(cell)
+    assert arrow.to_ipc_view(p, "lz4").obj is arrow.to_ipc_view(p, "lz4").obj
+    assert bytes(arrow.to_ipc_view(p, "lz4")) == arrow.to_ipc_bytes(cell, "lz4")
+    assert encode_prometheus_json(arrow.from_ipc_bytes(arrow.to_ipc_view(p, "lz4"))) == encode_prometheus_json(cell)
     assert p.packed_samples() is not None
-    assert bytes(p.to_ipc_view("zstd")) == cell.to_ipc_bytes("zstd")  # another compression: encoded again
+    assert bytes(arrow.to_ipc_view(p, "zstd")) == arrow.to_ipc_bytes(cell, "zstd")  # another compression: encoded again
 
 
 def test_a_cell_out_of_time_order_is_refused() -> None:
     bad = QueryResult("matrix", [{"a": "1"}], np.array([0, 3]), np.array([T0, T0 + 2, T0 + 1]),
                       np.array([1.0, 2.0, 3.0]))
     with mock.patch.object(arrow, "PAYLOAD_BATCH_ROWS", 1):
-        payload = bad.to_ipc_bytes("lz4")
+        payload = arrow.to_ipc_bytes(bad, "lz4")
     with pytest.raises(MalformedAnswer):
-        QueryResult.from_ipc_bytes(payload, pack_from=1)
+        arrow.from_ipc_bytes(payload, pack_from=1)

@@ -24,7 +24,7 @@ from starlette.routing import Route
 
 from proxy.api.compress import FastGZipMiddleware
 from proxy.api.responses import json_response
-from proxy.codec import json_splice
+from proxy.codec import arrow, json_splice
 from proxy.codec.json_encode import encode_prometheus_json
 from proxy.codec.json_splice import memo_bytes, splice_prometheus_json, spliced
 from proxy.result import QueryResult
@@ -187,7 +187,7 @@ def test_the_gzipped_answer_decodes_everywhere(n_series: int) -> None:
 def test_packed_cells_are_spliced_and_stay_packed() -> None:
     rng = random.Random(11)
     whole = fleet(rng, 40, 60)
-    cells = [c.to_packed("lz4", 1) if c.n_samples else c for c in cells_of(whole, 3, rng)]
+    cells = [arrow.pack(c, "lz4", 1) if c.n_samples else c for c in cells_of(whole, 3, rng)]
     for c in cells:
         c.keeps_json = True
     assert any(c.packed_samples() is not None for c in cells)
