@@ -459,7 +459,7 @@ def _label_list(meta: dict[bytes, bytes], max_series: int) -> tuple[list[dict[st
 
 
 def _canonical_label_list(raw: bytes, stored: bytes, max_series: int) -> Any:
-    """The label list `raw`, written as Prometheus label JSON (to_arrow_table): (keys, the
+    """The label list `raw`, written as Prometheus label JSON (`to_table`): (keys, the
     process's shared ones, and label block), else None. `stored`: the list as the payload
     holds it (packed or `raw`), what `_LABEL_LISTS` is keyed by. More than `max_series`
     label sets: ValueError."""
