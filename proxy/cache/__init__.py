@@ -8,6 +8,7 @@
     memory.py        the in-process LRU store
     redis_store.py   the Redis / Redis Cluster store
     redis_invalidation.py  its generation, per-metric invalidation indexes and marker
+    redis_reads.py   its batched reads: whole entries, or only the MACs of kept ones
     shared_reads.py  concurrent lookups of the same keys share one read
     redis_client.py  Redis connections (the only importer of `redis`)
     leases.py        fetch leases in Redis (one process of all sharing it fetches a piece)

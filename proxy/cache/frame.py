@@ -33,14 +33,17 @@ from typing import Literal
 
 from .keys import CacheKey, Payload
 
-__all__ = ["DEFAULT_SECRET", "FRAME_VERSION", "MAGIC", "CorruptValue", "decode_value", "encode_value",
-           "frame_key"]
+__all__ = ["DEFAULT_SECRET", "FRAME_VERSION", "MAC_OFFSET", "MAC_SIZE", "MAGIC", "CorruptValue", "decode_value",
+           "encode_value", "frame_key", "frame_mac"]
 
 MAGIC = b"PAXC"
 FRAME_VERSION = 2
 MAC_SIZE = 32
 _HEADER = struct.Struct(">4sBI32s")  # magic, frame version, len(canonical), mac
 _PREFIX = 9  # magic, version, len(canonical): what the MAC covers of the header
+# Where a frame's MAC lies: a reader that keeps a frame's decoded payload reads only these 32
+# bytes (Redis GETRANGE) to learn whether the entry is still that frame (`frame_mac`).
+MAC_OFFSET = _PREFIX
 _NO_MAC = bytes(MAC_SIZE)
 # The secret used when none is configured and none can be derived (factory.py): public,
 # so frames keyed by it are checked for integrity only, not authenticity.
@@ -85,6 +88,16 @@ def encode_value(key: CacheKey, payload: Payload, *, mac_key: bytes | None = DEF
     prefix = struct.pack(">4sBI", MAGIC, FRAME_VERSION, len(canonical))
     mac = _NO_MAC if mac_key is None else _mac(mac_key, prefix, skey, canonical, payload)
     return b"".join((prefix, mac, canonical, payload))
+
+
+def frame_mac(value: Payload) -> bytes:
+    """The MAC of a frame that `decode_value` accepted (with `verify_mac`): the tag of that
+    exact frame. The MAC covers the storage key, the canonical key and the payload, so an
+    entry whose MAC bytes still equal this tag holds that frame's payload -- or is a copy of
+    the MAC bytes beside other content, which only someone with Redis access could write,
+    and whose reader then serves what it authenticated before (the tag's payload), never
+    the forged content (pipeline/cache_read.py)."""
+    return bytes(value[MAC_OFFSET:MAC_OFFSET + MAC_SIZE])
 
 
 def decode_value(key: CacheKey, value: bytes, *, verify_mac: bool = True, mac_key: bytes = DEFAULT_KEY,

@@ -34,13 +34,14 @@ from ..primitives.clock import wall_ms
 from .bound import PayloadLimits
 from .breaker import CircuitBreaker
 from .deadline import idle_timeout
-from .frame import DEFAULT_KEY, encode_value
+from .frame import DEFAULT_KEY, MAC_SIZE, encode_value, frame_mac
 from .keys import CacheItem, CacheKey, Payload
 from .leases import RedisLeases
 from .redis_client import connect, redact_url
 from .redis_invalidation import RedisInvalidation
+from .redis_reads import Probe, fetch_probes, flight_of
 from .shared_reads import SharedReads
-from .store import PieceStore, describe
+from .store import PieceStore, Tagged, describe
 
 __all__ = ["RedisStore"]
 
@@ -48,6 +49,7 @@ log = logging.getLogger("promaccel.cache")
 
 _T = TypeVar("_T")
 _FAILED: Any = object()
+_MISS = Tagged(None)
 
 
 class RedisStore(PieceStore):
@@ -116,7 +118,7 @@ class RedisStore(PieceStore):
         self._per_key_s = timeout_per_key_ms / 1000
         self._max_wait_s = max(max_wait_ms, timeout_ms) / 1000
         # A lookup for a key that another lookup is reading right now waits for that read.
-        self._reads = SharedReads(self._read)
+        self._reads: SharedReads[Probe, Tagged] = SharedReads(self._read, flight_of, _MISS)
         self._put_timeout_s = put_timeout_ms / 1000
         self._admin_timeout_s = admin_timeout_ms / 1000
         self._index = RedisInvalidation(self._client, generation_refresh_ms=generation_refresh_ms,
@@ -199,31 +201,44 @@ class RedisStore(PieceStore):
         that gives up does not fail the lookups that joined its read."""
         if not keys:
             return []
-        out = await self._reads.get_many(keys)
+        out = [t.payload for t in await self._reads.get_many([Probe(k) for k in keys])]
         self._count_payloads(out)
         return out
 
-    async def _read(self, keys: list[CacheKey]) -> list[Payload | None]:
-        """One batched read, checked (`verify`); None for every key on any failure. Bad
-        entries are unlinked in the background."""
-        deadline_s = self._timeout_s + self._per_key_s * len(keys)
-        fetched = await self._guarded("get", deadline_s, lambda: self._mget(keys), idle_deadline=True)
-        if fetched is _FAILED:
-            return [None] * len(keys)
-        skeys, values = fetched
-        out, bad = self.verify(keys, skeys, values)
-        if bad:
-            self._reads.spawn(self._guarded("delete", self._timeout_s, lambda: self._unlink(bad)))
+    async def get_tagged(self, keys: Sequence[CacheKey], known: Sequence[bytes | None]) -> list[Tagged]:
+        """`get_many` for a reader that keeps decoded frames (store.PieceStore.get_tagged):
+        of a key with a known tag only the entry's 32 MAC bytes are read (GETRANGE), in
+        the same round trip as the other keys' MGET; an entry whose MAC is the known tag
+        is that frame (the MAC covers the storage key -- generation included --, the
+        canonical key and the payload), an entry that is gone (invalidated, evicted,
+        expired, another generation) reads an empty range, and one that changed (another
+        process wrote it again) is read whole in a second round trip and checked as any."""
+        if not keys:
+            return []
+        out = await self._reads.get_many([Probe(k, t) for k, t in zip(keys, known)])
+        hits = sum(1 for t in out if t.payload is not None or t.same)
+        self._count_lookups(hits, len(out) - hits, sum(len(t.payload) if t.payload is not None
+                                                       else MAC_SIZE if t.same else 0 for t in out))
         return out
 
-    async def _mget(self, keys: Sequence[CacheKey]) -> tuple[list[str], list[bytes | None]]:
+    async def _read(self, probes: list[Probe]) -> list[Tagged]:
+        """One batched read, checked (`verify`); misses for every key on any failure. Bad
+        entries are unlinked in the background."""
+        deadline_s = self._timeout_s + self._per_key_s * len(probes)
+        fetched = await self._guarded("get", deadline_s, lambda: self._fetch(probes), idle_deadline=True)
+        if fetched is _FAILED:
+            return [_MISS] * len(probes)
+        skeys, values, same = fetched
+        payloads, bad = self.verify([p.key for p in probes], skeys, values)
+        if bad:
+            self._reads.spawn(self._guarded("delete", self._timeout_s, lambda: self._unlink(bad)))
+        return [Tagged(None, p.known) if unchanged else _MISS if payload is None or value is None
+                else Tagged(payload, frame_mac(value))
+                for p, unchanged, payload, value in zip(probes, same, payloads, values)]
+
+    async def _fetch(self, probes: Sequence[Probe]) -> tuple[list[str], list[bytes | None], list[bool]]:
         gen = await self._index.current()
-        skeys = [k.redis_key(gen) for k in keys]
-        if self.cluster:
-            values = await self._client.mget_nonatomic(skeys)
-        else:
-            values = await self._client.mget(skeys)
-        return skeys, values
+        return await fetch_probes(self._client, self.cluster, [p.key.redis_key(gen) for p in probes], probes)
 
     async def _unlink(self, skeys: Sequence[str]) -> None:
         pipe = self._client.pipeline(transaction=False)

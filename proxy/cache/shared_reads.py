@@ -13,40 +13,52 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from ..observe.metrics import METRICS
 from .keys import CacheKey, Payload
 
 __all__ = ["BatchRead", "SharedReads"]
 
+K = TypeVar("K")
+V = TypeVar("V")
+
 # One batched read: a payload (None: a miss) per key, in order. It should not raise; if it
 # does, every key of the batch reads as a miss.
 BatchRead = Callable[[list[CacheKey]], Awaitable[list[Payload | None]]]
 
 
-class SharedReads:
-    """Reads in flight, per key digest, and the tasks that run them."""
+def by_digest(key: Any) -> str:
+    return str(key.digest)
 
-    def __init__(self, read: BatchRead) -> None:
+
+class SharedReads(Generic[K, V]):
+    """Reads in flight, per flight name (a key's digest; the Redis store's tagged reads name
+    the tag too), and the tasks that run them. `read` answers a value per key (`miss` for
+    every key of a batch that failed)."""
+
+    def __init__(self, read: Callable[[list[K]], Awaitable[list[V]]],
+                 flight: Callable[[K], str] = by_digest, miss: Any = None) -> None:
         self._read = read
-        self._inflight: dict[str, asyncio.Future[Payload | None]] = {}
+        self._flight = flight
+        self._miss: V = miss
+        self._inflight: dict[str, asyncio.Future[V]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    async def get_many(self, keys: Sequence[CacheKey]) -> list[Payload | None]:
-        """A payload or None per key, in order: joined reads in flight, one new batch for
-        the rest."""
+    async def get_many(self, keys: Sequence[K]) -> list[V]:
+        """A value per key, in order: joined reads in flight, one new batch for the rest."""
         if not keys:
             return []
         loop = asyncio.get_running_loop()
-        futs: list[asyncio.Future[Payload | None]] = []
-        mine: dict[str, tuple[CacheKey, asyncio.Future[Payload | None]]] = {}
+        futs: list[asyncio.Future[V]] = []
+        mine: dict[str, tuple[K, asyncio.Future[V]]] = {}
         joined = 0
         for k in keys:
-            fut = self._inflight.get(k.digest)
+            name = self._flight(k)
+            fut = self._inflight.get(name)
             if fut is None:
-                fut = self._inflight[k.digest] = loop.create_future()
-                mine[k.digest] = (k, fut)
+                fut = self._inflight[name] = loop.create_future()
+                mine[name] = (k, fut)
             else:
                 joined += 1
             futs.append(fut)
@@ -56,14 +68,14 @@ class SharedReads:
             batch_keys, batch_futs = [k for k, _ in mine.values()], [f for _, f in mine.values()]
             task = self.spawn(self._batch(batch_keys, batch_futs))
             # A task cancelled before it ran (shutdown) never reaches _batch's `finally`.
-            task.add_done_callback(lambda _: self._settle(batch_keys, batch_futs, [None] * len(batch_keys)))
+            task.add_done_callback(lambda _: self._settle(batch_keys, batch_futs, [self._miss] * len(batch_keys)))
         # asyncio.wait, not gather: a caller cancelled here must not cancel shared reads.
         await asyncio.wait(set(futs))
         return [f.result() for f in futs]
 
-    async def _batch(self, keys: list[CacheKey], futs: list[asyncio.Future[Payload | None]]) -> None:
-        """One batched read; resolves every future (None on any failure), never raises."""
-        out: list[Payload | None] = [None] * len(keys)
+    async def _batch(self, keys: list[K], futs: list[asyncio.Future[V]]) -> None:
+        """One batched read; resolves every future (`miss` on any failure), never raises."""
+        out: list[V] = [self._miss] * len(keys)
         try:
             out = await self._read(keys)
         except BaseException:  # noqa: BLE001 -- cancelled at shutdown: the waiters read misses
@@ -71,11 +83,11 @@ class SharedReads:
         finally:
             self._settle(keys, futs, out)
 
-    def _settle(self, keys: list[CacheKey], futs: list[asyncio.Future[Payload | None]],
-                out: Sequence[Payload | None]) -> None:
+    def _settle(self, keys: list[K], futs: list[asyncio.Future[V]], out: Sequence[V]) -> None:
         for k, fut, payload in zip(keys, futs, out):
-            if self._inflight.get(k.digest) is fut:
-                del self._inflight[k.digest]
+            name = self._flight(k)
+            if self._inflight.get(name) is fut:
+                del self._inflight[name]
             if not fut.done():
                 fut.set_result(payload)
 

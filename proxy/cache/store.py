@@ -24,14 +24,14 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ..observe.metrics import METRICS
 from .bound import PayloadLimits, check_payload
 from .frame import DEFAULT_KEY, CorruptValue, decode_value
 from .keys import CacheItem, CacheKey, Payload
 
-__all__ = ["ANY_METRIC", "LeaseTable", "PieceStore", "RateLimitedLog", "describe"]
+__all__ = ["ANY_METRIC", "LeaseTable", "PieceStore", "RateLimitedLog", "Tagged", "describe"]
 
 log = logging.getLogger("promaccel.cache")
 
@@ -60,6 +60,24 @@ class LeaseTable(Protocol):
     async def poll(self, keys: Sequence[CacheKey],
                    max_ttl_ms: int | None = None) -> tuple[list[bool], list[Payload | None]] | None:
         """Which leases are held, then the pieces (payloads of sound frames)."""
+
+
+class Tagged(NamedTuple):
+    """One entry read by `PieceStore.get_tagged`:
+
+    payload and tag   read now: the payload of a sound frame and that frame's tag (its MAC,
+                      frame.frame_mac; None from a store without MACs)
+    payload None, tag the entry is still the frame of the tag the reader gave (`same`): its
+                      payload was not read
+    both None         a miss
+    """
+
+    payload: Payload | None
+    tag: bytes | None = None
+
+    @property
+    def same(self) -> bool:
+        return self.payload is None and self.tag is not None
 
 
 class RateLimitedLog:
@@ -109,6 +127,14 @@ class PieceStore(ABC):
     @abstractmethod
     async def get_many(self, keys: Sequence[CacheKey]) -> list[Payload | None]:
         """Payloads in key order, None for misses. One round trip for all keys."""
+
+    async def get_tagged(self, keys: Sequence[CacheKey], known: Sequence[bytes | None]) -> list[Tagged]:
+        """Like `get_many`, for a reader that keeps some entries decoded: `known[i]` is the tag
+        of the frame the reader keeps for `keys[i]` (None: none). An entry that still is that
+        frame reads as `Tagged(None, tag)` without its payload being read or checked again;
+        every other one as `get_many` reads it, with its tag. This store tags nothing (its
+        payloads are not authenticated: the reader tells them apart by their bytes)."""
+        return [Tagged(p) for p in await self.get_many(keys)]
 
     @abstractmethod
     async def put_many(self, items: Sequence[CacheItem]) -> None:

@@ -51,6 +51,12 @@ ADOPT_MAX_SAMPLES = 1 << 18
 ADOPT_WITHIN_S = 300.0
 
 
+# What tells a kept cell's payload from one that changed: its frame's tag (the frame MAC,
+# from a store that authenticates frames: reading the tag alone tells, store.get_tagged) or
+# the payload's length and checksum (`payload_signature`).
+Signature = bytes | tuple[int, int]
+
+
 def payload_signature(payload: Payload) -> tuple[int, int]:
     """A payload's length and a 64-bit checksum of it (CRC-32 and Adler-32): what tells a
     cell read again from one that changed (both were authenticated by the store). ~5x
@@ -60,26 +66,49 @@ def payload_signature(payload: Payload) -> tuple[int, int]:
 
 class DecodedCells:
     """Decoded cache payloads by key digest, reused while the payload is byte for byte the same
-    (its length and hash match: hashing is ~100x cheaper than decoding Arrow IPC). Bounded
-    by samples, least recently used first out."""
+    (its frame's tag, or its length and checksum, match: hashing is ~100x cheaper than
+    decoding Arrow IPC, and comparing a 32-byte tag needs no payload at all). Bounded by
+    samples, least recently used first out."""
 
     def __init__(self, max_samples: int = DECODED_MAX_SAMPLES) -> None:
         self.max_samples = max_samples
-        self._cells: OrderedDict[str, tuple[int, int, QueryResult]] = OrderedDict()
+        self._cells: OrderedDict[str, tuple[Signature, QueryResult]] = OrderedDict()
         self._samples = 0
         # digest -> (when, cell): cells this process fetched and stored, for the first read
         # of their key (`adopt`).
         self._adopted: OrderedDict[str, tuple[float, QueryResult]] = OrderedDict()
         self._adopted_samples = 0
 
-    def get(self, digest: str, payload: Payload) -> QueryResult | None:
+    def tagged(self, digest: str) -> tuple[bytes, QueryResult] | None:
+        """The kept cell of `digest` and its frame's tag, when it was kept with one: a store
+        that tags frames is asked whether the entry still is that frame (store.get_tagged)."""
+        cell = self._cells.get(digest)
+        if cell is None or not isinstance(cell[0], bytes):
+            return None
+        return cell[0], cell[1]
+
+    def hit(self, digest: str) -> None:
+        """The kept cell of `digest` was used (store.get_tagged found its frame unchanged)."""
+        if digest in self._cells:
+            self._cells.move_to_end(digest)
+
+    def get(self, digest: str, payload: Payload, tag: bytes | None = None) -> QueryResult | None:
+        """The kept cell of `digest` if it was decoded from this payload (`tag`: the payload's
+        frame tag, when the store gave one). A cell kept by checksum and found again by it
+        is kept by `tag` from then on."""
         cell = self._cells.get(digest)
         if cell is None:
-            return self._adopt_for(digest, payload)
-        if cell[0] != len(payload) or cell[1] != payload_signature(payload)[1]:
+            return self._adopt_for(digest, payload, tag)
+        kept = cell[0]
+        if isinstance(kept, bytes) and tag is not None:
+            if kept != tag:
+                return None
+        elif not self.keeps(payload) or kept != payload_signature(payload):
             return None
+        elif tag is not None:
+            self._cells[digest] = (tag, cell[1])
         self._cells.move_to_end(digest)
-        return cell[2]
+        return cell[1]
 
     def adopt(self, digest: str, result: QueryResult) -> None:
         """A cell this process fetched and stored, leaving the landing zone: the first read
@@ -103,11 +132,11 @@ class DecodedCells:
             self._adopted_samples -= entry[1].n_samples
         return entry
 
-    def _adopt_for(self, digest: str, payload: Payload) -> QueryResult | None:
+    def _adopt_for(self, digest: str, payload: Payload, tag: bytes | None) -> QueryResult | None:
         entry = self._unadopt(digest) if self._adopted else None
         if entry is None or time.monotonic() - entry[0] > ADOPT_WITHIN_S or not self.keeps(payload):
             return None
-        self.put(digest, payload_signature(payload), entry[1])
+        self.put(digest, tag if tag is not None else payload_signature(payload), entry[1])
         return entry[1]
 
     def keeps(self, payload: Payload) -> bool:
@@ -116,19 +145,20 @@ class DecodedCells:
         sample, uncompressed, plus its labels), whose signature is then not worth hashing."""
         return len(payload) <= 24 * (self.max_samples // 4) + MEMO_SLACK_BYTES
 
-    def put(self, digest: str, signature: tuple[int, int], result: QueryResult) -> None:
-        """Keep `result`, decoded from a payload of `signature` (`payload_signature()`)."""
+    def put(self, digest: str, signature: Signature, result: QueryResult) -> None:
+        """Keep `result`, decoded from a payload of `signature` (its frame's tag, or
+        `payload_signature()`)."""
         n = result.n_samples
         if n > self.max_samples // 4:
             return  # a large cell would push out a whole dashboard's worth of small ones
         old = self._cells.pop(digest, None)
         if old is not None:
-            self._samples -= old[2].n_samples
+            self._samples -= old[1].n_samples
         result.keeps_json = True  # read again by later answers: its encoded samples are kept
-        self._cells[digest] = (signature[0], signature[1], result)
+        self._cells[digest] = (signature, result)
         self._samples += n
         while self._samples > self.max_samples:
-            _, (_, _, gone) = self._cells.popitem(last=False)
+            _, (_, gone) = self._cells.popitem(last=False)
             self._samples -= gone.n_samples
 
     def clear(self) -> None:
@@ -173,7 +203,7 @@ class CacheReader:
                 found[digest] = landed
         rest = [k for d, k in wanted.items() if d not in found]
         if rest:
-            found.update(await self.decode(rest, await self.store().get_many(rest)))
+            found.update(await self.read(rest))
         for s in slots:
             for k in s.keys:
                 r = found.get(k.digest)
@@ -188,20 +218,49 @@ class CacheReader:
                 s.result, s.status, s.answered_by = r, "hit", k.digest
                 break
 
-    async def decode(self, keys: Sequence[CacheKey], payloads: Sequence[Payload | None]) -> dict[str, QueryResult]:
-        """Payloads read from the store for `keys`, decoded (None and undecodable ones left
-        out), by key digest."""
+    async def read(self, keys: Sequence[CacheKey]) -> dict[str, QueryResult]:
+        """The cells of `keys` in the store, decoded (misses and undecodable entries left
+        out), by key digest. A cell kept decoded with its frame's tag is only checked to be
+        unchanged (store.get_tagged: 32 bytes read, no MAC to verify, nothing to decode);
+        an entry that is gone or changed is a miss or is read whole, so what another process
+        invalidated or wrote again is never served from here."""
+        held = [self.decoded.tagged(k.digest) for k in keys]
+        reads = await self.store().get_tagged(keys, [h[0] if h is not None else None for h in held])
         found: dict[str, QueryResult] = {}
-        todo_keys: list[tuple[CacheKey, tuple[int, int] | None]] = []
+        todo_keys: list[CacheKey] = []
+        payloads: list[Payload | None] = []
+        tags: list[bytes | None] = []
+        for k, h, t in zip(keys, held, reads):
+            if t.same and h is not None and t.tag == h[0]:
+                found[k.digest] = h[1]
+                self.decoded.hit(k.digest)
+            elif t.payload is not None:
+                todo_keys.append(k)
+                payloads.append(t.payload)
+                tags.append(t.tag)
+        reads.clear()
+        found.update(await self.decode(todo_keys, payloads, tags))
+        return found
+
+    async def decode(self, keys: Sequence[CacheKey], payloads: Sequence[Payload | None],
+                     tags: Sequence[bytes | None] | None = None) -> dict[str, QueryResult]:
+        """Payloads read from the store for `keys` (`tags`: their frames' tags, when the
+        store gave them), decoded (None and undecodable ones left out), by key digest."""
+        found: dict[str, QueryResult] = {}
+        todo_keys: list[tuple[CacheKey, Signature | None]] = []
         todo: list[Payload | None] = []
-        for k, payload in zip(keys, payloads):
+        for i, (k, payload) in enumerate(zip(keys, payloads)):
             if payload is None:
                 continue
-            memo = self.decoded.get(k.digest, payload)
+            tag = tags[i] if tags is not None else None
+            memo = self.decoded.get(k.digest, payload, tag)
             if memo is not None:
                 found[k.digest] = memo
+            elif not self.decoded.keeps(payload):
+                todo_keys.append((k, None))
+                todo.append(payload)
             else:
-                todo_keys.append((k, payload_signature(payload) if self.decoded.keeps(payload) else None))
+                todo_keys.append((k, tag if tag is not None else payload_signature(payload)))
                 todo.append(payload)
         if isinstance(payloads, list):
             payloads.clear()  # consumed: each payload goes once decoded (see decode_payloads)
