@@ -1,7 +1,7 @@
 """The one quantile of the engine: Prometheus 2.42's promql/quantile.go `quantile()`, used by
-the `quantile` aggregation (aggregate.py) and by `quantile_over_time` (its window walk is
-here too, `run_quantile_over_time`, so that the compiled calls stay in this file: numba's
-disk cache is keyed on the caller's file alone).
+the `quantile` aggregation (aggregate.py) and by `quantile_over_time` (its kernel is here
+too, `run_quantile_over_time`, over window_kernels.window_bounds's windows, so that the
+compiled calls stay in this file: numba's disk cache is keyed on the caller's file alone).
 
     quantile(q, nans, values)    quantile() over `nans` NaNs followed by `values`
     quantiles(q, v, starts)      the aggregation: one quantile per run of v, sorted here
@@ -85,10 +85,11 @@ def _remove(buf, m, x):  # type: ignore[no-untyped-def]
 
 
 @_jit
-def run_quantile_over_time(offsets, t, v, eval_ms, range_ms, offset_ms, p0):  # type: ignore[no-untyped-def]
-    """funcQuantileOverTime at every (series, step), with window_kernels.run's contract
-    (state 0: empty window, 2: a value). The window's non-NaN values stay sorted in a buffer
-    that slides with the window (Go sorts each window; only the multiset reaches quantile())."""
+def run_quantile_over_time(offsets, v, win_lo, win_hi, eval_ms, p0):  # type: ignore[no-untyped-def]
+    """funcQuantileOverTime at every (series, step) over the windows [win_lo, win_hi) of
+    window_kernels.window_bounds, with window_kernels.run's contract (state 0: empty window,
+    2: a value). The window's non-NaN values stay sorted in a buffer that slides with the
+    window (Go sorts each window; only the multiset reaches quantile())."""
     n_series = len(offsets) - 1
     n_steps = len(eval_ms)
     state = np.zeros(n_series * n_steps, dtype=np.int8)
@@ -98,22 +99,13 @@ def run_quantile_over_time(offsets, t, v, eval_ms, range_ms, offset_ms, p0):  # 
         longest = max(longest, offsets[s + 1] - offsets[s])
     buf = np.empty(longest + 1, dtype=np.float64)
     for s in range(n_series):
-        a, b = offsets[s], offsets[s + 1]
-        lo = hi = a
-        blo = bhi = a  # buf[:m] holds the sorted non-NaN values of v[blo:bhi]
+        blo = bhi = offsets[s]  # buf[:m] holds the sorted non-NaN values of v[blo:bhi]
         m = 0
         for k in range(n_steps):
-            maxt = eval_ms[k] - offset_ms
-            mint = maxt - range_ms
-            while lo < b and t[lo] < mint:
-                lo += 1
-            if hi < lo:
-                hi = lo
-            while hi < b and t[hi] <= maxt:
-                hi += 1
+            cell = s * n_steps + k
+            lo, hi = win_lo[cell], win_hi[cell]
             if hi == lo:
                 continue
-            cell = s * n_steps + k
             if lo >= bhi or (lo - blo) + (hi - bhi) > 32:
                 m = 0
                 for j in range(lo, hi):

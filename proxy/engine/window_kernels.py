@@ -4,11 +4,16 @@ that results are bit-equal to Prometheus's wherever Go's arithmetic is determini
 
     run(code, offsets, t, v, eval_ms, range_ms, offset_ms, range_s, p0, p1)
         -> (state int8[n_series * n_steps], value float64[n_series * n_steps])
+    window_bounds(offsets, t, eval_ms, range_ms, offset_ms)
+        -> (win_lo, win_hi int64[n_series * n_steps])
 
-Cell (series s, step k) is at s * n_steps + k; state 0: no sample in the window (Prometheus
-does not call the function), 1: called, no output point (e.g. rate over one sample),
-2: output point `value`. The window of step k is [eval_ms[k] - offset_ms - range_ms,
-eval_ms[k] - offset_ms], closed on both ends (2.42; Prometheus 3 made it left-open).
+Cell (series s, step k) is at s * n_steps + k. `_window` is the one window walk of the
+engine: `run` walks with it as it goes, and `window_bounds` gives its [lo, hi) of every cell
+to the kernels of window_lanes.py and quantile.py. The window of step k is
+[eval_ms[k] - offset_ms - range_ms, eval_ms[k] - offset_ms], closed on both ends (2.42;
+Prometheus 3 made it left-open). State 0: no sample in the window (Prometheus does not call
+the function), 1: called, no output point (e.g. rate over one sample), 2: output point
+`value`.
 
 Floating point: every function here is compiled without fast-math (LLVM then neither
 reassociates nor contracts a*b+c into an FMA, as Go does not on amd64), and with numpy's
@@ -45,7 +50,7 @@ from proxy.engine.window_codes import (
     RESETS,
 )
 
-__all__ = ["run"]
+__all__ = ["run", "window_bounds"]
 
 
 _jit = njit(cache=True, nogil=True, error_model="numpy")
@@ -146,27 +151,63 @@ def _series_aux(code, offsets, v):  # type: ignore[no-untyped-def]
     return nxt, pre
 
 
+@_jit_inline
+def _window(t, b, lo, hi, dlo, dhi, maxt, range_ms):  # type: ignore[no-untyped-def]
+    """The window walk: the samples [lo, hi) of the window ending at `maxt` (eval time -
+    offset), from the previous step's [lo, hi) of a series whose samples end at b, and how
+    far each end moved. Prometheus v2.42 promql/engine.go matrixIterSlice keeps the previous
+    window's points at or after mint (it drops `out[drop].T < mint`) and appends the points
+    up to maxt: the window is [maxt - range, maxt], closed on both ends. Both ends only move
+    forward (the eval times ascend), so a series' walk is linear in its samples.
+
+    Each end first tries to jump by as far as it moved the step before (`dlo`, `dhi`): the
+    samples jumped over are then known to be out of the window (or in it) from the last one
+    alone, the times being increasing; with regular samples the jump lands exactly and the
+    walk costs a few comparisons a step instead of one per sample, none mispredicted."""
+    lo0, hi0, mint = lo, hi, maxt - range_ms
+    if dlo > 0 and lo + dlo <= b and t[lo + dlo - 1] < mint:
+        lo += dlo
+    while lo < b and t[lo] < mint:
+        lo += 1
+    hi = max(hi, lo)
+    if dhi > 0 and hi + dhi <= b and t[hi + dhi - 1] <= maxt:
+        hi += dhi
+    while hi < b and t[hi] <= maxt:
+        hi += 1
+    return lo, hi, lo - lo0, hi - hi0
+
+
+@_jit
+def window_bounds(offsets, t, eval_ms, range_ms, offset_ms):  # type: ignore[no-untyped-def]
+    """The samples [win_lo[cell], win_hi[cell]) of every cell's window, for the kernels of the
+    other files (window_lanes.run_serial, quantile.run_quantile_over_time): a compiled call
+    into this file from theirs would keep a stale numba cache when this file changes."""
+    n_steps = len(eval_ms)
+    win_lo = np.empty((len(offsets) - 1) * n_steps, dtype=np.int64)
+    win_hi = np.empty((len(offsets) - 1) * n_steps, dtype=np.int64)
+    for s in range(len(offsets) - 1):
+        lo, hi, dlo, dhi = offsets[s], offsets[s], 0, 0
+        for k in range(n_steps):
+            lo, hi, dlo, dhi = _window(t, offsets[s + 1], lo, hi, dlo, dhi, eval_ms[k] - offset_ms, range_ms)
+            win_lo[s * n_steps + k] = lo
+            win_hi[s * n_steps + k] = hi
+    return win_lo, win_hi
+
+
 @_jit
 def run(code, offsets, t, v, eval_ms, range_ms, offset_ms, range_s, p0, p1):  # type: ignore[no-untyped-def]
     """Every code but window_codes.SERIAL (window_lanes.run_serial) and QUANTILE_OVER_TIME
-    (quantile.run_quantile_over_time)."""
+    (quantile.run_quantile_over_time). The walk is done here, with the function's work (the
+    two overlap in the CPU: rate's arithmetic waits on its divisions, the walk on loads)."""
     n_series = len(offsets) - 1
     n_steps = len(eval_ms)
     state = np.zeros(n_series * n_steps, dtype=np.int8)
     out = np.zeros(n_series * n_steps, dtype=np.float64)
     nxt, pre = _series_aux(code, offsets, v)
     for s in range(n_series):
-        a, b = offsets[s], offsets[s + 1]
-        lo = hi = a
+        lo, hi, dlo, dhi = offsets[s], offsets[s], 0, 0
         for k in range(n_steps):
-            maxt = eval_ms[k] - offset_ms
-            mint = maxt - range_ms
-            while lo < b and t[lo] < mint:
-                lo += 1
-            if hi < lo:
-                hi = lo
-            while hi < b and t[hi] <= maxt:
-                hi += 1
+            lo, hi, dlo, dhi = _window(t, offsets[s + 1], lo, hi, dlo, dhi, eval_ms[k] - offset_ms, range_ms)
             if hi == lo:
                 continue
             cell = s * n_steps + k

@@ -152,8 +152,9 @@ def _four(code, t, v, lo, n, at, sf, tf):  # type: ignore[no-untyped-def]
 
 
 @_jit
-def run_serial(code, offsets, t, v, eval_ms, range_ms, offset_ms, p0, p1):  # type: ignore[no-untyped-def]
-    """window_kernels.run for the SERIAL codes."""
+def run_serial(code, offsets, t, v, win_lo, win_hi, eval_ms, p0, p1):  # type: ignore[no-untyped-def]
+    """window_kernels.run for the SERIAL codes, over the windows [win_lo, win_hi) of
+    window_kernels.window_bounds."""
     n_cells = (len(offsets) - 1) * len(eval_ms)
     state = np.zeros(n_cells, dtype=np.int8)
     out = np.zeros(n_cells, dtype=np.float64)
@@ -166,22 +167,13 @@ def run_serial(code, offsets, t, v, eval_ms, range_ms, offset_ms, p0, p1):  # ty
     tf4 = np.zeros(4, dtype=np.float64)
     cell4 = np.zeros(4, dtype=np.int64)
     for s in range(len(offsets) - 1):
-        a, b = offsets[s], offsets[s + 1]
-        lo = hi = a
         lanes = 0
         for k in range(n_steps + 1):
             if k < n_steps:
-                maxt = eval_ms[k] - offset_ms
-                mint = maxt - range_ms
-                while lo < b and t[lo] < mint:
-                    lo += 1
-                if hi < lo:
-                    hi = lo
-                while hi < b and t[hi] <= maxt:
-                    hi += 1
+                cell = s * n_steps + k
+                lo, hi = win_lo[cell], win_hi[cell]
                 if hi == lo:
                     continue
-                cell = s * n_steps + k
                 state[cell] = 1
                 if hi - lo < need:
                     continue

@@ -126,18 +126,23 @@ def eval_range_function(
     per_series = window_work(offsets, times, range_ms)
     if budget is not None:
         budget.charge(int(per_series.sum()), f"{func} over a window of {range_ms // 1000}s")
+    # The kernels that read window_bounds's windows hold 16 bytes a cell of them per chunk.
+    bounded = code in SERIAL or code == QUANTILE_OVER_TIME
     states, outs = [], []
-    for a, b in _chunks(per_series):
+    for a, b in _chunks(per_series, n_steps if bounded else 0):
         if budget is not None:
             budget.check()
-        lo, hi = int(offsets[a]), int(offsets[b])
-        columns = (offsets[a : b + 1] - lo, t_ms[lo:hi], value[lo:hi], times, int(range_ms), int(offset_ms))
-        if code in SERIAL:
-            st, o = window_lanes.run_serial(code, *columns, p[0], p[1])
-        elif code == QUANTILE_OVER_TIME:
-            st, o = run_quantile_over_time(*columns, p[0])
+        first, end = int(offsets[a]), int(offsets[b])
+        chunk, t, v = offsets[a : b + 1] - first, t_ms[first:end], value[first:end]
+        if bounded:  # their kernels read the windows of the one window walk (window_kernels.py)
+            win_lo, win_hi = window_kernels.window_bounds(chunk, t, times, int(range_ms), int(offset_ms))
+            if code in SERIAL:
+                st, o = window_lanes.run_serial(code, chunk, t, v, win_lo, win_hi, times, p[0], p[1])
+            else:
+                st, o = run_quantile_over_time(chunk, v, win_lo, win_hi, times, p[0])
         else:
-            st, o = window_kernels.run(code, *columns, go_duration_seconds(range_ms), p[0], p[1])
+            st, o = window_kernels.run(code, chunk, t, v, times, int(range_ms), int(offset_ms),
+                                       go_duration_seconds(range_ms), p[0], p[1])
         states.append(st)
         outs.append(o)
     if len(states) == 1:
@@ -154,6 +159,9 @@ def eval_range_function(
 
 # Work per chunk of series between two budget checks: ~50-120 ms of a kernel on one core.
 CHUNK_WORK = 50_000_000
+# Cells (series x steps) per chunk whose windows are held as bounds (window_bounds, 16 bytes
+# a cell): at most ~130 MB of them beside the kernel's answer, for many sparse series.
+CHUNK_CELLS = 1 << 23
 
 
 def window_work(offsets: I64, eval_ms: I64, range_ms: int) -> I64:
@@ -170,17 +178,22 @@ def window_work(offsets: I64, eval_ms: I64, range_ms: int) -> I64:
     return (per_window + 1) * n_steps
 
 
-def _chunks(work: I64) -> list[tuple[int, int]]:
-    """Consecutive series ranges [a, b) of about CHUNK_WORK each (at least one series)."""
+def _chunks(work: I64, cells_per_series: int = 0) -> list[tuple[int, int]]:
+    """Consecutive series ranges [a, b) of about CHUNK_WORK each (at least one series), and
+    of at most CHUNK_CELLS cells (or one series) when each series has `cells_per_series`."""
     n = len(work)
     if n == 0:
         return []
     total = int(work.sum())
-    if total <= CHUNK_WORK:
-        return [(0, n)]
-    bounds = np.searchsorted(np.cumsum(work), np.arange(CHUNK_WORK, total, CHUNK_WORK), side="left")
-    cuts = sorted({0, n, *(min(n, int(x) + 1) for x in bounds)})
-    return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
+    spans = [(0, n)]
+    if total > CHUNK_WORK:
+        bounds = np.searchsorted(np.cumsum(work), np.arange(CHUNK_WORK, total, CHUNK_WORK), side="left")
+        cuts = sorted({0, n, *(min(n, int(x) + 1) for x in bounds)})
+        spans = [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
+    if cells_per_series <= 0:
+        return spans
+    most = max(1, CHUNK_CELLS // cells_per_series)
+    return [(x, min(x + most, b)) for a, b in spans for x in range(a, b, most)]
 
 
 def _go_f(x: float) -> str:
