@@ -12,8 +12,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..backends.redaction import redact, redact_fields
 from ..observe import tracing
-from ..observe.activity import ACTIVITY, CURRENT
+from ..observe.activity import ACTIVITY
 from ..observe.metrics import METRICS
+
+# The request state's name of the record this middleware makes for a query (the operator page):
+# handed down explicitly from there (tenants.record_of, the query's RequestContext).
+RECORD_STATE = "promaccel_record"
 
 access_log = logging.getLogger("promaccel.access")
 
@@ -68,7 +72,8 @@ class AccessLog:
         # Queries are recorded for the operator page (proxy/observe/activity.py): in flight, then
         # finished, with their error's message when they fail.
         record = ACTIVITY.begin(query_id, scope.get("method", ""), path) if path in _QUERY_ENDPOINTS else None
-        token = CURRENT.set(record) if record is not None else None
+        if record is not None:  # handed down explicitly (tenants.record_of, RequestContext)
+            scope.setdefault("state", {})[RECORD_STATE] = record
         error_body = bytearray()
         encoded = False
 
@@ -108,8 +113,6 @@ class AccessLog:
                         _span_attrs(s, scope, status, answer)
         finally:
             elapsed = time.perf_counter() - t0
-            if token is not None:
-                CURRENT.reset(token)
             endpoint = endpoint_label(path)
             METRICS.requests.labels(endpoint, str(status)).inc()
             METRICS.request_latency.labels(endpoint).observe(elapsed)

@@ -32,6 +32,7 @@ from shardplanner.holdings import BackendHolding
 from shardplanner.promql import CannotParse, parse
 
 from ..backends import Backend, BackendReply
+from ..backends.tenancy import NOBODY, Caller
 from ..errors import PromError
 from ..pipeline.hybrid.router import holdings_of
 from ..pipeline.hybrid.warnings import ALL_LOST, missing_warning, unavailable
@@ -114,13 +115,13 @@ def _int(text: str | None) -> int | None:
 
 async def fan_out(backends: Sequence[Backend], method: str, path: str, pairs: Pairs, kind: str,
                   names: list[str | None] | None, start_ms: int | None, end_ms: int | None,
-                  now_ms: int, endpoint: str) -> Response:
+                  now_ms: int, endpoint: str, caller: Caller = NOBODY) -> Response:
     asked = backends_for(backends, holdings_of(backends, now_ms), names, start_ms, end_ms)
 
     async def one(b: Backend) -> BackendReply:
         if method == "POST":
-            return await b.request_sound("POST", path, form=pairs, endpoint=endpoint)
-        return await b.request_sound("GET", path, params=pairs, endpoint=endpoint)
+            return await b.request_sound("POST", path, form=pairs, endpoint=endpoint, caller=caller)
+        return await b.request_sound("GET", path, params=pairs, endpoint=endpoint, caller=caller)
 
     outcomes = await asyncio.gather(*(one(b) for b in asked), return_exceptions=True)
     datas: list[Any] = []

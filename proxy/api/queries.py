@@ -17,13 +17,13 @@ from shardplanner.plan import QueryRequest
 from ..backends.redaction import redact
 from ..config import Config
 from ..errors import PromError
-from ..observe.activity import CURRENT
 from ..pipeline import Answer, QueryService
+from ..pipeline.context import RequestContext
 from .forms import Pairs, first_values, read_pairs
 from .params import format_duration_ms, parse_instant, parse_range
 from .responses import JSON, relay, response_of
 from .routing import Routes
-from .tenants import view_of
+from .tenants import caller_of, record_of, view_of
 
 
 def _client(request: Request) -> str:
@@ -31,9 +31,9 @@ def _client(request: Request) -> str:
     return request.client.host if request.client is not None else ""
 
 
-def _note(form: dict[str, str], is_range: bool) -> dict[str, str]:
+def _note(request: Request, form: dict[str, str], is_range: bool) -> dict[str, str]:
     """The query's text for the operator page while it runs (proxy/observe/activity.py)."""
-    record = CURRENT.get()
+    record = record_of(request)
     if record is not None:
         record.note(range=is_range)
         if "query" in form:
@@ -55,7 +55,8 @@ async def _expired(request: Request, path: str, pairs: Pairs) -> Response:
     """A `timeout` of zero or less (under 1 ms): Prometheus runs such a query on a deadline
     already past, so its answer is a 503 -- unless the query does not parse (400). The primary
     backend gives that verdict on the request as it came."""
-    reply = await view_of(request).primary.request_sound("POST", path, form=pairs, endpoint=path)
+    reply = await view_of(request).primary.request_sound("POST", path, form=pairs, endpoint=path,
+                                                         caller=caller_of(request))
     return relay(reply)
 
 
@@ -66,17 +67,18 @@ def add_query_routes(route: Routes, config: Config) -> None:
     @route("/api/v1/query")
     async def query(request: Request) -> Response:
         pairs = await read_pairs(request, max_body)
-        p = parse_instant(_note(first_values(pairs), False), now_ms=int(time.time() * 1000))
+        p = parse_instant(_note(request, first_values(pairs), False), now_ms=int(time.time() * 1000))
         if p.timeout_ms is not None and p.timeout_ms <= 0:
             return await _expired(request, "/api/v1/query", pairs)
         req = QueryRequest.instant(p.query, p.time_ms)
-        return _answer(request, req, await _service(request).query(req, pairs, request.headers, p.timeout_ms,
+        ctx = RequestContext.start(caller_of(request), config.limits, p.timeout_ms)
+        return _answer(request, req, await _service(request).query(req, pairs, request.headers, ctx,
                                                           _client(request)))
 
     @route("/api/v1/query_range")
     async def query_range(request: Request) -> Response:
         pairs = await read_pairs(request, max_body)
-        p = parse_range(_note(first_values(pairs), True), config.limits.max_points)
+        p = parse_range(_note(request, first_values(pairs), True), config.limits.max_points)
         if p.timeout_ms is not None and p.timeout_ms <= 0:
             return await _expired(request, "/api/v1/query_range", pairs)
         limit = config.limits.max_query_range
@@ -87,7 +89,8 @@ def add_query_routes(route: Routes, config: Config) -> None:
                 f"{format_duration_ms(limit)} (limits.max_query_range): narrow the time range",
             )
         req = QueryRequest.range(p.query, p.start_ms, p.end_ms, p.step_ms)
-        return _answer(request, req, await _service(request).query(req, pairs, request.headers, p.timeout_ms,
+        ctx = RequestContext.start(caller_of(request), config.limits, p.timeout_ms)
+        return _answer(request, req, await _service(request).query(req, pairs, request.headers, ctx,
                                                           _client(request)))
 
     @route("/api/v1/explain")
@@ -100,5 +103,5 @@ def add_query_routes(route: Routes, config: Config) -> None:
         else:
             ip = parse_instant(form, now_ms=int(time.time() * 1000))
             req = QueryRequest.instant(ip.query, ip.time_ms)
-        data = await _service(request).explain(req, request.headers, pairs)
+        data = await _service(request).explain(req, request.headers, pairs, caller_of(request))
         return Response(orjson.dumps({"status": "success", "data": data}), media_type=JSON)

@@ -26,7 +26,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .. import __version__
-from ..backends.tenancy import scope as tenant_scope
 from ..errors import PromError
 from ..result.golang import go_quote
 from .access_log import endpoint_label
@@ -36,7 +35,7 @@ from .params import parse_optional_time
 from .responses import JSON, releasing, unknown_path
 from .responses import relay as relay_reply
 from .routing import Handler, Routes
-from .tenants import View, view_of
+from .tenants import View, caller_of, view_of
 
 PROMETHEUS_COMPAT_VERSION = "2.42.0"
 STATUS_PAGES = frozenset({"config", "flags", "runtimeinfo", "tsdb", "walreplay"})
@@ -72,7 +71,7 @@ async def within_limits(request: Request, view: View, endpoint: str,
     headers, else the address) and answer-bytes budget (shared by every tenant): a relay
     waits, or gets the same 429 as a query, and holds its answer's bytes until it is sent."""
     parts = view.service.parts
-    client = tenant_scope() or (request.client.host if request.client is not None else "") or "-"
+    client = caller_of(request).scope or (request.client.host if request.client is not None else "") or "-"
     await parts.admission.acquire(client)
     held = None
     try:
@@ -103,6 +102,7 @@ def add_relay_routes(route: Routes, max_body: int) -> None:
         view = view_of(request)
         primary = view.primary
         endpoint = endpoint_label(path)
+        caller = caller_of(request)
 
         async def run() -> Response:
             if kind is not None and view.service.hybrid:
@@ -111,11 +111,11 @@ def add_relay_routes(route: Routes, max_body: int) -> None:
                 names: list[str | None] | None = (
                     [form["metric"]] if kind == "metadata" and form.get("metric") else metric_names(pairs))
                 return await fan_out(view.backends, request.method, path, pairs, kind, names,
-                                     start_ms, end_ms, int(time.time() * 1000), endpoint)
+                                     start_ms, end_ms, int(time.time() * 1000), endpoint, caller)
             if request.method == "POST":
-                reply = await primary.request_sound("POST", path, form=pairs, endpoint=endpoint)
+                reply = await primary.request_sound("POST", path, form=pairs, endpoint=endpoint, caller=caller)
             else:
-                reply = await primary.request_sound("GET", path, params=pairs, endpoint=endpoint)
+                reply = await primary.request_sound("GET", path, params=pairs, endpoint=endpoint, caller=caller)
             reply.parsed = None  # the check's parse: relayed as it came, not needed any more
             return relay_reply(reply)
 
@@ -150,7 +150,7 @@ def add_relay_routes(route: Routes, max_body: int) -> None:
         }
         try:
             reply = await view_of(request).primary.request("GET", "/api/v1/status/buildinfo", endpoint="buildinfo",
-                                                           timeout_s=5)
+                                                           timeout_s=5, caller=caller_of(request))
             if reply.ok:
                 backend_data = orjson.loads(reply.body).get("data") or {}
                 if isinstance(backend_data, dict) and backend_data.get("version"):

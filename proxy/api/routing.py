@@ -1,9 +1,9 @@
 """The route wrapper of Prometheus's API routes.
 
 Each handler runs for its request's view (tenants.py: with auth on, the request is
-authenticated first and a missing or wrong credential is a 401), with its tenant and
-forwarded tenant headers set (they reach every backend call made for it and scope its cache
-keys: proxy/backends/tenancy.py), and a PromError it raises becomes Prometheus's error
+authenticated first and a missing or wrong credential is a 401), with its caller set
+(`tenants.caller_of`: its tenant's forwarded headers, which every backend call made for it
+carries, and its cache scope: proxy/backends/tenancy.py), and a PromError it raises becomes Prometheus's error
 answer. Admin routes (`tenant=False`) are not authenticated as a tenant: they check the admin
 token themselves (admin.py).
 """
@@ -16,11 +16,10 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..backends.tenancy import Tenancy
-from ..backends.tenancy import use as use_tenant
+from ..backends.tenancy import Caller, Tenancy
 from ..errors import PromError
 from .responses import error
-from .tenants import Views
+from .tenants import CALLER_STATE, Views, record_of
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -44,11 +43,12 @@ class Routes:
                 request.state.promaccel_view = view
                 if view.tenant:
                     request.state.promaccel_tenant = view.tenant  # for the access log
-                with use_tenant(self.tenancy.of(request.headers, view.tenant)):
-                    try:
-                        return await fn(request)
-                    except PromError as exc:
-                        return error(exc)
+                who = self.tenancy.of(request.headers, view.tenant)
+                request.scope.setdefault("state", {})[CALLER_STATE] = Caller(who, record_of(request))
+                try:
+                    return await fn(request)
+                except PromError as exc:
+                    return error(exc)
             self.app.add_api_route(path, wrapped, methods=list(methods), include_in_schema=False)
             return fn
         return deco

@@ -23,13 +23,14 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from ..backends import Backend
-from ..backends.tenancy import HeaderNotAllowed, pin
+from ..backends.tenancy import NO_TENANT, Caller, HeaderNotAllowed, pin
 from ..config import Config
 from ..config.auth import AuthConfig
 from ..errors import PromError
-from ..observe.activity import CURRENT as CURRENT_QUERY
+from ..observe.activity import QueryRecord
 from ..observe.metrics import METRICS
 from ..pipeline import QueryService
+from .access_log import RECORD_STATE
 from .auth import Authenticator, AuthFailure
 
 
@@ -76,7 +77,7 @@ class Views:
             METRICS.auth_failures.labels(exc.reason).inc()
             raise PromError("unauthorized", exc.message, status=401,
                             headers={"WWW-Authenticate": self.auth.challenge}) from None
-        record = CURRENT_QUERY.get()
+        record = record_of(request)
         if record is not None:
             record.tenant = view.tenant  # the operator page shows a tenant its own queries only
         if self.forward_names:
@@ -92,3 +93,23 @@ def view_of(request: Request) -> View:
     """The view the route wrapper set for this request."""
     view: View = request.state.promaccel_view
     return view
+
+
+# The request state's name of the caller the route wrapper made for every request.
+CALLER_STATE = "promaccel_caller"
+
+
+def record_of(request: Request) -> QueryRecord | None:
+    """The query's record on the operator page (made by the access log middleware), if any."""
+    record: QueryRecord | None = request.scope.get("state", {}).get(RECORD_STATE)
+    return record
+
+
+def caller_of(request: Request) -> Caller:
+    """Who the backend calls made for this request are made for: its tenant (forwarded
+    headers, cache scope) and its record; set by the route wrapper (routing.py)."""
+    caller: Caller = request.scope.get("state", {}).get(CALLER_STATE, NO_CALLER)
+    return caller
+
+
+NO_CALLER = Caller(NO_TENANT)

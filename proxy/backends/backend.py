@@ -28,7 +28,7 @@ from ..observe.metrics import METRICS
 from .circuit import BackendBreaker, LatencyWindow
 from .protocol import BackendFault, BackendReply, check_path, parsed_json, sane_error
 from .retries import Check, Hedge, RetryBudget, with_retries
-from .tenancy import current as forwarded_headers
+from .tenancy import NOBODY, Caller
 from .transports import CONNECTION_ERRORS, DirectAiohttp, is_timeout, make_client, send_httpx
 
 
@@ -64,8 +64,9 @@ class Backend:
         check: Check | None = None,
         extra_call: Callable[[], bool] | None = None,
         max_body_bytes: int | None = None,
+        caller: Caller = NOBODY,
     ) -> BackendReply:
-        """One call with retries on connection errors and 502/503/504 (never on 4xx), and on a
+        """One call, made for `caller` (its tenant's forwarded headers go with it), with retries on connection errors and 502/503/504 (never on 4xx), and on a
         200 whose body `check` finds broken; for AMP, 429/503 are retried on their own budget
         (`throttle_retries`) within the deadline. With `hedge_after` a slow try is hedged when
         `extra_call()` (the query's call budget) and the retry budget allow. While the circuit
@@ -78,7 +79,7 @@ class Backend:
 
         async def attempt(call_timeout: float | None, sent: asyncio.Event | None) -> BackendReply:
             return await self._once(method, path, params, form, headers, call_timeout, limited, endpoint, sent,
-                                    max_body_bytes)
+                                    max_body_bytes, caller)
 
         hedge = None
         if self.cfg.hedge_after is not None:
@@ -116,12 +117,13 @@ class Backend:
         form: Sequence[tuple[str, str]] | None = None,
         endpoint: str = "other",
         timeout_s: float | None = None,
+        caller: Caller = NOBODY,
     ) -> BackendReply:
         """`request`, with a reply a client may be given: an error as Prometheus-style JSON
         (an HTML page or any other body becomes one naming the backend), a 200 only with a
         complete JSON body (`parsed` holds it) -- else asked again, then a 502."""
         reply = await self.request(method, path, params=params, form=form, endpoint=endpoint, timeout_s=timeout_s,
-                                   check=_complete_json_check)
+                                   check=_complete_json_check, caller=caller)
         return reply if reply.ok else sane_error(reply, self.name, endpoint)
 
     async def _once(
@@ -136,9 +138,10 @@ class Backend:
         endpoint: str,
         sent: asyncio.Event | None = None,
         max_body_bytes: int | None = None,
+        caller: Caller = NOBODY,
     ) -> BackendReply:
         body: bytes | None = None
-        forwarded = forwarded_headers() if self._forwards else ()
+        forwarded = caller.tenant.headers if self._forwards else ()
         if form is not None or forwarded:
             hdrs = dict(headers or {})
             hdrs.update(forwarded)  # the client's tenancy.forward_headers (tenancy.py)
@@ -164,7 +167,8 @@ class Backend:
             return reply
         except Exception as exc:  # translated once, here
             METRICS.backend_errors.labels(self.name, type(exc).__name__).inc()
-            ACTIVITY.backend_call(self.name, endpoint, time.perf_counter() - t0, None, type(exc).__name__)
+            ACTIVITY.backend_call(self.name, endpoint, time.perf_counter() - t0, None, type(exc).__name__,
+                                  record=caller.record)
             if is_timeout(exc):
                 raise PromError(
                     "timeout", f"backend {self.name!r} did not answer in time ({endpoint})"
@@ -179,7 +183,7 @@ class Backend:
             elapsed = time.perf_counter() - t0
             METRICS.backend_latency.labels(self.name, endpoint).observe(elapsed)
             if reply is not None:
-                ACTIVITY.backend_call(self.name, endpoint, elapsed, reply.status)
+                ACTIVITY.backend_call(self.name, endpoint, elapsed, reply.status, record=caller.record)
 
     async def _timed(self, method: str, path: str, params: Sequence[tuple[str, str]] | None, body: bytes | None,
                      headers: Mapping[str, str] | None, timeout_s: float | None, endpoint: str,

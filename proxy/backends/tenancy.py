@@ -3,12 +3,12 @@
 `tenancy.forward_headers` (proxy/config.py `TenancyConfig`) names the client headers passed
 through to `kind: prometheus` backends (e.g. `X-Scope-OrgID` for Cortex/Mimir). The route
 wrapper of the HTTP surface (proxy/api/routing.py) picks them out of each request with
-`Tenancy.of` and sets them for the request with `use`: a `contextvars.ContextVar`, so every
-backend call made on the request's behalf -- including tasks it spawns (pieces, shards,
-puts, a shard-value refresh) -- carries them without the executor passing them around.
-`Backend` (backend.py) reads `current()` when sending.
+`Tenancy.of`; the request's `Caller` (its tenant and its activity record) is then carried
+explicitly -- on the query's `RequestContext` (proxy/pipeline/context.py) down the query path,
+as an argument elsewhere -- and every backend call made on the request's behalf is given it
+(`Backend.request(caller=)`), which forwards `caller.tenant.headers`.
 
-`scope()` is the cache and coalescing scope of the current request: "" when no forwarded
+`Tenant.scope` is the cache and coalescing scope of a request: "" when no forwarded
 header is present (always, when none is configured) and auth is off, else a keyed BLAKE2b
 hash of the authenticated tenant's name (`auth`, proxy/config/auth.py) and the forwarded names and
 values (microseconds; cached). Cache keys, the single-flight keys and
@@ -26,12 +26,14 @@ backend, a shard-value discovery or a cache key with tenant B's `X-Scope-OrgID`.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import hashlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..observe.activity import QueryRecord
 
 Forwarded = tuple[tuple[str, str], ...]
 
@@ -75,7 +77,6 @@ def pin(names: tuple[str, ...], headers: Mapping[str, str], allowed: Mapping[str
         elif values:
             out.append((n, values[0]))
     return tuple(out)
-_CURRENT: contextvars.ContextVar[Tenant] = contextvars.ContextVar("promaccel_tenant", default=NO_TENANT)
 
 
 class Tenancy:
@@ -115,29 +116,18 @@ class Tenancy:
         return Tenant(picked, self._scope(keyed))
 
 
-def current() -> Forwarded:
-    """The headers to forward on backend calls made for the current request."""
-    return _CURRENT.get().headers
+@dataclass(frozen=True, eq=False)
+class Caller:
+    """Who a backend call is made for: the request's tenant (its forwarded headers go with the
+    call) and its record on the operator page (the call is counted there), if any."""
+
+    tenant: Tenant = NO_TENANT
+    record: QueryRecord | None = None
+
+    @property
+    def scope(self) -> str:
+        return self.tenant.scope
 
 
-def scope() -> str:
-    """The current request's cache/coalescing scope ("" : no forwarded header)."""
-    return _CURRENT.get().scope
-
-
-def set_current(value: Tenant) -> contextvars.Token[Tenant]:
-    return _CURRENT.set(value)
-
-
-@contextlib.contextmanager
-def use(value: Tenant) -> Iterator[None]:
-    token = _CURRENT.set(value)
-    try:
-        yield
-    finally:
-        _CURRENT.reset(token)
-
-
-def snapshot() -> Tenant:
-    """The current value, to run background work (revalidation) for the same tenant later."""
-    return _CURRENT.get()
+# Calls made for no request (readiness probes, the process's own discovery without a tenant).
+NOBODY = Caller()

@@ -4,8 +4,9 @@ In process and bounded: the queries in flight (the first 200 listed, all counted
 per minute for the last hour (queries, errors, cache piece hits and misses, backend calls
 and their latency), and each backend's last call. Fed by the access log middleware (a
 query's start and end), `CacheReader.count` (a query's piece hits and misses) and
-`Backend._once` (every backend call). A query's record is found through the context
-variable `CURRENT`, which the middleware sets for the query's task and the tasks it starts.
+`Backend._once` (every backend call). A query's record is made by the middleware
+(`begin`, kept in the request's state) and handed down explicitly: the query path carries it
+on its `RequestContext`, a backend call is given it (`Caller.record`).
 
 Only fields from a fixed list are kept (never headers beyond Grafana's dashboard and panel
 ids, never credentials); query texts and error messages are cut to `MAX_TEXT` characters.
@@ -24,7 +25,6 @@ import itertools
 import os
 import time
 from collections import deque
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -196,8 +196,8 @@ class Activity:
 
     # --- fed by the pipeline and the backends -------------------------------------------------
 
-    def pieces_looked_up(self, hits: int, misses: int) -> None:
-        rec = CURRENT.get()
+    def pieces_looked_up(self, hits: int, misses: int, rec: QueryRecord | None = None) -> None:
+        """A lookup of a query's pieces in the cache; `rec`: the query's record, if any."""
         for m in self._tallies(rec):
             m.piece_hits += hits
             m.piece_misses += misses
@@ -206,8 +206,9 @@ class Activity:
             rec.piece_misses += misses
 
     def backend_call(self, backend: str, endpoint: str, seconds: float, status: int | None,
-                     error: str | None = None) -> None:
-        """One call to a backend: its HTTP status, or `error` (an exception's type name)."""
+                     error: str | None = None, record: QueryRecord | None = None) -> None:
+        """One call to a backend: its HTTP status, or `error` (an exception's type name);
+        `record`: the query it was made for, if any."""
         failed = error is not None or (status is not None and status >= 500)
         seen = self.backends.get(backend)
         if seen is None:
@@ -221,7 +222,7 @@ class Activity:
             return
         seen.calls += 1
         seen.last_call, seen.last_ms, seen.last_status = now, round(seconds * 1000, 1), status
-        rec = CURRENT.get()
+        rec = record
         for m in self._tallies(rec):
             m.backend_calls += 1
             m.backend_errors += failed
@@ -265,4 +266,3 @@ class Activity:
 
 
 ACTIVITY = Activity()
-CURRENT: ContextVar[QueryRecord | None] = ContextVar("promaccel_query_record", default=None)

@@ -16,7 +16,7 @@ response's last byte has been handed to the connection (or the client went away)
   (they would starve it).
 - The pieces a query fetched stay in memory after its answer is sent, until their put to the
   cache lands (the landing zone serves them meanwhile): the reservation is held until then
-  too (`HOLDING`, `Reservation.hold`). Released at the answer alone, 20 heavy queries let in
+  too (`RequestContext.held`, `Reservation.hold`). Released at the answer alone, 20 heavy queries let in
   one after another while the earlier ones' pieces still waited for Redis, and a budget of
   16 MiB peaked as high as one of 64 (issue 15).
 """
@@ -27,7 +27,6 @@ import asyncio
 import time
 import weakref
 from collections import deque
-from contextvars import ContextVar
 from dataclasses import replace
 
 from ..errors import PromError
@@ -90,11 +89,6 @@ class Reservation:
             budget.wake()
             if self.size >= GIVE_BACK_ABOVE:
                 give_back_soon()
-
-
-# The reservation of the query being served in this context (set by `Reserve`): the cache
-# writer makes it wait for the puts of the pieces the query fetched.
-HOLDING: ContextVar[Reservation | None] = ContextVar("promaccel_answer_bytes", default=None)
 
 
 class AnswerBytes:
@@ -196,7 +190,7 @@ class Reserve:
         if not self.budget.limit:
             return await self.next(q)
         assert q.plan is not None
-        size = await self.planner.answer_bytes(q.plan)
+        size = await self.planner.answer_bytes(q.plan, q.ctx.caller.tenant)
         if size is None:
             size = FALLBACK_SERIES * (16 * q.req.span.points + 256)
         t0 = time.monotonic()
@@ -204,14 +198,14 @@ class Reserve:
         waited = time.monotonic() - t0
         if waited > 0.001:  # one deadline for the whole query: the wait counts
             q = replace(q, timeout_s=max(q.timeout_s - waited, 0.001))
-        token = HOLDING.set(held)
+        # Carried on the context: the cache writer makes it wait for the puts of the pieces
+        # the query fetched, the fan-out sizes a large query's calls by it.
+        q = replace(q, ctx=replace(q.ctx, held=held))
         try:
             answer = await self.next(q)
         except BaseException:
             held.release()
             raise
-        finally:
-            HOLDING.reset(token)
         held.resize(answer_size(answer))
         answer.release = held.release
         # An answer never sent (an in-process caller) gives its share back when its memory goes.

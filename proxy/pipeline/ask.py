@@ -24,7 +24,7 @@ from ..codec.errors import CodecError, Undecodable
 from ..codec.json_decode import decode_prometheus_json
 from ..observe.metrics import METRICS
 from ..result import QueryResult
-from .budget import BUDGET, SAMPLES_TALLY
+from .context import RequestContext
 from .values import Pairs, PieceFailed
 
 _SAMPLES = re.compile(rb'"totalQueryableSamples":\s*(\d+)')
@@ -48,37 +48,38 @@ def query_call(query: str, span: Span, extra: Sequence[tuple[str, str]] = ()) ->
 
 
 class Asker:
-    """`await ask(backend, path, form, timeout_s)` -> the decoded answer; a backend's error
-    answer raises PieceFailed (relayed as it is). `relay` is the same call, undecoded."""
+    """`await ask(backend, path, form, timeout_s, ctx)` -> the decoded answer; a backend's error
+    answer raises PieceFailed (relayed as it is). `relay` is the same call, undecoded. Every
+    call is made for the query of `ctx`: its caller, charged to its budget."""
 
     @staticmethod
-    async def relay(backend: Backend, path: str, form: Pairs, timeout_s: float,
+    async def relay(backend: Backend, path: str, form: Pairs, timeout_s: float, ctx: RequestContext,
                     check: Check | None = None) -> BackendReply:
         """One query call as the backend answers it (retried as `Backend.request` retries);
         charged to the query's budget."""
-        budget = BUDGET.get()
-        if budget is not None:
-            budget.charge()
+        budget = ctx.budget
+        budget.charge()
         return await backend.request("POST", path, form=form, timeout_s=timeout_s, limited=True, endpoint=path,
-                                     check=check, extra_call=budget.try_charge if budget is not None else None)
+                                     check=check, extra_call=budget.try_charge, caller=ctx.caller)
 
-    async def __call__(self, backend: Backend, path: str, form: Pairs, timeout_s: float) -> QueryResult:
+    async def __call__(self, backend: Backend, path: str, form: Pairs, timeout_s: float,
+                       ctx: RequestContext) -> QueryResult:
         amp = backend.cfg.kind == "amp" and not any(k == "stats" for k, _ in form)
         if amp:
             form = [*form, ("stats", "all")]
-        reply, result = await self.sound(backend, path, form, timeout_s)
+        reply, result = await self.sound(backend, path, form, timeout_s, ctx)
         if needs_range_form(backend, path, reply):
-            return await self.range_form(backend, form, timeout_s)
+            return await self.range_form(backend, form, timeout_s, ctx)
         if not reply.ok:
             raise PieceFailed(reply)
         if result is None:
             raise Undecodable("an answer the merge does not model (e.g. native histograms)")
         if amp:
-            self._count_samples(backend, reply.body)
+            self._count_samples(backend, reply.body, ctx)
         return result
 
-    async def sound(self, backend: Backend, path: str, form: Pairs,
-                    timeout_s: float) -> tuple[BackendReply, QueryResult | None]:
+    async def sound(self, backend: Backend, path: str, form: Pairs, timeout_s: float,
+                    ctx: RequestContext) -> tuple[BackendReply, QueryResult | None]:
         """A query call whose reply is sound: an error as a Prometheus-style JSON error (an HTML
         page or any other body becomes one naming the backend), a 200 as a complete answer,
         decoded (None: valid JSON the merge does not model). A 200 whose body is cut short or
@@ -96,22 +97,20 @@ class Asker:
                 return str(exc)[:200]
             return None
 
-        reply = await self.relay(backend, path, form, timeout_s, check)
+        reply = await self.relay(backend, path, form, timeout_s, ctx, check)
         if not reply.ok:
             return sane_error(reply, backend.name, path), None
         return reply, decoded[0]
 
     @staticmethod
-    def _count_samples(backend: Backend, body: bytes | bytearray) -> None:
+    def _count_samples(backend: Backend, body: bytes | bytearray, ctx: RequestContext) -> None:
         m = _SAMPLES.search(body, max(0, len(body) - 4096))
         if m is not None:
             n = int(m.group(1))
             METRICS.samples_processed.labels(backend.name).inc(n)
-            tally = SAMPLES_TALLY.get()
-            if tally is not None:
-                tally[0] += n
+            ctx.samples.add(n)
 
-    async def range_form(self, backend: Backend, form: Pairs, timeout_s: float) -> QueryResult:
+    async def range_form(self, backend: Backend, form: Pairs, timeout_s: float, ctx: RequestContext) -> QueryResult:
         """AMP refuses instant queries that read 32 days or more ("only supported for range
         type queries"): ask the same query as a range query over the single step `time`,
         whose answer at that step is the instant query's."""
@@ -119,7 +118,7 @@ class Asker:
         query = next(v for k, v in form if k == "query")
         ranged = [(k, v) for k, v in form if k != "time"] + [("start", t), ("end", t), ("step", "60")]
         METRICS.planned.labels("amp_range_form", "").inc()
-        result = await self(backend, "/api/v1/query_range", ranged, timeout_s)
+        result = await self(backend, "/api/v1/query_range", ranged, timeout_s, ctx)
         return instant_of(result, query, int(round(float(t) * 1000)))
 
 

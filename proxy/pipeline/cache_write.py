@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from shardplanner.footprint import digest_query
 
+from ..backends.tenancy import Caller
 from ..cache import CacheItem, PieceMeta, PieceStore
 from ..codec import arrow
 from ..config import Config
 from ..observe.metrics import METRICS
 from ..result import QueryResult
-from .answer_bytes import HOLDING
-from .budget import BUDGET
+from .context import RequestContext
 from .landing import Landing
 from .revalidate import Revalidator
 from .units import Unit
@@ -53,32 +53,35 @@ class CacheWriter:
             for t in pending:
                 t.cancel()
 
-    def spawn(self, coro: Any) -> bool:
-        """Run `coro` in the background (referenced, bounded); False if too many are pending."""
+    def spawn(self, coro: Any, ctx: RequestContext | None = None) -> bool:
+        """Run `coro` in the background (referenced, bounded); False if too many are pending.
+        With `ctx`, its query's answer-bytes reservation is held until `coro` is done."""
         if len(self.tasks) >= self.config.cache.max_pending_puts:
             coro.close()
             return False
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
-        held = HOLDING.get()
+        held = ctx.held if ctx is not None else None
         if held is not None:  # the pieces stay in memory (landing zone) until the put lands
             held.hold(task)
         return True
 
     def keep(self, units: Sequence[Unit], results: Sequence[QueryResult], fetched_at_ms: int,
-              baselines: Mapping[tuple[str, int], bytes], leased: Collection[str] = ()) -> set[str]:
-        """Land fetched units and store them in the background. Returns the key digests
+             baselines: Mapping[tuple[str, int], bytes], ctx: RequestContext,
+             leased: Collection[str] = ()) -> set[str]:
+        """Land fetched units and store them in the background, within the allowance of new
+        cache entries of `ctx`, the query they were fetched for. Returns the key digests
         being stored; of those, the fetch leases named in `leased` are let go once the put
         has landed (or failed), so that other processes waiting for them read them."""
         if fetched_at_ms < self.landing.invalidated_at_ms:
             return set()  # fetched before an invalidation through this process
         entries: list[tuple[Unit, QueryResult, bytes | None]] = []
-        budget = BUDGET.get()
+        budget = ctx.budget
         for u, r in zip(units, results):
             if not u.storable or u.key is None or u.footprint is None or r.warnings:
                 continue
-            if budget is not None and not budget.new_key():
+            if not budget.new_key():
                 METRICS.cache_skipped.labels("max_new_cache_keys").inc()
                 continue
             baseline = None
@@ -93,7 +96,7 @@ class CacheWriter:
             return set()
         kind = self.store().kind
         digests = {u.key.digest for u, _, _ in entries if u.key is not None}
-        if not self.spawn(self._put(entries, fetched_at_ms, [d for d in digests if d in leased])):
+        if not self.spawn(self._put(entries, fetched_at_ms, ctx.caller, [d for d in digests if d in leased]), ctx):
             METRICS.cache_puts.labels(kind, "dropped").inc(len(entries))
             return set()
         for u, r, _ in entries:
@@ -102,7 +105,7 @@ class CacheWriter:
         return digests
 
     async def _put(self, entries: list[tuple[Unit, QueryResult, bytes | None]], fetched_at_ms: int,
-                   leased: Sequence[str] = ()) -> None:
+                   caller: Caller, leased: Sequence[str] = ()) -> None:
         try:
             compression = self.config.cache.compression
             # Encoded and written a few megabytes at a time: a 3 M-sample answer's pieces
@@ -122,7 +125,7 @@ class CacheWriter:
                     dq = digest_query(fp)
                     if baseline is not None and dq is not None:
                         self.revalidator.record(dq, fp.end_ms, baseline, fp.metrics, fp.start_ms, fp.end_ms,
-                                                digest_backend(u) or "")
+                                                digest_backend(u) or "", caller.tenant)
         except Exception:  # noqa: BLE001 -- the cache never fails a query
             METRICS.cache_errors.labels("put").inc()
             log.exception("storing fetched pieces failed")
@@ -132,8 +135,8 @@ class CacheWriter:
             landed = [(u.key.digest, r) for u, r, _ in entries if u.key is not None]
             self.landing.unland_later(landed)
 
-    async def baselines(self, units: Sequence[Unit], timeout_s: float) -> dict[tuple[str, int], bytes]:
-        """Revalidation digests of the storable units, taken before their fetch."""
+    async def baselines(self, units: Sequence[Unit], timeout_s: float, caller: Caller) -> dict[tuple[str, int], bytes]:
+        """Revalidation digests of the storable units, taken before their fetch (for `caller`)."""
         if self.revalidator is None:
             return {}
         wanted = []
@@ -147,14 +150,15 @@ class CacheWriter:
                     backend = who  # one fetch, one route
         if not wanted:
             return {}
-        return await self.revalidator.baselines(wanted, timeout_s, backend)
+        return await self.revalidator.baselines(wanted, timeout_s, backend, caller)
 
     def keep_whole(self, result: QueryResult, unit: Unit, fetched_at_ms: int,
-                   baselines: Mapping[tuple[str, int], bytes], leased: Collection[str] = ()) -> set[str]:
+                   baselines: Mapping[tuple[str, int], bytes], ctx: RequestContext,
+                   leased: Collection[str] = ()) -> set[str]:
         """Keep a forwarded answer (decoded when it was checked before being relayed)."""
         if unit.is_range and result.result_type != "matrix":
             return set()
-        return self.keep([unit], [result], fetched_at_ms, baselines, leased)
+        return self.keep([unit], [result], fetched_at_ms, baselines, ctx, leased)
 
 
 def digest_backend(u: Unit) -> str | None:

@@ -51,6 +51,7 @@ from shardplanner.routing import served_segments
 from shardplanner.serialize import to_promql
 
 from ..backends import Backend
+from ..backends.tenancy import Tenant
 from ..engine.aggregate import AGGREGATIONS
 from ..engine.evaluator import constant, evaluate_off_loop, param_args, range_arg
 from ..engine.kernels import TABLE
@@ -100,6 +101,15 @@ class Sub(Leaf):
     extra: tuple[BackendHolding, ...] = ()  # holdings of names no store has (`_resolved`)
 
 
+@dataclass(frozen=True)
+class Building:
+    """What every step of building a query's tree needs: the reason it went across stores
+    (the error when a part cannot be answered exactly) and the tenant it is planned for."""
+
+    reason: str
+    tenant: Tenant
+
+
 class CrossStore:
     """Stage: evaluate the operators above per-store subqueries.
 
@@ -126,7 +136,7 @@ class CrossStore:
             # (400 bad_data, its exact text) is the answer. The primary is asked as the client
             # asked; if it does answer, that answer cannot be shown to hold every backend's
             # data, so the query is refused as before.
-            reply, _ = await Asker().sound(self.backends[0], q.path, q.pairs, q.timeout_s)
+            reply, _ = await Asker().sound(self.backends[0], q.path, q.pairs, q.timeout_s, q.ctx)
             if not reply.ok:
                 return Answer(reply=reply, headers={"X-Promaccel-Pieces": "1"})
         pieces = "0"
@@ -158,13 +168,13 @@ class CrossStore:
         reason = q.whole.reason or "the query cannot be answered exactly across the backends' holdings"
         if q.unmergeable or q.plan.expr is None:
             raise PromError("execution", reason)
-        expr, router = await self._resolved(q.plan.expr, q.router)
-        tree = await self._tree(expr, q.req, router, reason)
+        expr, router = await self._resolved(q.plan.expr, q.router, q.ctx.caller.tenant)
+        tree = await self._tree(expr, q.req, router, Building(reason, q.ctx.caller.tenant))
         if isinstance(tree, Literal):
             raise PromError("execution", reason)
         return tree
 
-    async def _resolved(self, expr: Any, router: Router) -> tuple[Any, Router]:
+    async def _resolved(self, expr: Any, router: Router, tenant: Tenant) -> tuple[Any, Router]:
         """`expr` with its selectors without a fixed metric name resolved against the stores'
         metric names (`shardplanner/names.py`), and a router that knows the names no store
         has (they read nothing: the primary answers them, with the empty answer every store
@@ -175,11 +185,11 @@ class CrossStore:
         unheld = {n for n in fixed_names(expr) if not any(h.holds_metric(n) for h in holders)}
         if not needs_names(expr) and not unheld:
             return expr, router
-        known = await self.names.known()
+        known = await self.names.known(tenant)
         resolved = resolve_names(expr, known)
         absent = {n for n in fixed_names(resolved) if n not in known}
         if absent - {NO_METRIC}:
-            known = await self.names.known(missed=True)
+            known = await self.names.known(tenant, missed=True)
             resolved = resolve_names(expr, known)
             absent = {n for n in fixed_names(resolved) if n not in known}
         nowhere = tuple(sorted(n for n in absent if not any(h.holds_metric(n) for h in holders)))
@@ -188,7 +198,7 @@ class CrossStore:
         extra = (BackendHolding(self.backends[0].name, tuple(re.escape(n) for n in nowhere), primary=True),)
         return resolved, router.with_holdings(extra)
 
-    async def _tree(self, node: Any, req: QueryRequest, router: Router, reason: str) -> Node:
+    async def _tree(self, node: Any, req: QueryRequest, router: Router, b: Building) -> Node:
         """The evaluation tree of `node` over `req`'s steps: the decision of what runs where,
         one case per shape, in the order they are tried."""
         while isinstance(node, Paren):
@@ -212,31 +222,31 @@ class CrossStore:
             # probe would read the same instant).
             free = transform(node, lambda n: replace(n, at=None) if isinstance(n, Selector) else n)
             at_t = QueryRequest.instant(to_promql(free), pinned, req.lookback_ms)
-            inner = await self._tree(free, at_t, router, reason)
+            inner = await self._tree(free, at_t, router, b)
             if not isinstance(inner, Literal):
                 return PinnedNode(node, req, inner)
         if r.kind != "unroutable" and not (merges(r) and absent_like(node)):
             # A scalar-typed side (scalar(x), time()) comes back as a one-series matrix for a
             # range query; evaluate_binary knows it is a scalar from the expression.
             sub = replace(req, query=to_promql(node))
-            return Sub(sub, await self.planner.plan(sub), r, router.extra)
+            return Sub(sub, await self.planner.plan(sub, b.tenant), r, router.extra)
         if r.kind == "unroutable" and span.is_range and span.step_ms is not None:
             segs = served_segments(node, span.start_ms, span.end_ms, router.holdings, router.lookback_ms,
                                    step_ms=span.step_ms)
             if any(who for _, _, who in segs) and not all(who for _, _, who in segs):
                 # Only the steps no single backend answers are evaluated here.
                 parts = await asyncio.gather(*(
-                    self._tree(node, replace(req, span=Span.range(a, b, span.step_ms)), router, reason)
-                    for a, b, _ in segs))
+                    self._tree(node, replace(req, span=Span.range(lo, hi, span.step_ms)), router, b)
+                    for lo, hi, _ in segs))
                 return SegmentsNode(node, req, tuple(parts))
         groups = self._name_groups(node, req, router)
         if groups is not None:
             # Series of different metrics held by different stores: a union of each store's.
-            parts = await asyncio.gather(*(self._tree(n, req, router, reason) for n in groups))
+            parts = await asyncio.gather(*(self._tree(n, req, router, b) for n in groups))
             return UnionNode(node, req, tuple(parts))
         if isinstance(node, Binary):
-            lhs, rhs = await asyncio.gather(self._tree(node.lhs, req, router, reason),
-                                            self._tree(node.rhs, req, router, reason))
+            lhs, rhs = await asyncio.gather(self._tree(node.lhs, req, router, b),
+                                            self._tree(node.rhs, req, router, b))
             return BinaryNode(node, req, lhs, rhs)
         if isinstance(node, Call) and node.func in _ABSENT_LIKE and len(node.args) == 1:
             # absent()/scalar() over backends that are merged: the merge cannot see that an
@@ -244,26 +254,26 @@ class CrossStore:
             # and the function applied here, on the merged series.
             arg = node.args[0]
             inner_expr = Call("count_over_time", (arg,)) if node.func == "absent_over_time" else arg
-            inner = await self._tree(inner_expr, req, router, reason)
+            inner = await self._tree(inner_expr, req, router, b)
             if not isinstance(inner, Literal):
                 return AbsentNode(node, req, inner)
         entry = TABLE.get(node.func) if isinstance(node, Call) else None  # its kernel, by name
         if isinstance(node, Call) and entry is not None and entry.window is not None:
-            return await self._range_function(node, req, router, reason)
+            return await self._range_function(node, req, router, b)
         if isinstance(node, Call) and entry is not None and entry.instant is not None and not _stamps_samples(node):
-            args = await asyncio.gather(*(self._tree(a, req, router, reason) for a in node.args))
+            args = await asyncio.gather(*(self._tree(a, req, router, b) for a in node.args))
             return CallNode(node, req, tuple(args))
         if isinstance(node, Agg) and node.op in AGGREGATIONS:
             # The parameter may be any expression (`topk(2 * 3, ...)`, `quantile(scalar(y), ...)`):
             # evaluated as its own tree, a scalar per step (engine.go aggregation()).
-            parts = await asyncio.gather(self._tree(node.expr, req, router, reason),
-                                         *([self._tree(node.param, req, router, reason)] if node.param else []))
+            parts = await asyncio.gather(self._tree(node.expr, req, router, b),
+                                         *([self._tree(node.param, req, router, b)] if node.param else []))
             if not isinstance(parts[0], Literal):
                 return AggregateNode(node, req, parts[0], parts[1] if len(parts) > 1 else None)
         if isinstance(node, (MatrixSel, Subquery)) and not span.is_range:
             # A bare range vector at the top of an instant query: its samples, as they are.
-            return await self._range_function(Call("__range__", (node,)), req, router, reason)
-        raise PromError("execution", reason)
+            return await self._range_function(Call("__range__", (node,)), req, router, b)
+        raise PromError("execution", b.reason)
 
     @staticmethod
     def _name_groups(node: Any, req: QueryRequest, router: Router) -> list[Any] | None:
@@ -286,13 +296,13 @@ class CrossStore:
             return None
         return [with_names(node, sel, tuple(g)) for g in groups.values()]
 
-    async def _range_function(self, node: Call, req: QueryRequest, router: Router, reason: str) -> Node:
+    async def _range_function(self, node: Call, req: QueryRequest, router: Router, b: Building) -> Node:
         """`func(x[r])` / `func(expr[r:s])` whose window no single backend holds: over raw
         samples from each store (`window`), or over the inner expression evaluated on the
         subquery's grid (`subquery`); the other arguments must be number literals."""
         arg = range_arg(node)
         grid = grid_of(req)
-        params = tuple(await asyncio.gather(*(self._tree(a, req, router, reason) for a in param_args(node))))
+        params = tuple(await asyncio.gather(*(self._tree(a, req, router, b) for a in param_args(node))))
         if (isinstance(arg, MatrixSel) and isinstance(arg.selector.at, (int, type(None)))
                 and any(h.holds_metric(arg.selector.metric_name) for h in router.holdings)):
             sel = arg.selector
@@ -317,10 +327,10 @@ class CrossStore:
                                 "raise the subquery's step or shorten its range")
             if start <= end:
                 inner_req = QueryRequest.range(to_promql(arg.expr), start, end, step, req.lookback_ms)
-                inner = await self._tree(arg.expr, inner_req, router, reason)
+                inner = await self._tree(arg.expr, inner_req, router, b)
                 if not isinstance(inner, Literal):
                     return SubqueryNode(node, req, inner, params)
-        raise PromError("execution", reason)
+        raise PromError("execution", b.reason)
 
     async def _leaves(self, tree: Node, q: Query, cached: list[str]
                       ) -> tuple[dict[Leaf, QueryResult], dict[RawWindow, QueryResult]]:
@@ -344,8 +354,8 @@ class CrossStore:
         by_name = {b.name: b for b in self.backends}
         cache = self.raw_cache if q.cache is not None else None  # the query may use the cache
         chunks: dict[str, int] = {}
-        raw = await fetch_raw(window.selector, window.reads, by_name, q.timeout_s, self.max_window_samples, cache,
-                              tally=chunks)
+        raw = await fetch_raw(window.selector, window.reads, by_name, q.timeout_s, self.max_window_samples, q.ctx,
+                              cache, tally=chunks)
         hits, misses = chunks.get("hit", 0), chunks.get("miss", 0)
         return raw, "HIT" if hits and not misses else "MISS" if misses and not hits else "PARTIAL"
 

@@ -28,6 +28,7 @@ from ..result import QueryResult
 from ..result.merge import MergeConflict, concat
 from .cache_read import CacheReader
 from .cache_write import CacheWriter
+from .context import RequestContext
 from .hybrid.router import Router
 from .slots import SlotMaker
 from .units import Slot, Unit
@@ -76,11 +77,13 @@ class DayCells:
                 out.append((day, members))
         return out
 
-    async def assemble(self, slots: Sequence[Slot], ctx: CacheCtx, router: Router | None) -> Hours:
+    async def assemble(self, slots: Sequence[Slot], ctx: CacheCtx, router: Router | None,
+                       request: RequestContext) -> Hours:
         """Missing day cells from their cached hour cells (one batched read for all days);
         whole-day pieces answered from them, and the cells stored (in the background).
         Returns, for each whole-day piece's day that could not be made, its hour units and
-        the ones of their answers that were cached (for `split`)."""
+        the ones of their answers that were cached (for `split`). The cells it makes count
+        against the allowance of new cache entries of `request`, the query they are made for."""
         interval = self.slots.split_interval_ms
         days = self.wanted(slots)
         partial: Hours = {}
@@ -132,7 +135,7 @@ class DayCells:
                     partial[day.key.digest] = list(zip(hours, parts))
                 continue
             METRICS.cache_day_cells.inc()
-            self.writer.keep([day], [whole], read_at, {})
+            self.writer.keep([day], [whole], read_at, {}, request)
             for s in members:
                 if s.result is None and s.piece.span == day.span:
                     s.result, s.status, s.answered_by = whole, "hit", day.key.digest if day.key else None

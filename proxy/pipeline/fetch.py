@@ -12,7 +12,6 @@ import logging
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from ..backends.tenancy import scope as tenant_scope
 from ..codec import arrow
 from ..errors import PromError
 from ..observe.metrics import METRICS
@@ -24,13 +23,14 @@ from ..result.pieces import iter_split_time, split_time
 from ..runtime.memory import give_back_soon
 from .ask import instant_of, query_call
 from .cache_write import CacheWriter
+from .context import RequestContext
 from .hybrid.fetch import RouteAnswer
 from .hybrid.router import Router
 from .landing import Landing
 from .leases import Leases
 from .refusals import Answerer
 from .units import Fetch, Unit
-from .values import CacheCtx, Pairs
+from .values import Pairs, Query
 
 # One DEBUG line per backend call (path, time range, units): which pieces were asked for.
 fetch_log = logging.getLogger("promaccel.fetch")
@@ -53,17 +53,19 @@ class Fetcher:
         self.flight: SingleFlight[tuple[Any, ...], Any] = SingleFlight(
             "backend", on_shared=METRICS.coalesced.labels("backend").inc)
 
-    async def fetch(self, f: Fetch, extra: Pairs, timeout_s: float, ctx: CacheCtx | None,
-                     router: Router | None = None) -> QueryResult:
+    async def fetch(self, f: Fetch, q: Query) -> QueryResult:
+        """`f`'s answer, for query `q` (its parameters, deadline, route and context); the call
+        is shared with the identical calls of other queries of the same tenant, and made with
+        the context of the query that made it first."""
+        extra, timeout_s, router, ctx = q.extra, q.timeout_s, q.router, q.ctx
         path, form = query_call(f.query, f.span, extra)
-        tenant = ctx.tenant if ctx is not None else tenant_scope()
-        key = ("piece", path, tuple(form), tenant, f.route)
+        key = ("piece", path, tuple(form), ctx.scope, f.route)
         landed = self._landed(f)
         if landed is not None:
             METRICS.coalesced.labels("recent").inc()
             return landed
         return await self.flight.do(  # type: ignore[no-any-return]
-            key, lambda: self._fetch_now(key, f, extra, path, form, timeout_s, router)
+            key, lambda: self._fetch_now(key, f, extra, path, form, timeout_s, router, ctx)
         )
 
     def _landed(self, f: Fetch) -> QueryResult | None:
@@ -83,7 +85,7 @@ class Fetcher:
         return cells[0] if len(cells) == 1 else concat(cells, lazy=True)
 
     async def _fetch_now(self, key: tuple[Any, ...], f: Fetch, extra: Pairs, path: str, form: Pairs,
-                         timeout_s: float, router: Router | None = None) -> QueryResult:
+                         timeout_s: float, router: Router | None, ctx: RequestContext) -> QueryResult:
         # Announce the call's units, so that requests needing one of them wait for this call.
         loop = asyncio.get_running_loop()
         announced: dict[str, asyncio.Future[QueryResult]] = {}
@@ -93,7 +95,7 @@ class Fetcher:
                 fut.add_done_callback(_retrieve)
                 announced[u.key.digest] = self.landing.inflight[u.key.digest] = fut
         try:
-            result = await self._leased(key, f, extra, path, form, timeout_s, router)
+            result = await self._leased(key, f, extra, path, form, timeout_s, router, ctx)
         except BaseException as exc:
             for fut in announced.values():
                 if fut.done():
@@ -110,7 +112,7 @@ class Fetcher:
         return result
 
     async def _leased(self, key: tuple[Any, ...], f: Fetch, extra: Pairs, path: str, form: Pairs,
-                      timeout_s: float, router: Router | None) -> QueryResult:
+                      timeout_s: float, router: Router | None, ctx: RequestContext) -> QueryResult:
         """`f` under fetch leases: the units whose leases this process wins (or all, without
         leases) are fetched here; those stored meanwhile are read; those another process
         holds are awaited from Redis, or fetched here when that process stores nothing. The
@@ -121,7 +123,7 @@ class Fetcher:
                       if leases is not None and self.cache_enabled and not f.instants else [])
         claim = await leases.acquire(candidates) if leases is not None and candidates else None
         if leases is None or claim is None or len(claim.won) == len(candidates):
-            return (await self._call(key, f, path, form, timeout_s, router, claim.won if claim else ()))[0]
+            return (await self._call(key, f, path, form, timeout_s, router, ctx, claim.won if claim else ()))[0]
         won, found = claim.won, claim.found
         lost = [u for u in candidates if u.key is not None and u.key.digest not in won and u.key.digest not in found]
         index = {id(u): i for i, u in enumerate(f.units)}
@@ -136,7 +138,7 @@ class Fetcher:
         async def fetch_here(units: Sequence[Unit], won: Collection[str]) -> None:
             for sub in _runs(f, units):
                 sub_path, sub_form = query_call(sub.query, sub.span, extra)
-                _, cut = await self._call(None, sub, sub_path, sub_form, timeout_s, router, won)
+                _, cut = await self._call(None, sub, sub_path, sub_form, timeout_s, router, ctx, won)
                 for u, part in zip(sub.units, cut):
                     parts[index[id(u)]] = part
 
@@ -171,7 +173,8 @@ class Fetcher:
             fut.set_result(cell)
 
     async def _call(self, key: tuple[Any, ...] | None, f: Fetch, path: str, form: Pairs, timeout_s: float,
-                    router: Router | None = None, won: Collection[str] = ()) -> tuple[QueryResult, list[QueryResult]]:
+                    router: Router | None, ctx: RequestContext,
+                    won: Collection[str] = ()) -> tuple[QueryResult, list[QueryResult]]:
         """One backend call for `f`: its answer and, for a part of a flight (`key` None: not
         remembered as a recent call), the answer cut into each of `f`'s units (else into its
         keyed units only). The leases of `won` are let go once their units are stored, at
@@ -179,12 +182,12 @@ class Fetcher:
         kept: set[str] = set()
         try:
             storable = [u for u in f.units if u.storable] if self.cache_enabled else []
-            baselines = await self.writer.baselines(storable, timeout_s) if storable else {}
+            baselines = await self.writer.baselines(storable, timeout_s, ctx.caller) if storable else {}
             fetched_at = wall_ms()
             if fetch_log.isEnabledFor(logging.DEBUG):
                 fetch_log.debug("fetch %s start_ms=%s end_ms=%s step_ms=%s time_ms=%s units=%d query=%s",
                                 path, f.start_ms, f.end_ms, f.step_ms, f.time_ms, len(f.units), f.query)
-            result = await self.route_answer.answer(f, path, form, timeout_s, router)
+            result = await self.route_answer.answer(f, path, form, timeout_s, router, ctx)
             units = f.units if key is None else [u for u in f.units if u.key is not None]
             parts = await self._cut_packed(f, units, result) if storable and not result.warnings else None
             if parts is None:
@@ -198,7 +201,7 @@ class Fetcher:
             if storable and not result.warnings:
                 by_digest = {u.key.digest: part for u, part in zip(units, parts) if u.key is not None}
                 kept = self.writer.keep(storable, [by_digest[u.key.digest] for u in storable if u.key is not None],
-                                        fetched_at, baselines, leased=won)
+                                        fetched_at, baselines, ctx, leased=won)
             return result, parts
         finally:
             if won and self.leases is not None:

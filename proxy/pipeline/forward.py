@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from ..backends import Backend, BackendReply
-from ..backends.tenancy import scope as tenant_scope
 from ..codec.json_encode import encode_prometheus_json
 from ..errors import PromError
 from ..observe.metrics import METRICS
@@ -18,9 +18,10 @@ from ..result import QueryResult
 from .ask import Asker, needs_range_form
 from .cache_read import CacheReader
 from .cache_write import CacheWriter
+from .context import Refused
 from .landing import Landing
 from .leases import Leases
-from .refusals import REFUSED, RefusalSplitter, refusal
+from .refusals import RefusalSplitter, refusal
 from .slots import SlotMaker
 from .stage import Stage
 from .units import Unit
@@ -70,16 +71,15 @@ class Forward:
             return await self.next(q)
         assert q.plan is not None
         backend = self.by_name[q.whole.backend] if q.whole is not None else self.primary
-        ctx = q.cache
-        slots = self.slots.slots(q.plan, ctx, q.router) if ctx is not None and not q.unmergeable else []
+        cache = q.cache
+        slots = self.slots.slots(q.plan, cache, q.router) if cache is not None and not q.unmergeable else []
         if slots and slots[0].keys:
             await self.reader.lookup(slots)
             if slots[0].result is not None:
-                status = self.reader.count(slots)
+                status = self.reader.count(slots, q.ctx.caller.record)
                 return Answer(result=slots[0].result, headers={"X-Promaccel-Pieces": "1", "X-Cache": status})
         unit = slots[0].unit if slots and slots[0].unit.storable else None
-        tenant = ctx.tenant if ctx is not None else tenant_scope()
-        key = ("whole", q.path, tuple(q.pairs), tenant, backend.name)
+        key = ("whole", q.path, tuple(q.pairs), q.ctx.scope, backend.name)
         reply: BackendReply | QueryResult | None = self.landing.recent_call(key) if unit is not None else None
         if reply is not None:
             METRICS.coalesced.labels("recent").inc()
@@ -92,7 +92,7 @@ class Forward:
                 return await self._cut_finer(q, exc)
             if isinstance(reply, BackendReply) and not reply.ok and self._splits(q, PieceFailed(reply)):
                 return await self._cut_finer(q, PieceFailed(reply))
-        status = self.reader.count(slots)
+        status = self.reader.count(slots, q.ctx.caller.record)
         headers = {"X-Promaccel-Pieces": "1", "X-Cache": status}
         if isinstance(reply, QueryResult):  # stored by another process meanwhile
             return Answer(result=reply, headers=headers)
@@ -107,18 +107,14 @@ class Forward:
         """The query's metric was refused lately and answered cut finer: the planned path
         starts it cut that way (refusals.py) instead of being refused again whole."""
         return (self.refusals is not None and not q.unmergeable and q.plan is not None and q.plan.expr is not None
-                and self.refusals.remembers(q.plan.expr, q.plan.pieces[0].span))
+                and self.refusals.remembers(q.plan.expr, q.plan.pieces[0].span, q.ctx.scope))
 
     async def _cut_finer(self, q: Query, exc: BaseException) -> Answer:
         """The refused query through the planned path, whose fetch starts from this refusal
-        (`refusals.REFUSED`) and cuts it finer instead of asking the same call again."""
+        (the context's `refused`) and cuts it finer instead of asking the same call again."""
         assert q.plan is not None
         piece = q.plan.pieces[0]
-        token = REFUSED.set((piece.query, piece.span, exc))
-        try:
-            return await self.next(q)
-        finally:
-            REFUSED.reset(token)
+        return await self.next(replace(q, ctx=replace(q.ctx, refused=Refused(piece.query, piece.span, exc))))
 
     async def _leased(self, key: tuple[Any, ...], q: Query, unit: Unit | None,
                       backend: Backend) -> BackendReply | QueryResult:
@@ -150,19 +146,19 @@ class Forward:
 
     async def _forward_now(self, key: tuple[Any, ...], q: Query, unit: Unit | None, backend: Backend,
                            won: set[str], kept: set[str]) -> BackendReply:
-        baselines = await self.writer.baselines([unit], q.timeout_s) if unit is not None else {}
+        baselines = await self.writer.baselines([unit], q.timeout_s, q.ctx.caller) if unit is not None else {}
         fetched_at = wall_ms()
         fetch_log.debug("fetch %s whole from %s", q.path, backend.name)
         # A sound reply or none: the client never gets a broken body or an HTML page.
-        reply, result = await self.ask.sound(backend, q.path, q.pairs, q.timeout_s)
+        reply, result = await self.ask.sound(backend, q.path, q.pairs, q.timeout_s, q.ctx)
         if needs_range_form(backend, q.path, reply) and any(k == "time" for k, _ in q.pairs):
             try:
-                result = await self.ask.range_form(backend, q.pairs, q.timeout_s)
+                result = await self.ask.range_form(backend, q.pairs, q.timeout_s, q.ctx)
             except PieceFailed as failed:
                 return failed.reply
             reply = BackendReply(200, encode_prometheus_json(result), JSON)
         if unit is not None and reply.ok:
             self.landing.remember_call(key, reply, fetched_at)
             if result is not None:
-                kept |= self.writer.keep_whole(result, unit, fetched_at, baselines, leased=won)
+                kept |= self.writer.keep_whole(result, unit, fetched_at, baselines, q.ctx, leased=won)
         return reply

@@ -20,9 +20,8 @@ from ..errors import PromError
 from ..observe.metrics import METRICS
 from ..result import QueryResult
 from ..result.pieces import slice_time
-from .answer_bytes import HOLDING
-from .budget import BUDGET, Budget
 from .cache_read import CacheReader
+from .context import RequestContext
 from .daycells import DayCells
 from .fetch import Fetcher
 from .landing import Landing
@@ -74,12 +73,12 @@ class Lookup:
         slots = self.slots.slots(q.plan, q.cache, q.router)
         await self.reader.lookup(slots)
         if q.cache is not None and q.plan.day_cells_until_ms is not None:
-            partial = await self.days.assemble(slots, q.cache, q.router)
+            partial = await self.days.assemble(slots, q.cache, q.router, q.ctx)
             slots = self.days.split(slots, partial, self.days.target_calls)
         if q.cache is not None and self.config.cache.reuse_finer_steps:
             await self.reader.lookup_finer(slots, q.cache, q.router)
         segments = await self.next(Work(q, slots))
-        return Pieces(segments, self.reader.count(slots))
+        return Pieces(segments, self.reader.count(slots, q.ctx.caller.record))
 
 
 class Coalesce:
@@ -111,11 +110,9 @@ class Coalesce:
         if waits:
             METRICS.coalesced.labels("piece").inc(len(waits))
         slot_of = {s.unit: s for s in missing}
-        budget = BUDGET.get()
-        fetches = coalesce_units([s.unit for s in missing], calls_for(self.target_calls, budget),
+        fetches = coalesce_units([s.unit for s in missing], calls_for(self.target_calls, w.q.ctx),
                                  self.config.limits.max_points, self.cell_ms)
-        if budget is not None:
-            budget.check(len(fetches))  # before any call is made: a 422 naming the limit
+        w.q.ctx.budget.check(len(fetches))  # before any call is made: a 422 naming the limit
 
         def settle(i: int, result: QueryResult) -> list[Segment]:
             """A fetched answer as the segments to merge: cut into its pieces."""
@@ -170,20 +167,21 @@ LARGE_CALL_BYTES = 8 << 20
 LARGE_CALLS_MAX = 16
 
 
-def _large_reservation() -> int | None:
-    """The current query's reservation in bytes if it is LARGE_ANSWER_BYTES or more."""
-    held = HOLDING.get()
+def large_reservation(ctx: RequestContext) -> int | None:
+    """The query's reservation in bytes if it is LARGE_ANSWER_BYTES or more."""
+    held = ctx.held
     return held.size if held is not None and held.size >= LARGE_ANSWER_BYTES else None
 
 
-def calls_for(target_calls: int, budget: Budget | None = None) -> int:
+def calls_for(target_calls: int, ctx: RequestContext) -> int:
     """The calls to aim for: `target_calls`, more for a query reserved at LARGE_ANSWER_BYTES
     or more (so that each call's body and arrays stay small, LARGE_CALLS_AT_ONCE at a time)."""
-    size = _large_reservation()
+    size = large_reservation(ctx)
     if size is None:
         return target_calls
     more = min(LARGE_CALLS_MAX, -(-size // LARGE_CALL_BYTES))
-    if budget is not None and budget.max_calls:
+    budget = ctx.budget
+    if budget.max_calls:
         more = min(more, budget.max_calls - budget.calls)
     return max(target_calls, more)
 
@@ -197,7 +195,7 @@ class FanOut:
     async def __call__(self, c: Calls) -> tuple[list[Any], list[QueryResult]]:
         q = c.q
         gate = (asyncio.Semaphore(LARGE_CALLS_AT_ONCE)
-                if _large_reservation() is not None and len(c.fetches) > LARGE_CALLS_AT_ONCE else None)
+                if large_reservation(q.ctx) is not None and len(c.fetches) > LARGE_CALLS_AT_ONCE else None)
         try:
             async with asyncio.timeout(q.timeout_s):
                 async with asyncio.TaskGroup() as tg:
@@ -218,10 +216,10 @@ class FanOut:
     async def _fetch(self, c: Calls, i: int, gate: asyncio.Semaphore | None) -> Any:
         q = c.q
         if gate is None:
-            result = await self.fetcher.fetch(c.fetches[i], q.extra, q.timeout_s, q.cache, q.router)
+            result = await self.fetcher.fetch(c.fetches[i], q)
         else:
             async with gate:
-                result = await self.fetcher.fetch(c.fetches[i], q.extra, q.timeout_s, q.cache, q.router)
+                result = await self.fetcher.fetch(c.fetches[i], q)
         return result if c.settle is None else c.settle(i, result)
 
 

@@ -38,7 +38,7 @@ class Fallback:
                 raise PromError("execution", "this answer's shape (e.g. native histograms) cannot be merged "
                                 f"across backends ({q.whole.key()})") from None
             backend = self.by_name[q.whole.backend] if q.whole is not None else self.primary
-            reply, _ = await Asker().sound(backend, q.path, q.pairs, q.timeout_s)
+            reply, _ = await Asker().sound(backend, q.path, q.pairs, q.timeout_s, q.ctx)
             return Answer(reply=reply, headers={"X-Promaccel-Pieces": "1"})
 
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import orjson
 
 from ..backends import Backend
-from ..backends.tenancy import scope as tenant_scope
+from ..backends.tenancy import NO_TENANT, Caller, Tenant
 from ..errors import PromError
 from .discovery import Discovered
 
@@ -32,12 +32,12 @@ class MetricNames:
     def __init__(self, backends: Sequence[Backend], ttl_ms: int) -> None:
         self.backends = backends
         self.ttl_s = ttl_ms / 1000
-        self._names: Discovered[str, frozenset[str]] = Discovered(
+        self._names: Discovered[Tenant, frozenset[str]] = Discovered(
             "metric_names", self._fetch, ttl_ms, max_entries=MAX_SCOPES)
 
-    async def _list(self, backend: Backend) -> list[str]:
+    async def _list(self, backend: Backend, tenant: Tenant) -> list[str]:
         reply = await backend.request("GET", "/api/v1/label/__name__/values", timeout_s=10,
-                                      endpoint="/api/v1/label/:name/values")
+                                      endpoint="/api/v1/label/:name/values", caller=Caller(tenant))
         data = None
         if reply.ok:
             try:
@@ -49,13 +49,12 @@ class MetricNames:
                             f"(HTTP {reply.status}), needed to route a selector without a fixed metric name")
         return [str(n) for n in data]
 
-    async def _fetch(self, _scope: str) -> frozenset[str]:
-        # The scope is the key only: the fetch runs with the asking tenant's headers.
-        lists = await asyncio.gather(*(self._list(b) for b in self.backends))
+    async def _fetch(self, tenant: Tenant) -> frozenset[str]:
+        lists = await asyncio.gather(*(self._list(b, tenant) for b in self.backends))
         return frozenset(n for lst in lists for n in lst)
 
-    async def known(self, *, missed: bool = False) -> frozenset[str]:
-        """Every store's metric names; `missed`: the last answer lacked a name the query reads
+    async def known(self, tenant: Tenant = NO_TENANT, *, missed: bool = False) -> frozenset[str]:
+        """Every store's metric names that `tenant` sees; `missed`: the last answer lacked a name the query reads
         (then lists older than MISS_REFRESH_S are fetched again). A failure to list them raises
         (a 503 naming the store) unless a list is held."""
-        return await self._names.get(tenant_scope(), max_age_s=MISS_REFRESH_S if missed else None)
+        return await self._names.get(tenant, max_age_s=MISS_REFRESH_S if missed else None)

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from ..backends import Backend
 from ..cache import PieceStore
 from ..config import Config
+from .admission import Admission, Admit
 from .answer_bytes import AnswerBytes, Reserve
 from .ask import Asker
-from .budget import Admission, Admit
 from .cache_read import CacheReader
 from .cache_write import CacheWriter
 from .crossstore import CrossStore

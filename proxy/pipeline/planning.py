@@ -28,7 +28,7 @@ from shardplanner.promql import dialect_matters
 from shardplanner.timesplit import DAY_MS
 
 from ..backends import Backend
-from ..backends.tenancy import scope as tenant_scope
+from ..backends.tenancy import NO_TENANT, Caller, Tenant
 from ..config import Config
 from ..errors import PromError
 from ..observe.metrics import METRICS
@@ -84,26 +84,25 @@ class ShardValues:
     def __init__(self, backend: Backend, ttl_ms: int) -> None:
         self.backend = backend
         self.ttl_s = ttl_ms / 1000
-        self.values: Discovered[tuple[str, str], tuple[str, ...]] = Discovered(
+        self.values: Discovered[tuple[Tenant, str], tuple[str, ...]] = Discovered(
             "shard_values", self._fetch, ttl_ms, max_entries=self.MAX_ENTRIES,
             retry_after_failure_s=self.RETRY_AFTER_FAILURE_S)
 
-    async def _fetch(self, key: tuple[str, str]) -> tuple[str, ...]:
-        label = key[1]  # key[0], the tenant scope, is whose headers the call carries
+    async def _fetch(self, key: tuple[Tenant, str]) -> tuple[str, ...]:
+        tenant, label = key  # the call carries the tenant's headers
         reply = await self.backend.request(
-            "GET", f"/api/v1/label/{label}/values", timeout_s=10, endpoint="/api/v1/label/:name/values"
-        )
+            "GET", f"/api/v1/label/{label}/values", timeout_s=10, endpoint="/api/v1/label/:name/values",
+            caller=Caller(tenant))
         data = orjson.loads(reply.body).get("data") if reply.ok else None
         if not isinstance(data, list):
             raise PromError("unavailable", f"could not discover the values of shard label {label} "
                             f"(HTTP {reply.status})")
         return tuple(sorted(str(v) for v in data))
 
-    async def get(self, labels: Sequence[str]) -> dict[str, tuple[str, ...]]:
-        """The values of these labels that are known or could be discovered now (a label whose
+    async def get(self, labels: Sequence[str], tenant: Tenant = NO_TENANT) -> dict[str, tuple[str, ...]]:
+        """The values of these labels that `tenant` sees, known or discovered now (a label whose
         discovery failed is left out: the planner then does not shard by it)."""
-        scope = tenant_scope()
-        got = await self.values.get_many((scope, lb) for lb in labels)
+        got = await self.values.get_many((tenant, lb) for lb in labels)
         return {lb: vals for (_, lb), vals in got.items()}
 
 
@@ -119,7 +118,9 @@ class Planner:
         self.shard_values = ShardValues(primary, config.planner.shard_values_ttl)
         self.series_counts = SeriesCounts(primary, config.planner.shard_values_ttl)
 
-    async def plan(self, req: QueryRequest) -> QueryPlan:
+    async def plan(self, req: QueryRequest, tenant: Tenant = NO_TENANT) -> QueryPlan:
+        """`req` planned with what `tenant` sees of the primary (its shard-label values and
+        series counts)."""
         values: Mapping[str, Sequence[str]] = {}
         if dialect_matters(req.query):
             dialect = await self.facts.dialect(self.primary)
@@ -132,12 +133,12 @@ class Planner:
                 # The estimate sizes shards / guards the samples: from real series counts
                 # where they can be learnt (else series_per_node), asked beside the values.
                 values, counts = await asyncio.gather(
-                    self._shard_values(),
-                    self.series_counts.get(metrics_to_count(req, settings), req.span.end_ms))
+                    self._shard_values(tenant),
+                    self.series_counts.get(metrics_to_count(req, settings), req.span.end_ms, tenant))
                 if counts:
                     settings = replace(settings, series_counts=tuple(sorted(counts.items())))
             else:
-                values = await self._shard_values()
+                values = await self._shard_values(tenant)
         plan = make_plan(req, settings, values, self.day_cells_until())
         refusal = samples_limit_message(plan, max_samples)  # limits.max_samples (0: off)
         if refusal is not None:
@@ -152,17 +153,17 @@ class Planner:
             return None
         return ((wall_ms() - cc.day_cells_after) // DAY_MS) * DAY_MS
 
-    async def shard_values_now(self) -> Mapping[str, Sequence[str]]:
-        """The shard-label values of every configured shard label (refused pieces cut in
-        shards, `refusals.py`)."""
-        return await self._shard_values()
+    async def shard_values_now(self, tenant: Tenant = NO_TENANT) -> Mapping[str, Sequence[str]]:
+        """The shard-label values of every configured shard label that `tenant` sees (refused
+        pieces cut in shards, `refusals.py`)."""
+        return await self._shard_values(tenant)
 
-    async def _shard_values(self) -> Mapping[str, Sequence[str]]:
-        return await self.shard_values.get(sorted({label for _, label in self.settings.shard_labels}))
+    async def _shard_values(self, tenant: Tenant) -> Mapping[str, Sequence[str]]:
+        return await self.shard_values.get(sorted({label for _, label in self.settings.shard_labels}), tenant)
 
-    async def answer_bytes(self, plan: QueryPlan) -> int | None:
+    async def answer_bytes(self, plan: QueryPlan, tenant: Tenant = NO_TENANT) -> int | None:
         """The answer's decoded bytes, estimated (shardplanner/answer_size.py); None: unknown."""
-        return answer_bytes(plan.expr, plan.request, self.settings, await self._shard_values())
+        return answer_bytes(plan.expr, plan.request, self.settings, await self._shard_values(tenant))
 
     def unsharded(self, plan: QueryPlan) -> QueryPlan:
         """The same request planned without shards (a topk tie at the k-th place)."""
@@ -171,7 +172,7 @@ class Planner:
     def cache_ctx(self, q: Query, primary: Backend) -> CacheCtx:
         extras = sorted((k, v) for k, v in q.pairs if k not in PLANNED_PARAMS and k not in UNKEYED_PARAMS)
         route = (primary.cfg.ident, *(f"{k}={v}" for k, v in extras))
-        return CacheCtx(tenant_scope(), route, wall_ms(), q.req.lookback_ms)
+        return CacheCtx(q.ctx.scope, route, wall_ms(), q.req.lookback_ms)
 
 
 class Plan:
@@ -184,7 +185,7 @@ class Plan:
         self.next = next
 
     async def __call__(self, q: Query) -> Answer:
-        plan = await self.planner.plan(q.req)
+        plan = await self.planner.plan(q.req, q.ctx.caller.tenant)
         METRICS.pieces.observe(len(plan.pieces))
         mode = "sharded" if plan.sharded else ("split" if plan.time_split else "whole")
         METRICS.planned.labels(mode, "" if plan.sharded else reason_code(plan.notes)).inc()

@@ -30,7 +30,6 @@ from shardplanner.read_windows import listed_names
 from shardplanner.serialize import to_promql
 
 from ..backends import Backend
-from ..backends.tenancy import scope as tenant_scope
 from ..cache import CacheItem, CacheKey, Payload, PieceMeta, PieceStore, ttl_for
 from ..codec import arrow
 from ..config import Config
@@ -41,9 +40,9 @@ from ..result import QueryResult
 from ..result.merge import concat
 from ..result.pieces import slice_time
 from .ask import Asker, query_call
-from .budget import BUDGET
 from .cache_read import decode_off_loop
 from .cache_write import CacheWriter
+from .context import RequestContext
 
 HOUR_MS = 3_600_000
 DAY_MS = 86_400_000
@@ -77,8 +76,10 @@ class RawCache:
         self.writer = writer
 
     @staticmethod
-    def key(text: str, ident: str, end_ms: int) -> CacheKey:
-        return CacheKey(text, Span.instant(end_ms), lookback_ms=0, route=(ident,), tenant=tenant_scope())
+    def key(text: str, ident: str, end_ms: int, scope: str) -> CacheKey:
+        """The key of a chunk of raw samples read by `text` up to `end_ms` from the backend
+        `ident`, for the tenant `scope`."""
+        return CacheKey(text, Span.instant(end_ms), lookback_ms=0, route=(ident,), tenant=scope)
 
     async def get(self, keys: Sequence[CacheKey]) -> list[QueryResult | None]:
         try:
@@ -93,18 +94,19 @@ class RawCache:
             out.append(r if isinstance(r, QueryResult) else None)
         return out
 
-    def keep(self, entries: Sequence[tuple[CacheKey, QueryResult, str | None, int, int]], fetched_at_ms: int) -> None:
+    def keep(self, entries: Sequence[tuple[CacheKey, QueryResult, str | None, int, int]], fetched_at_ms: int,
+             ctx: RequestContext) -> None:
         """Store fetched chunks in the background (old ones for cache.ttl, recent ones for
         cache.recent_ttl; none with a warning; each counts against limits.max_new_cache_keys)."""
         now = wall_ms()
         kept = []
-        budget = BUDGET.get()
+        budget = ctx.budget
         for key, result, metric, a, b in entries:
             ttl = ttl_for(b, now, self.config.cache)
-            if not ttl or result.warnings or (budget is not None and not budget.new_key()):
+            if not ttl or result.warnings or not budget.new_key():
                 continue
             kept.append((key, result, ttl, PieceMeta((metric,) if metric else (), a, b, fetched_at_ms)))
-        if kept and not self.writer.spawn(self._put(kept)):
+        if kept and not self.writer.spawn(self._put(kept), ctx):
             METRICS.cache_puts.labels(self.store().kind, "dropped").inc(len(kept))
 
     async def _put(self, kept: list[tuple[CacheKey, QueryResult, int, PieceMeta]]) -> None:
@@ -120,24 +122,25 @@ class RawCache:
 
 
 async def fetch_raw(selector: Selector, parts: Sequence[tuple[str, int, int]], backends: Mapping[str, Backend],
-                    timeout_s: float, max_samples: int, cache: RawCache | None = None,
+                    timeout_s: float, max_samples: int, ctx: RequestContext, cache: RawCache | None = None,
                     tally: dict[str, int] | None = None) -> QueryResult:
     """Every sample of `selector` (its offset and `@` ignored: the window is absolute) in the
     stretches `parts` (`window_parts`), per series, from the stores that hold them (or the
-    cache). `tally`: counts the chunks read from the cache ("hit") and fetched ("miss")."""
+    cache), for the query of `ctx`. `tally`: counts the chunks read from the cache ("hit") and
+    fetched ("miss")."""
     bare = replace(selector, offset_ms=0, at=None)
     if not parts:
         return QueryResult.empty("matrix")
     ask = Asker()
     texts = [to_promql(MatrixSel(bare, max(b - a, 1))) for _, a, b in parts]
-    keys = [RawCache.key(t, backends[n].cfg.ident, b) for t, (n, _, b) in zip(texts, parts)]
+    keys = [RawCache.key(t, backends[n].cfg.ident, b, ctx.scope) for t, (n, _, b) in zip(texts, parts)]
     results: list[QueryResult | None] = await cache.get(keys) if cache is not None else [None] * len(parts)
     fetched_at = wall_ms()
 
     async def one(i: int) -> QueryResult:
         name, a, b = parts[i]
         path, form = query_call(texts[i], Span.instant(b))
-        got = await ask(backends[name], path, form, timeout_s)
+        got = await ask(backends[name], path, form, timeout_s, ctx)
         if got.result_type != "matrix":
             raise PromError("execution", f"backend {name!r} answered {texts[i]} with a {got.result_type}, not a matrix")
         return slice_time(got, a, b) if got.n_samples else got
@@ -176,7 +179,7 @@ async def fetch_raw(selector: Selector, parts: Sequence[tuple[str, int, int]], b
     fetched = [results[i] for i in missing]
     if cache is not None and missing:
         cache.keep([(keys[i], r, selector.metric_name, parts[i][1], parts[i][2])
-                    for i, r in zip(missing, fetched) if r is not None], fetched_at)
+                    for i, r in zip(missing, fetched) if r is not None], fetched_at, ctx)
     done = [r for r in results if r is not None]
     nonempty = [r for r in done if r.n_samples]
     if not nonempty:

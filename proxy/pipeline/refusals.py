@@ -34,14 +34,14 @@ piece's cache units and stored like any other. What worked is remembered per met
 metric names of the query's selectors, per tenant scope) for `planner.refusal_memory`: the
 most shards and the longest time piece that were answered; a later call for that metric starts
 split that way instead of being refused first. A query forwarded whole (`forward.py`) that is
-refused is run through the planned path, which starts from the refusal (`REFUSED`) instead
+refused is run through the planned path, which starts from the refusal (its context's
+`refused`, context.py) instead
 of asking the same call again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import time
 from collections import OrderedDict
@@ -56,14 +56,14 @@ from shardplanner.planner import plan as make_plan
 from shardplanner.promql import CannotParse, TooComplex, parse
 
 from ..backends.circuit import ClientDeadline, deadline_answer
-from ..backends.tenancy import scope as tenant_scope
+from ..backends.tenancy import Tenant
 from ..errors import PromError
 from ..observe.metrics import METRICS
 from ..result import QueryResult
 from ..result.merge import concat, merge
 from ..result.ties import topk_ambiguous
 from .ask import query_call
-from .budget import BUDGET
+from .context import RequestContext
 from .hybrid.router import Router
 from .units import Fetch
 from .values import PLANNED_PARAMS, Pairs, PieceFailed
@@ -89,12 +89,6 @@ MIN_LEFT_S = 0.05
 # Most time pieces a remembered split may cut one call into (the budget bounds it anyway).
 MAX_PRESPLIT = 64
 
-# Forward (a query left whole) sets this when the backend refused the whole query: the
-# planned path then starts from that refusal instead of asking the same call again.
-REFUSED: contextvars.ContextVar[tuple[str, Span, BaseException] | None] = contextvars.ContextVar(
-    "promaccel_refused", default=None)
-
-
 def refusal(exc: BaseException) -> str | None:
     """"size" or "time" when `exc` is the backend refusing a query for its size or for its
     time; None for anything else (a bad query, the client's deadline, the backend down)."""
@@ -117,7 +111,7 @@ class Answerer(Protocol):
     """What answers one fetch from the backend(s) of its route (`RouteAnswer`)."""
 
     async def answer(self, f: Fetch, path: str, form: Pairs, timeout_s: float,
-                     router: Router | None) -> QueryResult: ...
+                     router: Router | None, ctx: RequestContext) -> QueryResult: ...
 
 
 @dataclass
@@ -173,6 +167,7 @@ class _Job:
     f: Fetch
     extra: Pairs
     router: Router | None
+    ctx: RequestContext
     deadline: float
     key: tuple[str, str] | None
     time_ok: bool  # the query may be cut in time (and its route is not split in time)
@@ -198,7 +193,7 @@ class RefusalSplitter:
     `values()` gives the shard-label values (the planner's snapshot)."""
 
     def __init__(self, inner: Answerer, settings: PlannerSettings,
-                 values: Callable[[], Awaitable[Mapping[str, Sequence[str]]]], *, max_depth: int = 6,
+                 values: Callable[[Tenant], Awaitable[Mapping[str, Sequence[str]]]], *, max_depth: int = 6,
                  shards: int = 8, memory_ttl_s: float = 3600.0) -> None:
         self.inner = inner
         self.settings = replace(settings, split_interval_ms=None, split_instant_windows=False,
@@ -209,22 +204,22 @@ class RefusalSplitter:
         self.memory = Memory(memory_ttl_s)
 
     async def answer(self, f: Fetch, path: str, form: Pairs, timeout_s: float,
-                     router: Router | None) -> QueryResult:
-        refused_whole = REFUSED.get()
-        job = self._job(f, form, timeout_s, router) if self.max_depth > 0 else None
+                     router: Router | None, ctx: RequestContext) -> QueryResult:
+        refused_whole = ctx.refused
+        job = self._job(f, form, timeout_s, router, ctx) if self.max_depth > 0 else None
         if job is None:
-            return await self.inner.answer(f, path, form, timeout_s, router)
+            return await self.inner.answer(f, path, form, timeout_s, router, ctx)
         learned = self.memory.get(job.key) if job.key is not None else None
         if learned is not None:
             early = await self._presplit(job, learned)
             if early is not None:
                 self._learn(job)
                 return early
-        if refused_whole is not None and refused_whole[0] == f.query and refused_whole[1] == f.span:
-            refused: BaseException = refused_whole[2]
+        if refused_whole is not None and refused_whole.query == f.query and refused_whole.span == f.span:
+            refused: BaseException = refused_whole.error
         else:
             try:
-                return await self.inner.answer(f, path, form, timeout_s, router)
+                return await self.inner.answer(f, path, form, timeout_s, router, ctx)
             except (PieceFailed, PromError) as exc:
                 if refusal(exc) is None:
                     raise
@@ -234,15 +229,16 @@ class RefusalSplitter:
         self._learn(job)
         return result
 
-    def remembers(self, expr: Expr, span: Span) -> bool:
+    def remembers(self, expr: Expr, span: Span, scope: str) -> bool:
         """Whether a cut is remembered for the metric(s) of `expr` over a span this long."""
-        key = _metric_key(expr) if self.max_depth > 0 else None
+        key = _metric_key(expr, scope) if self.max_depth > 0 else None
         learned = self.memory.get(key) if key is not None else None
         return learned is not None and span.end_ms - span.start_ms >= learned.refused_ms
 
     # --- the parts --------------------------------------------------------------------------
 
-    def _job(self, f: Fetch, form: Pairs, timeout_s: float, router: Router | None) -> _Job | None:
+    def _job(self, f: Fetch, form: Pairs, timeout_s: float, router: Router | None,
+             ctx: RequestContext) -> _Job | None:
         try:
             expr = parse(f.query)
         except (CannotParse, TooComplex):
@@ -253,7 +249,7 @@ class RefusalSplitter:
             if route is not None and route.kind == "split_time":
                 time_ok = False  # its parts are fixed times: never asked for other bounds
         extra = [(k, v) for k, v in form if k not in PLANNED_PARAMS]
-        return _Job(f, extra, router, time.monotonic() + timeout_s, _metric_key(expr), time_ok)
+        return _Job(f, extra, router, ctx, time.monotonic() + timeout_s, _metric_key(expr, ctx.scope), time_ok)
 
     async def _solve(self, job: _Job, query: str, span: Span, sharded: bool, depth: int) -> QueryResult:
         """One part: asked; refused, cut finer."""
@@ -275,7 +271,7 @@ class RefusalSplitter:
         f = job.f
         part = Fetch(query, f.role, f.shard_index, span, (), f.route, instants=f.instants, routed=f.routed)
         path, form = query_call(query, span, job.extra)
-        return await self.inner.answer(part, path, form, left, job.router)
+        return await self.inner.answer(part, path, form, left, job.router, job.ctx)
 
     async def _finer(self, job: _Job, query: str, span: Span, sharded: bool, depth: int,
                      refused: BaseException) -> QueryResult:
@@ -285,8 +281,8 @@ class RefusalSplitter:
             raise refused
         kind = refusal(refused) or "size"
         if not sharded:
-            cut = await self._shard_cut(query, span, self.shards)
-            if cut is not None and _affordable(len(cut.parts)):
+            cut = await self._shard_cut(query, span, self.shards, job.ctx)
+            if cut is not None and job.ctx.budget.affords(len(cut.parts)):
                 METRICS.planned.labels("refusal_split", f"{kind}_shards").inc()
                 job.cut = True
                 job.shards = max(job.shards, cut.count)
@@ -294,7 +290,7 @@ class RefusalSplitter:
                 if merged is not None:
                     return merged
         halves = _halves(span) if job.time_ok else None
-        if halves is not None and _affordable(len(halves)):
+        if halves is not None and job.ctx.budget.affords(len(halves)):
             METRICS.planned.labels("refusal_split", f"{kind}_time").inc()
             job.cut = True
             return concat(await _all(self._solve(job, query, h, sharded, depth + 1) for h in halves))
@@ -310,12 +306,12 @@ class RefusalSplitter:
             return None
         return merge([(role, r) for (role, _), r in zip(cut.parts, results)], recipe, time_ms=cut.time_ms)
 
-    async def _shard_cut(self, query: str, span: Span, n: int) -> _ShardCut | None:
-        """`query` over `span` planned in `n` node shards (and nothing else), or None when the
-        planner does not shard it."""
+    async def _shard_cut(self, query: str, span: Span, n: int, ctx: RequestContext) -> _ShardCut | None:
+        """`query` over `span` planned in `n` node shards (and nothing else, over the shard-label
+        values the tenant of `ctx` sees), or None when the planner does not shard it."""
         if n < 2:
             return None
-        values = await self.values()
+        values = await self.values(ctx.caller.tenant)
         sub = make_plan(QueryRequest(query, span), replace(self.settings, shards=n), values)
         if not sub.sharded or len(sub.pieces) < 2:
             return None
@@ -334,9 +330,9 @@ class RefusalSplitter:
             spans = _cut_time(f.span, learned.max_ms)
         cut = None
         if learned.shards > 1 and f.shard_index < 0:
-            cut = await self._shard_cut(f.query, f.span, learned.shards)
+            cut = await self._shard_cut(f.query, f.span, learned.shards, job.ctx)
         calls = len(spans) * (len(cut.parts) if cut is not None else 1)
-        if calls < 2 or not _affordable(calls):
+        if calls < 2 or not job.ctx.budget.affords(calls):
             return None
         METRICS.planned.labels("refusal_split", "remembered").inc()
         job.cut = True
@@ -345,7 +341,7 @@ class RefusalSplitter:
             if cut is None:
                 return await self._solve(job, f.query, span, f.shard_index >= 0, 1)
             job.shards = max(job.shards, cut.count)
-            shard_cut = cut if span == f.span else await self._shard_cut(f.query, span, learned.shards)
+            shard_cut = cut if span == f.span else await self._shard_cut(f.query, span, learned.shards, job.ctx)
             assert shard_cut is not None
             merged = await self._merged(job, shard_cut, span, 1)
             if merged is None:  # tied topk: the part unsharded, cut in time if refused
@@ -377,20 +373,14 @@ class RefusalSplitter:
                  learned.max_ms)
 
 
-def _metric_key(expr: Expr) -> tuple[str, str] | None:
+def _metric_key(expr: Expr, scope: str) -> tuple[str, str] | None:
     names = set()
     for sel in selectors(expr):
         name = sel.metric_name
         if name is None:
             return None
         names.add(name)
-    return (tenant_scope(), ",".join(sorted(names))) if names else None
-
-
-def _affordable(calls: int) -> bool:
-    """Whether the query's call budget (limits.max_backend_calls) has room for `calls` more."""
-    budget = BUDGET.get()
-    return budget is None or not budget.max_calls or budget.calls + calls <= budget.max_calls
+    return (scope, ",".join(sorted(names))) if names else None
 
 
 def _halves(span: Span) -> list[Span] | None:

@@ -35,6 +35,7 @@ import orjson
 from prometheus_client import Counter
 
 from ..backends import Backend, tenancy
+from ..backends.tenancy import NOBODY, Caller
 from ..errors import PromError
 from ..observe.metrics import METRICS
 
@@ -118,14 +119,16 @@ class Revalidator:
 
     # Digests -----------------------------------------------------------------------------
 
-    async def digest(self, query: str, time_ms: int, timeout_s: float = 30.0, backend: str = "") -> bytes | None:
+    async def digest(self, query: str, time_ms: int, timeout_s: float = 30.0, backend: str = "",
+                     caller: Caller = NOBODY) -> bytes | None:
+        """The digest of `query` at `time_ms`, asked of `backend` for `caller` (with its tenant's
+        headers: the storing request's, or a record's own on a pass)."""
         target = self.backends.get(backend, self.backend) if backend else self.backend
         try:
-            # With the current tenant's headers (run_pass sets each record's own).
             async with self._sem:
                 reply = await target.request(
                     "POST", "/api/v1/query", form=[("query", query), ("time", _seconds(time_ms))],
-                    timeout_s=timeout_s, endpoint="digest",
+                    timeout_s=timeout_s, endpoint="digest", caller=caller,
                 )
         except PromError as exc:
             log.debug("digest query failed: %s", exc)
@@ -133,15 +136,17 @@ class Revalidator:
         return normalise(reply.body) if reply.ok else None
 
     async def baselines(self, wanted: Sequence[tuple[str, int]], timeout_s: float,
-                        backend: str = "") -> dict[tuple[str, int], bytes]:
-        """Digests of `wanted` (query, time) pairs, taken now; failed ones are left out."""
+                        backend: str = "", caller: Caller = NOBODY) -> dict[tuple[str, int], bytes]:
+        """Digests of `wanted` (query, time) pairs, taken now for `caller`; failed ones are
+        left out."""
         unique = list(dict.fromkeys(wanted))
-        answers = await asyncio.gather(*(self.digest(q, t, timeout_s, backend) for q, t in unique))
+        answers = await asyncio.gather(*(self.digest(q, t, timeout_s, backend, caller) for q, t in unique))
         return {k: a for k, a in zip(unique, answers) if a is not None}
 
     def record(self, query: str, time_ms: int, baseline: bytes, metrics: tuple[str, ...],
-               start_ms: int, end_ms: int, backend: str = "") -> None:
-        who = tenancy.snapshot()  # record() runs in the storing request's context
+               start_ms: int, end_ms: int, backend: str = "", tenant: tenancy.Tenant = tenancy.NO_TENANT) -> None:
+        """A baseline digest taken for `tenant` (the storing request's: its passes ask as it)."""
+        who = tenant
         key = (query, time_ms, who.scope)
         old = self._records.pop(key, None)
         if old is not None and old.baseline != baseline:
@@ -214,8 +219,7 @@ class Revalidator:
         return changed
 
     async def _digest_as(self, rec: Record) -> bytes | None:
-        with tenancy.use(rec.tenant):  # gather runs this in a task of its own: no leak
-            return await self.digest(rec.query, rec.time_ms, backend=rec.backend)
+        return await self.digest(rec.query, rec.time_ms, backend=rec.backend, caller=Caller(rec.tenant))
 
     async def _drop(self, rec: Record) -> bool:
         try:

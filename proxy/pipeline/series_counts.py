@@ -28,7 +28,7 @@ from collections.abc import Iterable
 import orjson
 
 from ..backends import Backend
-from ..backends.tenancy import scope as tenant_scope
+from ..backends.tenancy import NO_TENANT, Caller, Tenant
 from ..errors import PromError
 from ..primitives.clock import wall_ms
 from .discovery import Discovered
@@ -78,28 +78,28 @@ class SeriesCounts:
 
     def __init__(self, backend: Backend, ttl_ms: int) -> None:
         self.backend = backend
-        self.counts: Discovered[tuple[str, str], int] = Discovered(
+        self.counts: Discovered[tuple[Tenant, str], int] = Discovered(
             "series_counts", self._fetch, ttl_ms, max_entries=MAX_ENTRIES,
             retry_after_failure_s=RETRY_AFTER_FAILURE_S)
 
-    async def _fetch(self, key: tuple[str, str], at_ms: int | None = None) -> int:
-        metric = key[1]  # key[0], the tenant scope, is whose headers the call carries
+    async def _fetch(self, key: tuple[Tenant, str], at_ms: int | None = None) -> int:
+        tenant, metric = key  # the call carries the tenant's headers
         at = min(at_ms, wall_ms()) if at_ms is not None else wall_ms()
         reply = await self.backend.request(
             "GET", "/api/v1/query", params=[("query", count_query(metric)), ("time", f"{at / 1000:.3f}")],
-            timeout_s=COUNT_TIMEOUT_S, endpoint="/api/v1/query", max_body_bytes=COUNT_BODY_MAX)
+            timeout_s=COUNT_TIMEOUT_S, endpoint="/api/v1/query", max_body_bytes=COUNT_BODY_MAX,
+            caller=Caller(tenant))
         try:
             return parse_count(reply.status, reply.body)
         except ValueError as exc:
             raise PromError("unavailable", f"could not count the series of {metric} on backend "
                             f"{self.backend.name!r}: {exc}") from None
 
-    async def get(self, metrics: Iterable[str], at_ms: int) -> dict[str, int]:
-        """The series counts of (at most MAX_PER_QUERY of) these metrics, counted at `at_ms`
-        (never after now) when not known yet; metrics without one are left out."""
+    async def get(self, metrics: Iterable[str], at_ms: int, tenant: Tenant = NO_TENANT) -> dict[str, int]:
+        """The series counts `tenant` sees of (at most MAX_PER_QUERY of) these metrics, counted
+        at `at_ms` (never after now) when not known yet; metrics without one are left out."""
         names = [m for m in dict.fromkeys(metrics) if _METRIC_NAME.fullmatch(m)][:MAX_PER_QUERY]
         if not names:
             return {}
-        scope = tenant_scope()
-        got = await self.counts.get_many(((scope, m) for m in names), functools.partial(self._fetch, at_ms=at_ms))
+        got = await self.counts.get_many(((tenant, m) for m in names), functools.partial(self._fetch, at_ms=at_ms))
         return {m: n for (_, m), n in got.items()}

@@ -15,11 +15,12 @@ from shardplanner.plan import Plan, QueryRequest
 from shardplanner.routing import Route as PieceRoute
 
 from ..backends import Backend
-from ..backends.tenancy import scope as tenant_scope
+from ..backends.tenancy import NOBODY, Caller
 from ..cache import PieceStore, make_store
 from ..config import Config
 from ..engine.nodes import Inner, Literal, Node, WindowNode, children
 from ..errors import PromError
+from .context import RequestContext
 from .crossstore import Sub, operator_text, piece_count, subqueries, tree_backends, uncovered
 from .hybrid.route import check_mergeable, goes_cross_store, router_for, whole_route
 from .hybrid.router import Router
@@ -116,34 +117,30 @@ class QueryService:
         for child in self.children:
             self.drained = self.drained + child.drained
 
-    def _timeout_s(self, timeout_ms: int | None) -> float:
-        limit = self.config.limits.query_timeout
-        ms = min(timeout_ms, limit) if timeout_ms else limit
-        return max(ms, 1) / 1000
-
     # --- queries ----------------------------------------------------------------------------
 
     async def query(self, req: QueryRequest, pairs: Pairs, headers: Mapping[str, str],
-                    timeout_ms: int | None, client: str = "") -> Answer:
+                    ctx: RequestContext, client: str = "") -> Answer:
         """An instant (req.time_ms) or range query; `pairs` are the client's parameters as
-        sent, `timeout_ms` its `timeout` parameter (capped by limits.query_timeout), `client`
-        its address. Admission counts a client by its tenant (tenancy.forward_headers) when
-        there is one, else by its address."""
+        sent, `ctx` what the request carries (its caller, allowances and deadline:
+        `RequestContext.start`), `client` its address. Admission counts a client by its tenant
+        (tenancy.forward_headers) when there is one, else by its address."""
         path = "/api/v1/query_range" if req.is_range else "/api/v1/query"
-        q = Query(req=req, pairs=pairs, path=path, timeout_s=self._timeout_s(timeout_ms), headers=headers,
-                  client=tenant_scope() or client, want_arrow=ARROW_STREAM in headers.get("accept", ""))
+        q = Query(req=req, pairs=pairs, path=path, timeout_s=ctx.timeout_s, headers=headers,
+                  client=ctx.scope or client, want_arrow=ARROW_STREAM in headers.get("accept", ""), ctx=ctx)
         return await self.run(q)
 
     async def explain(self, req: QueryRequest, headers: Mapping[str, str] | None = None,
-                      pairs: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+                      pairs: Sequence[tuple[str, str]] = (), caller: Caller = NOBODY) -> dict[str, Any]:
         """The plan of a query as the query path would run it: its pieces, their cache status and
         route; for a hybrid fleet the route, and for a query evaluated across stores the tree
         (`cross_store`: the subqueries each backend answers, the operators promaccel evaluates
         above them). A query the path refuses has `route.kind` "unroutable" and the reason."""
         parts = self.parts
-        plan = await parts.planner.plan(req)
+        plan = await parts.planner.plan(req, caller.tenant)
         data = explain_plan(plan)
-        q = Query(req=req, pairs=list(pairs), path="", timeout_s=0, headers=headers or {}, plan=plan)
+        q = Query(req=req, pairs=list(pairs), path="", timeout_s=0, headers=headers or {}, plan=plan,
+                  ctx=RequestContext(caller))
         router = router_for(self.backends, req, plan) if self.hybrid else None
         if router is not None:
             whole = whole_route(router, req)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from shardplanner.plan import Plan, QueryRequest
 
 from ..backends import BackendReply
+from .context import RequestContext
 
 if TYPE_CHECKING:
     from shardplanner.routing import Route
@@ -56,6 +57,8 @@ class Query:
     cache: CacheCtx | None = None  # set by the Plan stage when the cache applies
     router: Router | None = None  # hybrid fleets: set by the Route stage
     whole: Route | None = None  # hybrid fleets: the route of the whole query
+    # What the request carries (caller, budget, tally, deadline, reservation): context.py.
+    ctx: RequestContext = field(default_factory=RequestContext)
 
     @property
     def extra(self) -> Pairs:

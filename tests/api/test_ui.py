@@ -19,7 +19,7 @@ import pytest
 from proxy.api.access_log import error_text
 from proxy.api.app import create_app
 from proxy.config import build_config
-from proxy.observe.activity import ACTIVITY, CURRENT, MAX_TEXT, MINUTES, Activity
+from proxy.observe.activity import ACTIVITY, MAX_TEXT, MINUTES, Activity
 from tests.servers import free_port
 
 H = 3600
@@ -117,14 +117,10 @@ def test_calls_and_lookups_are_charged_to_the_running_query() -> None:
     rec = act.begin("q1", "POST", "/api/v1/query_range")
 
     async def run() -> None:
-        token = CURRENT.set(rec)
-        try:
-            async def piece(seconds: float) -> None:  # tasks started by the query inherit it
-                act.backend_call("local", "/api/v1/query_range", seconds, 200)
-            await asyncio.gather(piece(0.1), piece(0.3))
-            act.pieces_looked_up(2, 2)
-        finally:
-            CURRENT.reset(token)
+        async def piece(seconds: float) -> None:  # the query's calls name its record
+            act.backend_call("local", "/api/v1/query_range", seconds, 200, record=rec)
+        await asyncio.gather(piece(0.1), piece(0.3))
+        act.pieces_looked_up(2, 2, rec)
         act.backend_call("local", "/api/v1/query_range", 5.0, 200)  # another query's call
 
     asyncio.run(run())
@@ -480,10 +476,8 @@ def test_tenant_snapshot_unit() -> None:
         rec = act.begin(f"id{i}", "GET", "/api/v1/query")
         rec.tenant = tenant
         recs.append(rec)
-    token = CURRENT.set(recs[1])
-    act.backend_call("local", "/api/v1/query", 0.1, 200)
-    act.pieces_looked_up(1, 2)
-    CURRENT.reset(token)
+    act.backend_call("local", "/api/v1/query", 0.1, 200, record=recs[1])
+    act.pieces_looked_up(1, 2, recs[1])
     act.finish(recs[0], 200, 0.1, {"query": "a-query"})
     act.finish(recs[1], 400, 0.1, {"query": "b-query"}, error="bad_data: b-secret")
     act.finish(recs[2], 401, 0.1, {})

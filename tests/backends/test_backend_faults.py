@@ -289,7 +289,7 @@ def test_admission_order_and_per_client_limit() -> None:
     import asyncio
 
     from proxy.errors import PromError
-    from proxy.pipeline.budget import Admission
+    from proxy.pipeline.admission import Admission
 
     async def scenario() -> list[str]:
         adm = Admission(total=2, per_client=1, max_queued=2, timeout_s=1.0)

@@ -81,10 +81,10 @@ def test_forwarded_to_prometheus_backends_never_to_amp(transport: str, monkeypat
             prom = Backend(BackendConfig(name="prom", url=rec.url, transport=transport))
             amp = Backend(BackendConfig(name="amp", kind="amp", url=rec.url, region="us-east-1", transport=transport))
             try:
-                with tenancy.use(who):
-                    for b in (prom, amp):
-                        await b.request("GET", "/api/v1/query", params=[("query", b.name)], timeout_s=10)
-                        await b.request("POST", "/api/v1/query", form=[("query", b.name)], timeout_s=10)
+                caller = tenancy.Caller(who)
+                for b in (prom, amp):
+                    await b.request("GET", "/api/v1/query", params=[("query", b.name)], timeout_s=10, caller=caller)
+                    await b.request("POST", "/api/v1/query", form=[("query", b.name)], timeout_s=10, caller=caller)
                 await prom.request("GET", "/api/v1/query", params=[("query", "outside")], timeout_s=10)
             finally:
                 await prom.aclose()
@@ -100,7 +100,7 @@ def test_forwarded_to_prometheus_backends_never_to_amp(transport: str, monkeypat
         assert h.get(ORG) == "team-a" and h.get("x-tenant-extra") == "e"
     for h in by_query["amp"]:
         assert ORG not in h and "x-tenant-extra" not in h and h["authorization"].startswith("AWS4-HMAC-SHA256")
-    assert ORG not in by_query["outside"][0]  # outside a request's context: nothing
+    assert ORG not in by_query["outside"][0]  # made for nobody: nothing
 
 
 def test_revalidation_digests_as_the_tenant_that_stored() -> None:
@@ -115,9 +115,8 @@ def test_revalidation_digests_as_the_tenant_that_stored() -> None:
             rv = Revalidator(backend, invalidate, interval_ms=3_600_000, max_age_ms=3_600_000, max_entries=10)
             try:
                 for who in (a, b):
-                    with tenancy.use(who):
-                        rv.record("count_over_time(up[1h])", 1000, b"[]", ("up",), 0, 1000)
-                await rv.run_pass()  # no tenant in this context: each record brings its own
+                    rv.record("count_over_time(up[1h])", 1000, b"[]", ("up",), 0, 1000, tenant=who)
+                await rv.run_pass()  # made for no request: each record brings its own tenant
                 return len(rv)
             finally:
                 await backend.aclose()

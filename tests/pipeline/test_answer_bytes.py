@@ -26,7 +26,8 @@ import pytest
 
 from loadtests.compare import diff_answers
 from proxy.errors import PromError
-from proxy.pipeline.answer_bytes import HOLDING, AnswerBytes
+from proxy.pipeline.answer_bytes import AnswerBytes
+from proxy.pipeline.context import Budget, RequestContext
 from tests import faulty, rawhttp
 from tests.servers import Promaccel
 
@@ -101,14 +102,11 @@ def test_a_reservation_is_held_until_the_puts_of_its_pieces_land() -> None:
         loop = asyncio.get_running_loop()
         budget = AnswerBytes(limit=100, timeout_s=5)
         held = await budget.reserve(80, 5)
-        token = HOLDING.set(held)  # what Reserve does around the rest of the pipeline
-        try:
-            first, second = loop.create_future(), loop.create_future()
-            HOLDING.get().hold(first)  # type: ignore[union-attr]
-            HOLDING.get().hold(second)  # type: ignore[union-attr]
-        finally:
-            HOLDING.reset(token)
-        assert HOLDING.get() is None
+        ctx = RequestContext(held=held)  # what Reserve hands down the rest of the pipeline
+        first, second = loop.create_future(), loop.create_future()
+        assert ctx.held is not None
+        ctx.held.hold(first)
+        ctx.held.hold(second)
         held.release()  # the answer was sent; two puts are pending
         waiter = asyncio.create_task(budget.reserve(50, 5))
         await asyncio.sleep(0.01)
@@ -280,7 +278,6 @@ def test_a_large_answer_makes_its_backend_calls_two_at_a_time(reserved: int | No
     from types import SimpleNamespace
 
     from proxy.pipeline import lookup
-    from proxy.pipeline.answer_bytes import HOLDING, AnswerBytes
 
     assert lookup.LARGE_CALLS_AT_ONCE == 2 and lookup.LARGE_ANSWER_BYTES <= 64 << 20
     running, peak, done = [0], [0], []
@@ -295,15 +292,9 @@ def test_a_large_answer_makes_its_backend_calls_two_at_a_time(reserved: int | No
             return f
 
     async def scenario() -> None:
-        token = None
-        if reserved is not None:
-            token = HOLDING.set(await AnswerBytes(0, 1.0).reserve(reserved, 1.0))
-        try:
-            q = SimpleNamespace(timeout_s=5.0, extra=(), cache=None, router=None)
-            got, _ = await lookup.FanOut(Fetcher())(lookup.Calls(q, list(range(6)), []))  # type: ignore[arg-type]
-        finally:
-            if token is not None:
-                HOLDING.reset(token)
+        held = await AnswerBytes(0, 1.0).reserve(reserved, 1.0) if reserved is not None else None
+        q = SimpleNamespace(timeout_s=5.0, extra=(), cache=None, router=None, ctx=RequestContext(held=held))
+        got, _ = await lookup.FanOut(Fetcher())(lookup.Calls(q, list(range(6)), []))  # type: ignore[arg-type]
         assert got == list(range(6)) and sorted(done) == list(range(6))
 
     asyncio.run(scenario())
@@ -319,17 +310,11 @@ def test_a_large_answer_is_fetched_in_smaller_calls(reserved: int | None, max_ca
     two calls in flight hold less (issue 15); never more than limits.max_backend_calls leaves
     (which still refuses a plan over it, as before)."""
     from proxy.pipeline import lookup
-    from proxy.pipeline.answer_bytes import HOLDING, AnswerBytes
-    from proxy.pipeline.budget import Budget
 
     async def scenario() -> int:
-        token = HOLDING.set(await AnswerBytes(0, 1.0).reserve(reserved, 1.0)) if reserved is not None else None
-        try:
-            budget = Budget(max_calls, 0)
-            budget.calls = made
-            return lookup.calls_for(4, budget)
-        finally:
-            if token is not None:
-                HOLDING.reset(token)
+        held = await AnswerBytes(0, 1.0).reserve(reserved, 1.0) if reserved is not None else None
+        budget = Budget(max_calls, 0)
+        budget.calls = made
+        return lookup.calls_for(4, RequestContext(budget=budget, held=held))
 
     assert asyncio.run(scenario()) == want

@@ -22,9 +22,11 @@ import httpx
 import pytest
 
 from proxy.backends import Backend
+from proxy.backends.tenancy import NOBODY
 from proxy.config import build_config
 from proxy.errors import PromError
 from proxy.pipeline import QueryService
+from proxy.pipeline.context import RequestContext
 from shardplanner.plan import QueryRequest, Span
 from tests.corpus import QUERIES
 from tests.e2e.test_hybrid import INSTANTS, JOINS, RANGES
@@ -153,7 +155,7 @@ def test_explain_says_why_the_query_is_refused(query: str, pairs: list[tuple[str
     async def go() -> tuple[dict[str, Any], PromError]:
         data = await service.explain(req, {}, pairs)
         with pytest.raises(PromError) as refused:
-            await service.query(req, [("query", query), *pairs], {}, None)
+            await service.query(req, [("query", query), *pairs], {}, RequestContext.start(NOBODY, service.config.limits))
         return data, refused.value
 
     data, refused = asyncio.run(go())

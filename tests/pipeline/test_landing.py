@@ -134,8 +134,9 @@ def test_a_call_whose_cells_all_just_landed_is_answered_from_them() -> None:
     from proxy.cache import CacheKey
     from proxy.pipeline.fetch import Fetcher
     from proxy.pipeline.units import Fetch, Unit
+    from proxy.pipeline.values import Query
     from proxy.result import QueryResult
-    from shardplanner.plan import Span
+    from shardplanner.plan import QueryRequest, Span
 
     step = 60_000
     hours = [(h * 3_600_000, (h + 1) * 3_600_000 - step) for h in range(3)]
@@ -156,10 +157,12 @@ def test_a_call_whose_cells_all_just_landed_is_answered_from_them() -> None:
         for u, c in zip(units, cells):
             assert u.key is not None
             zone.land(u.key.digest, c, 0)
-        got = await fetcher.fetch(f, (), 5.0, None)
+        q = Query(req=QueryRequest.range("up", hours[0][0], hours[-1][1], step), pairs=[], path="/api/v1/query_range",
+                  timeout_s=5.0)
+        got = await fetcher.fetch(f, q)
         assert calls == [] and got.to_pylist() == [({"i": "1"}, [t for a, b in hours for t in (a, b)],
                                                      [1.0, 2.0] * 3)]
         one = Fetch("up", None, 0, units[1].span, units[1:2])
-        assert await fetcher.fetch(one, (), 5.0, None) is cells[1]
+        assert await fetcher.fetch(one, q) is cells[1]
 
     asyncio.run(scenario())

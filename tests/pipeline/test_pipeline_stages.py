@@ -16,7 +16,8 @@ from proxy.backends import BackendReply
 from proxy.codec.errors import Undecodable
 from proxy.config import load_config
 from proxy.errors import PromError
-from proxy.pipeline.budget import BUDGET, SAMPLES_TALLY, Admit
+from proxy.pipeline.admission import Admit
+from proxy.pipeline.context import Budget, RequestContext
 from proxy.pipeline.forward import Forward, forwards_whole
 from proxy.pipeline.landing import Landing
 from proxy.pipeline.lookup import Calls, Coalesce, FanOut, Lookup, Pieces, Work
@@ -82,29 +83,30 @@ def series(values: dict[int, float], **labels: str) -> tuple[dict[str, str], lis
 # --- Admit ----------------------------------------------------------------------------------
 
 
-def test_admit_sets_the_budget_and_reports_samples_processed() -> None:
+def test_admit_reports_what_the_query_cost() -> None:
+    """The context the api layer starts a query with carries its allowances; Admit reports
+    the calls and AMP samples charged to it below."""
+    limits = load_config(None, backends=["http://x:1"], overrides={"limits": {"max_backend_calls": 3}}).limits
+
     async def next_stage(q: Query) -> Answer:
-        budget = BUDGET.get()
-        assert budget is not None and budget.max_calls == 3
-        budget.charge()
-        tally = SAMPLES_TALLY.get()
-        assert tally is not None
-        tally[0] += 1234
+        assert q.ctx.budget.max_calls == 3
+        q.ctx.budget.charge()
+        q.ctx.samples.add(1234)
         return Answer(result=QueryResult.empty())
 
-    limits = load_config(None, backends=["http://x:1"], overrides={"limits": {"max_backend_calls": 3}}).limits
-    answer = run(Admit(limits, next_stage)(range_query("up")))
+    q = replace(range_query("up"), ctx=RequestContext.start(RequestContext().caller, limits))
+    answer = run(Admit(limits, next_stage)(q))
     assert answer.headers["X-Promaccel-Samples-Processed"] == "1234"
+    assert answer.headers["X-Promaccel-Backend-Calls"] == "1"
 
     async def greedy(q: Query) -> Answer:
-        budget = BUDGET.get()
-        assert budget is not None
-        budget.check(3)  # within
+        q.ctx.budget.check(3)  # within
         with pytest.raises(PromError, match="limits.max_backend_calls"):
-            budget.check(4)
+            q.ctx.budget.check(4)
         return Answer(result=QueryResult.empty())
 
-    assert "X-Promaccel-Samples-Processed" not in run(Admit(limits, greedy)(range_query("up"))).headers
+    q = replace(range_query("up"), ctx=RequestContext.start(RequestContext().caller, limits))
+    assert "X-Promaccel-Samples-Processed" not in run(Admit(limits, greedy)(q)).headers
 
 
 # --- Plan -----------------------------------------------------------------------------------
@@ -125,7 +127,7 @@ def test_plan_refuses_past_max_samples() -> None:
         "planner": {"split_interval": "1h", "shards": 1}, "limits": {"max_samples": 1},
         "cache": {"enabled": False}})
     planner = Planner(cfg, FakeBackend())
-    planner.shard_values.get = lambda labels: _values({"Hostname": tuple(f"n{i}" for i in range(8))})  # type: ignore[method-assign]
+    planner.shard_values.get = lambda labels, tenant=None: _values({"Hostname": tuple(f"n{i}" for i in range(8))})  # type: ignore[method-assign]
     with pytest.raises(PromError, match="max_samples"):
         run(Plan(planner, FakeBackend(), False, Recorder())(range_query("sum(DCGM_FI_DEV_GPU_UTIL)")))
 
@@ -182,7 +184,7 @@ def test_merge_concatenates_time_pieces_in_order() -> None:
 
 def test_merge_reruns_a_tied_topk_unsharded() -> None:
     planner = Planner(config(shards=2), FakeBackend())
-    planner.shard_values.get = lambda labels: _values({"Hostname": ("a", "b", "c", "d")})  # type: ignore[method-assign]
+    planner.shard_values.get = lambda labels, tenant=None: _values({"Hostname": ("a", "b", "c", "d")})  # type: ignore[method-assign]
     q = Query(req=QueryRequest(query="topk(1, DCGM_FI_DEV_GPU_UTIL)", span=Span.instant(T0)), pairs=[], path="/api/v1/query",
               timeout_s=5)
     q = replace(q, plan=run(planner.plan(q.req)))
@@ -249,17 +251,13 @@ def test_coalesce_groups_contiguous_pieces_and_serves_landed_ones() -> None:
         (T0, T0 + 2 * H - 60_000), (T0 + 2 * H, T0 + 4 * H - 60_000)]
     assert [s[0][2] for s in segments] == sorted(s[0][2] for s in segments)
     with pytest.raises(PromError, match="limits.max_backend_calls"):
-        async def limited() -> Any:
-            from proxy.pipeline.budget import Budget
-
-            BUDGET.set(Budget(1, 0))
-            return await Coalesce(cfg, 2, landing, Recorder(answer))(Work(q, slots))
-        run(limited())
+        limited = replace(q, ctx=RequestContext(budget=Budget(1, 0)))
+        run(Coalesce(cfg, 2, landing, Recorder(answer))(Work(limited, slots)))
 
 
 def test_fan_out_runs_calls_under_one_deadline() -> None:
     class SlowFetcher:
-        async def fetch(self, f: Fetch, extra: Any, timeout_s: float, ctx: Any, router: Any) -> QueryResult:
+        async def fetch(self, f: Fetch, q: Query) -> QueryResult:
             await asyncio.sleep(0.01 if f.span.time_ms == 1 else 5)
             return QueryResult.empty("vector")
 

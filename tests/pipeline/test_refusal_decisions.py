@@ -14,8 +14,8 @@ from proxy.backends import BackendReply
 from proxy.backends.circuit import ClientDeadline
 from proxy.codec.json_decode import decode_prometheus_json
 from proxy.errors import PromError
-from proxy.pipeline.budget import BUDGET, Budget
-from proxy.pipeline.refusals import REFUSED, Memory, RefusalSplitter, _cut_time, _halves, refusal
+from proxy.pipeline.context import Budget, Refused, RequestContext
+from proxy.pipeline.refusals import Memory, RefusalSplitter, _cut_time, _halves, refusal
 from proxy.pipeline.units import Fetch
 from proxy.pipeline.values import PieceFailed
 from proxy.result import QueryResult
@@ -71,10 +71,9 @@ class Fake:
         self.error = error or reply(422, PROM_SIZE)
         self.calls: list[tuple[str, Span, bool]] = []
 
-    async def answer(self, f: Fetch, path: str, form: Any, timeout_s: float, router: Any) -> QueryResult:
-        budget = BUDGET.get()
-        if budget is not None:
-            budget.charge()
+    async def answer(self, f: Fetch, path: str, form: Any, timeout_s: float, router: Any,
+                     ctx: RequestContext) -> QueryResult:
+        ctx.budget.charge()
         refused = bool(self.refuse(f.query, f.span))
         self.calls.append((f.query, f.span, refused))
         if refused:
@@ -86,7 +85,7 @@ class Fake:
 
 
 def splitter(fake: Fake, values: dict[str, tuple[str, ...]] | None = None, **kw: Any) -> RefusalSplitter:
-    async def get() -> dict[str, tuple[str, ...]]:
+    async def get(tenant: Any) -> dict[str, tuple[str, ...]]:
         return values or {}
 
     return RefusalSplitter(fake, PlannerSettings(), get, **kw)
@@ -94,8 +93,9 @@ def splitter(fake: Fake, values: dict[str, tuple[str, ...]] | None = None, **kw:
 
 def run(s: RefusalSplitter, query: str, span: Span, timeout_s: float = 30.0, budget: Budget | None = None) -> QueryResult:
     async def go() -> QueryResult:
-        BUDGET.set(budget)
-        return await s.answer(Fetch(query, None, -1, span), "/api/v1/query_range", [("query", query)], timeout_s, None)
+        ctx = RequestContext(budget=budget or Budget())
+        return await s.answer(Fetch(query, None, -1, span), "/api/v1/query_range", [("query", query)], timeout_s, None,
+                              ctx)
 
     return asyncio.run(go())
 
@@ -184,9 +184,9 @@ def test_a_forwarded_refusal_is_not_asked_again() -> None:
     s = splitter(fake)
 
     async def go() -> QueryResult:
-        REFUSED.set(("quantile(0.9, DCGM_FI_DEV_GPU_TEMP)", SPAN, reply(422, PROM_SIZE)))
+        ctx = RequestContext(refused=Refused("quantile(0.9, DCGM_FI_DEV_GPU_TEMP)", SPAN, reply(422, PROM_SIZE)))
         return await s.answer(Fetch("quantile(0.9, DCGM_FI_DEV_GPU_TEMP)", None, -1, SPAN),
-                              "/api/v1/query_range", [], 30.0, None)
+                              "/api/v1/query_range", [], 30.0, None, ctx)
 
     assert asyncio.run(go()).n_samples == SPAN.points
     assert [span.points for _, span, _ in fake.calls] == [61, 60]

@@ -151,23 +151,21 @@ def test_the_planner_sizes_auto_shards_from_the_real_count() -> None:
 
 
 def test_counts_are_per_tenant_and_asked_with_its_headers() -> None:
-    from proxy.backends.tenancy import Tenant, current, use
+    from proxy.backends.tenancy import Tenant
 
     class PerTenant(CountingBackend):
         async def request(self, method: str, path: str, **kw: Any) -> BackendReply:
-            tenant = dict(current()).get("x-scope-orgid", "")
+            tenant = dict(kw.pop("caller").tenant.headers).get("x-scope-orgid", "")
             self.series = {"a": 5 if tenant == "t1" else 50}
             return await super().request(method, path, **kw)
 
     async def main() -> None:
         b = PerTenant({})
         sc = SeriesCounts(b, 60_000)  # type: ignore[arg-type]
-        with use(Tenant((("x-scope-orgid", "t1"),), "t1")):
-            assert await sc.get(["a"], T) == {"a": 5}
-        with use(Tenant((("x-scope-orgid", "t2"),), "t2")):
-            assert await sc.get(["a"], T) == {"a": 50}
-        with use(Tenant((("x-scope-orgid", "t1"),), "t1")):
-            assert await sc.get(["a"], T) == {"a": 5}
+        t1, t2 = Tenant((("x-scope-orgid", "t1"),), "t1"), Tenant((("x-scope-orgid", "t2"),), "t2")
+        assert await sc.get(["a"], T, t1) == {"a": 5}
+        assert await sc.get(["a"], T, t2) == {"a": 50}
+        assert await sc.get(["a"], T, t1) == {"a": 5}
         assert len(b.asked) == 2
 
     asyncio.run(main())

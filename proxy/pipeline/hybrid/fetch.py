@@ -27,6 +27,7 @@ from ...result.merge import concat, merge
 from ...result.overlap import merge_overlap
 from ...result.pieces import slice_time
 from ..ask import Asker, seconds
+from ..context import RequestContext
 from ..units import Fetch
 from ..values import Pairs, PieceFailed
 from .router import Router
@@ -69,17 +70,18 @@ class RouteAnswer:
         self.ask = ask
 
     async def answer(self, f: Fetch, path: str, form: Pairs, timeout_s: float,
-                      router: Router | None) -> QueryResult:
+                     router: Router | None, ctx: RequestContext) -> QueryResult:
         """A fetch's answer from the backend(s) of its route: one call, or one per time part
-        and backend, overlap parts merged (`proxy/overlap.py`) and time parts concatenated."""
+        and backend, overlap parts merged (`proxy/overlap.py`) and time parts concatenated;
+        every call made for the query of `ctx`."""
         if router is None or not f.route:
-            return await self.ask(self.primary, path, form, timeout_s)
+            return await self.ask(self.primary, path, form, timeout_s, ctx)
         # Decided by the router when the fetch's units were made (`SlotMaker`), carried along.
         route = f.routed
         assert route is not None, f"a fetch routed {f.route!r} carries no route"
         if route.kind == "single":
             try:
-                return await self.ask(self.by_name[route.backend], path, form, timeout_s)
+                return await self.ask(self.by_name[route.backend], path, form, timeout_s, ctx)
             except (PieceFailed, PromError) as exc:
                 why = unavailable(exc)
                 if why is None or not router.partial_ok:
@@ -92,9 +94,10 @@ class RouteAnswer:
                     missing_warning(route.backends, why, lost_between(lo or 0, hi or 0))])
         if route.kind != "split_time":
             lo, hi = f.span.start_ms, f.span.end_ms
-            return await self._ask_part(TimePart(lo, hi, route.backends), path, form, timeout_s, router, f.step_ms)
+            return await self._ask_part(TimePart(lo, hi, route.backends), path, form, timeout_s, router, f.step_ms,
+                                        ctx)
         outcomes = await asyncio.gather(
-            *(self._ask_part(p, path, form, timeout_s, router, f.step_ms) for p in route.parts),
+            *(self._ask_part(p, path, form, timeout_s, router, f.step_ms, ctx) for p in route.parts),
             return_exceptions=True,
         )
         answered, failed = survivors(zip(route.parts, outcomes))
@@ -114,7 +117,7 @@ class RouteAnswer:
         return merged
 
     async def _ask_part(self, part: TimePart, path: str, form: Pairs, timeout_s: float,
-                        router: Router, step_ms: int | None) -> QueryResult:
+                        router: Router, step_ms: int | None, ctx: RequestContext) -> QueryResult:
         lo, hi = part.start_ms, part.end_ms
         ranged = path.endswith("/query_range") and step_ms is not None
         if ranged and len(part.backends) > 1:
@@ -128,7 +131,7 @@ class RouteAnswer:
         if ranged:
             form = [(k, seconds(lo) if k == "start" else seconds(hi) if k == "end" else v) for k, v in form]
         if len(part.backends) == 1:
-            return await self.ask(self.by_name[part.backend], path, form, timeout_s)
+            return await self.ask(self.by_name[part.backend], path, form, timeout_s, ctx)
         instant_at: int | None = None
         original = (path, form)
         if not ranged and _probe_instant(form):
@@ -142,7 +145,7 @@ class RouteAnswer:
                 ("start", seconds(instant_at - pad)), ("end", seconds(instant_at + pad)),
                 ("step", seconds(OVERLAP_PROBE_STEP_MS))]
         def ask_each(path: str, form: Pairs) -> Any:
-            return asyncio.gather(*(self.ask(self.by_name[name], path, form, timeout_s) for name in part.backends),
+            return asyncio.gather(*(self.ask(self.by_name[name], path, form, timeout_s, ctx) for name in part.backends),
                                   return_exceptions=True)
 
         outcomes = await ask_each(path, form)

@@ -14,6 +14,7 @@ import pytest
 
 from proxy.config import load_config
 from proxy.errors import PromError
+from proxy.pipeline.context import RequestContext
 from proxy.pipeline.hybrid.fetch import RouteAnswer
 from proxy.pipeline.hybrid.router import Router
 from proxy.pipeline.units import Fetch
@@ -41,7 +42,7 @@ class Ask:
         self.down = down
         self.asked: list[tuple[str, str, str]] = []
 
-    async def __call__(self, backend: Any, path: str, form: Any, timeout_s: float) -> QueryResult:
+    async def __call__(self, backend: Any, path: str, form: Any, timeout_s: float, ctx: Any) -> QueryResult:
         f = dict(form)
         self.asked.append((backend.name, f.get("start", ""), f.get("end", "")))
         if backend.name in self.down:
@@ -57,7 +58,8 @@ def answer(route: Route, ask: Ask, partial_ok: bool = True, span: Span = Span.ra
     router = Router(HOLDINGS, "up", 0, URLS, partial_ok=partial_ok)
     f = Fetch("up", None, -1, span, (), router.id(route), routed=route)
     form = [("query", "up"), ("start", str(span.start_ms / 1000)), ("end", str(span.end_ms / 1000)), ("step", "60")]
-    return asyncio.run(RouteAnswer(cfg, backends, ask).answer(f, "/api/v1/query_range", form, 5, router))  # type: ignore[arg-type]
+    return asyncio.run(RouteAnswer(cfg, backends, ask).answer(f, "/api/v1/query_range", form, 5, router,  # type: ignore[arg-type]
+                                                              RequestContext()))
 
 
 def test_the_route_is_read_from_the_fetch() -> None:

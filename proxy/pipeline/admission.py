@@ -1,11 +1,9 @@
-"""What one query may cost and when it may run: admission (queries in flight, in all and per
-client, with a bounded wait), its backend calls and new cache entries, and the samples AMP
-processed for it (shared by every task of the query through context variables)."""
+"""When a query may run: admission (queries in flight, in all and per client, with a bounded
+wait). What it may cost once running is its context's `Budget` (context.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import time
 from collections import deque
 
@@ -13,48 +11,6 @@ from ..config import LimitsConfig
 from ..errors import PromError
 from .stage import Stage
 from .values import Answer, Query
-
-
-class Budget:
-    """One query's allowance of backend calls (limits.max_backend_calls) and of new cache
-    entries (limits.max_new_cache_keys); 0 means no limit."""
-
-    def __init__(self, max_calls: int, max_keys: int) -> None:
-        self.max_calls, self.max_keys = max_calls, max_keys
-        self.calls = self.keys = 0
-
-    def check(self, more: int) -> None:
-        """422 if `more` calls would go over the limit (nothing is charged)."""
-        if self.max_calls and self.calls + more > self.max_calls:
-            raise PromError(
-                "execution",
-                f"this query needs more than {self.max_calls} backend calls "
-                f"({self.calls} made, {more} more planned; limits.max_backend_calls): "
-                "narrow the time range or simplify the query",
-            )
-
-    def charge(self) -> None:
-        self.check(1)
-        self.calls += 1
-
-    def try_charge(self) -> bool:
-        """One more call if the limit allows (a hedge: never a 422, just no hedge)."""
-        if self.max_calls and self.calls + 1 > self.max_calls:
-            return False
-        self.calls += 1
-        return True
-
-    def new_key(self) -> bool:
-        """Whether one more new cache entry may be written."""
-        if self.max_keys and self.keys >= self.max_keys:
-            return False
-        self.keys += 1
-        return True
-
-
-BUDGET: contextvars.ContextVar[Budget | None] = contextvars.ContextVar("promaccel_budget", default=None)
-# Samples processed by AMP for the current query (a one-element list per query).
-SAMPLES_TALLY: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("samples_tally", default=None)
 
 
 class Admission:
@@ -128,8 +84,8 @@ class Admission:
 
 
 class Admit:
-    """Stage: admission (queries in flight, a bounded wait), this query's allowances, and its
-    tally of samples processed."""
+    """Stage: admission (queries in flight, a bounded wait); the answer says what the query
+    cost (its context's backend calls and AMP samples processed)."""
 
     def __init__(self, limits: LimitsConfig, next: Stage[Query, Answer], admission: Admission | None = None) -> None:
         self.limits = limits
@@ -142,15 +98,10 @@ class Admit:
         client = q.client or "-"
         await self.admission.acquire(client)
         try:
-            tally = [0]
-            SAMPLES_TALLY.set(tally)
-            BUDGET.set(Budget(self.limits.max_backend_calls, self.limits.max_new_cache_keys))
-            budget = BUDGET.get()
             answer = await self.next(q)
         finally:
             self.admission.release(client)
-        if tally[0]:
-            answer.headers["X-Promaccel-Samples-Processed"] = str(tally[0])
-        if budget is not None:
-            answer.headers["X-Promaccel-Backend-Calls"] = str(budget.calls)
+        if q.ctx.samples.samples:
+            answer.headers["X-Promaccel-Samples-Processed"] = str(q.ctx.samples.samples)
+        answer.headers["X-Promaccel-Backend-Calls"] = str(q.ctx.budget.calls)
         return answer
