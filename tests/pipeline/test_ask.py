@@ -17,6 +17,7 @@ from proxy.backends import Backend, BackendReply
 from proxy.config import build_config
 from proxy.observe.metrics import METRICS
 from proxy.pipeline.ask import Asker, instant_of, needs_range_form, query_call, seconds
+from proxy.pipeline.context import RequestContext
 from proxy.pipeline.values import Pairs, PieceFailed
 from proxy.result import QueryResult
 from shardplanner.plan import Span
@@ -43,10 +44,10 @@ def test_a_call_has_a_fixed_path_and_the_query_only_in_the_form() -> None:
     assert (path, form) == ("/api/v1/query", [("query", HOSTILE), ("time", "1700000000.250")])
 
 
-def ask(asker: Asker, backend: Any, path: str, form: Pairs) -> QueryResult:
+def ask(asker: Asker, backend: Any, path: str, form: Pairs, ctx: RequestContext | None = None) -> QueryResult:
     async def go() -> QueryResult:
         try:
-            return await asker(cast(Backend, backend), path, form, 5.0)
+            return await asker(cast(Backend, backend), path, form, 5.0, ctx or RequestContext())
         finally:
             if isinstance(backend, Backend):
                 await backend.aclose()
@@ -100,9 +101,11 @@ def samples_processed(name: str) -> float:
 def test_amp_is_asked_for_stats_and_its_samples_counted() -> None:
     backend = Scripted("amp", ok(MATRIX, samples=1234))
     before = samples_processed("amp-test")
-    ask(Asker(), backend, *query_call("sum(up)", Span.range(T, T, 60_000)))
+    ctx = RequestContext()
+    ask(Asker(), backend, *query_call("sum(up)", Span.range(T, T, 60_000)), ctx)
     assert ("stats", "all") in backend.calls[0][1]
-    assert samples_processed("amp-test") - before == 1234
+    # Per backend in /metrics, per answer in its context (X-Promaccel-Samples-Processed).
+    assert samples_processed("amp-test") - before == ctx.samples.samples == 1234
     prom = Scripted("prometheus", ok(MATRIX))
     ask(Asker(), prom, *query_call("sum(up)", Span.range(T, T, 60_000)))
     assert all(k != "stats" for k, _ in prom.calls[0][1])  # only AMP bills by samples
@@ -110,7 +113,9 @@ def test_amp_is_asked_for_stats_and_its_samples_counted() -> None:
 
 def test_amps_refusal_of_a_long_instant_query_is_asked_as_one_step_of_a_range_query() -> None:
     backend = Scripted("amp", RANGE_ONLY, ok(MATRIX))
-    got = ask(Asker(), backend, *query_call("max_over_time(up[40d])", Span.instant(T)))
+    ctx = RequestContext()
+    got = ask(Asker(), backend, *query_call("max_over_time(up[40d])", Span.instant(T)), ctx)
+    assert ctx.budget.calls == 2  # each call is charged to the query's budget
     (p1, _), (p2, form) = backend.calls
     assert (p1, p2) == ("/api/v1/query", "/api/v1/query_range")
     assert [(k, v) for k, v in form if k in ("start", "end")] == [("start", "1700000000"), ("end", "1700000000")]
