@@ -1,6 +1,7 @@
-"""The refusal splitter's decisions in-process (issue 28 item 3; real servers in
-test_refusal_split.py): which errors are cut finer, shards before time, the depth bound, the
-call budget, the deadline, and what is remembered per metric."""
+"""The refusal splitter (proxy/pipeline/refusals.py) in-process (issue 28 item 3; real servers in
+test_refusal_split.py): which errors are cut finer, shards before time (time when a tied
+topk/bottomk cannot be merged from shards), the depth bound, the call budget, the deadline,
+and what is remembered per metric. Moved from test_refusal_decisions.py (issue 29 item 7)."""
 
 from __future__ import annotations
 
@@ -112,7 +113,7 @@ def test_time_halves_recursively_until_answered() -> None:
 
 
 def test_shards_before_time() -> None:
-    values = {"Hostname": ("a", "b", "c", "d")}
+    values: dict[str, tuple[str, ...]] = {"Hostname": ("a", "b", "c", "d")}
     fake = Fake(lambda q, span: "Hostname" not in q)  # any shard fits
     got = run(splitter(fake, values, shards=4), "sum(DCGM_FI_DEV_GPU_UTIL)", SPAN)
     shard_calls = [q for q, _, refused in fake.calls if not refused]
@@ -204,3 +205,23 @@ def test_memory_ttl_and_finer_wins() -> None:
     assert len(m) == 2 and m.get(("", "x")) is None  # the oldest dropped
     now[0] = 11.0
     assert m.get(("", "y")) is None  # expired
+
+
+def test_a_tied_topk_is_cut_in_time_instead_of_shards() -> None:
+    # Every shard answers the same series with the same value: which of them Prometheus's
+    # topk(1) keeps is not decided by value, so the shard answers are not merged; the piece
+    # unsharded is halved in time instead.
+    fake = Fake(lambda q, span: "Hostname" not in q and span.points > 61)
+    got = run(splitter(fake, {"Hostname": ("a", "b", "c", "d")}, shards=4), "topk(1, DCGM_FI_DEV_GPU_UTIL)", SPAN)
+    assert sum(1 for q, _, _ in fake.calls if "Hostname" in q) == 4
+    assert [(q, span.points) for q, span, _ in fake.calls[-2:]] == [("topk(1, DCGM_FI_DEV_GPU_UTIL)", 61),
+                                                                   ("topk(1, DCGM_FI_DEV_GPU_UTIL)", 60)]
+    assert list(got.t_ms) == list(range(SPAN.start_ms, SPAN.end_ms + 1, STEP))
+
+
+def test_never_cut_a_query_the_planner_cannot_read_or_with_depth_zero() -> None:
+    for query, depth in (("sum(DCGM_FI_DEV_GPU_UTIL", 6), ("quantile(0.9, DCGM_FI_DEV_GPU_TEMP)", 0)):
+        fake = Fake(lambda q, span: True)
+        with pytest.raises(PieceFailed):
+            run(splitter(fake, max_depth=depth), query, SPAN)
+        assert len(fake.calls) == 1, query
