@@ -116,7 +116,11 @@ def test_a_query_the_cache_cannot_key_has_no_key() -> None:
 
 def test_keys_are_per_tenant_and_route() -> None:
     p = planned("sum(DCGM_FI_DEV_GPU_UTIL)", T0, T0 + H - M)
-    (a,), (b,), (c,) = slots(p), slots(p, replace(OLD, tenant="team-b")), slots(p, replace(OLD, route=("other",)))
+    maker = SlotMaker(CONFIG, H)  # one maker for all: whatever it keeps must not mix them up
+    (a,), (b,), (c,) = (maker.slots(p, ctx) for ctx in (OLD, replace(OLD, tenant="team-b"),
+                                                         replace(OLD, route=("other",))))
+    (again,) = maker.slots(p, OLD)
+    assert again.unit.key == a.unit.key
     assert a.unit.key is not None and b.unit.key is not None and c.unit.key is not None
     assert len({a.unit.key.digest, b.unit.key.digest, c.unit.key.digest}) == 3
     assert (b.unit.key.tenant, c.unit.key.route) == ("team-b", ("other",))
