@@ -169,3 +169,21 @@ def test_quantile_over_time_sliding_windows_against_the_reference() -> None:
         assert [(d, t) for d, t, _ in got] == [(d, t) for d, t, _ in want], step
         for (_, _, gv), (_, _, wv) in zip(got, want):
             assert _same(gv, wv), step
+
+
+def test_quantile_over_time_across_a_burst_and_a_gap() -> None:
+    """Samples 100 ms apart, a 10 minute gap, then 30 s apart: from one step to the next the
+    window gains and loses hundreds of samples, then none, then one."""
+    t = [k * 100 for k in range(1_200)] + [720_000 + k * 30_000 for k in range(20)]
+    v = [NAN if k % 13 == 0 else float((k * 37) % 11) for k in range(len(t))]
+    raw = QueryResult.from_series("matrix", [({"__name__": "m"}, t, v)])
+    times = list(range(15_000, 1_350_000, 15_000))
+    got = eval_range_function("quantile_over_time", [0.3], raw, np.array(times), 60_000).to_pylist()
+    want = []
+    for ts in times:
+        window = [b for a, b in zip(t, v) if ts - 60_000 <= a <= ts]
+        if window:
+            want.append((ts, _go(0.3, _go_order(window))))
+    pairs = [(tt, vv) for _, ts_, vs in got for tt, vv in zip(ts_, vs)]
+    assert [p[0] for p in pairs] == [w[0] for w in want]
+    assert _same([p[1] for p in pairs], [w[1] for w in want])

@@ -268,3 +268,26 @@ def test_sliding_windows_with_samples_on_the_edges(func: str) -> None:
         assert [(d, t) for d, t, _ in got] == [(d, t) for d, t, _ in want], (func, off)
         for (d, _, gv), (_, _, wv) in zip(got, want):
             assert _same(gv, wv), (func, off, d)
+
+
+@pytest.mark.parametrize("func", ["count_over_time", "last_over_time", "rate", "changes"])
+def test_windows_across_a_burst_and_a_gap(func: str) -> None:
+    """Samples 100 ms apart, a 10 minute gap, then 30 s apart: from one step to the next a
+    window edge moves by hundreds of samples, then by none, then by one -- however the walk
+    steps its edges, each window must hold exactly the samples in [t - range, t]."""
+    burst = [k * 100 for k in range(1_200)]
+    sparse = [720_000 + k * 30_000 for k in range(20)]
+    t = burst + sparse
+    v = [float((k * 37) % 11) for k in range(len(t))]
+    raw = _series(v, t)
+    times = list(range(15_000, 1_350_000, 15_000))
+    got = eval_range_function(func, [], raw, np.array(times), 60_000).to_pylist()
+    pts = list(zip(t, v))
+    wt, wv = [], []
+    for ts in times:
+        window = [(a, b) for a, b in pts if ts - 60_000 <= a <= ts]
+        value = _reference(func, window, ts, 60_000, 0) if window else None
+        if value is not None:
+            wt.append(ts)
+            wv.append(value)
+    assert [(tt, vv) for _, ts_, vs in got for tt, vv in zip(ts_, vs)] == list(zip(wt, wv))

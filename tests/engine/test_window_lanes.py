@@ -231,3 +231,22 @@ def test_per_step_factors_reach_their_own_lane() -> None:
     want = [_reference("predict_linear", [dur[k]], [(t[k], v[k]), (t[k + 1], v[k + 1])], t[k + 1])
             for k in range(len(times))]
     assert _same(got, [w for w in want if w is not None])
+
+
+@pytest.mark.parametrize("func", ["sum_over_time", "deriv"])
+def test_windows_across_a_burst_and_a_gap(func: str) -> None:
+    """Samples 100 ms apart, a 10 minute gap, then 30 s apart: a window edge moves by hundreds
+    of samples from one step to the next, then by none, then by one."""
+    t = [k * 100 for k in range(1_200)] + [720_000 + k * 30_000 for k in range(20)]
+    v = [float((k * 37) % 11) for k in range(len(t))]
+    raw = _series(v, t)
+    times = list(range(15_000, 1_350_000, 15_000))
+    got = eval_range_function(func, [], raw, np.array(times), 60_000).to_pylist()
+    pts = list(zip(t, v))
+    want = []
+    for ts in times:
+        window = [(a, b) for a, b in pts if ts - 60_000 <= a <= ts]
+        value = _reference(func, [], window, ts) if window else None
+        if value is not None:
+            want.append((ts, value))
+    assert [(tt, vv) for _, ts_, vs in got for tt, vv in zip(ts_, vs)] == want
