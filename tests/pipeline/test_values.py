@@ -27,6 +27,7 @@ def test_a_query_is_derived_never_changed() -> None:
     assert (derived.want_arrow, derived.client) == (True, "10.0.0.1")
     assert (q.want_arrow, q.client) == (False, "")  # the one a stage was handed is as it was
     assert derived.req is q.req and derived.pairs is q.pairs
+    assert derived.ctx is q.ctx  # one request's context (its budget, its tally) all the way down
 
 
 def test_extra_is_what_the_client_sent_besides_the_planned_parameters() -> None:
