@@ -187,7 +187,7 @@ class Reserve:
         self.next = next
 
     async def __call__(self, q: Query) -> Answer:
-        if not self.budget.limit:
+        if not self.budget.limit or q.ctx.explain is not None:  # explain holds no answer
             return await self.next(q)
         assert q.plan is not None
         size = await self.planner.answer_bytes(q.plan, q.ctx.caller.tenant)

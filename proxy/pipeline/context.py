@@ -15,6 +15,8 @@ from there -- nothing is found through context variables:
               (answer_bytes.py): the cache writer and the fan-out size their work by it
     refused   a whole query a backend refused for its size or time, set by Forward for the
               planned rerun that cuts it finer (refusals.py), so the same call is not made again
+    explain   /api/v1/explain: the recorder the stages note their decisions in (explain.py);
+              the leaf then makes no backend call
 
 A context is frozen; a stage that adds to it derives a new one (`dataclasses.replace`), as it
 derives the `Query`. Its budget and tally are shared by everything the query starts: a fetch
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
     from shardplanner.plan import Span
 
     from .answer_bytes import Reservation
+    from .explain import Explanation
 
 
 class Budget:
@@ -108,6 +111,7 @@ class RequestContext:
     deadline: float = math.inf  # time.monotonic() when the answer is due
     held: Reservation | None = None
     refused: Refused | None = None
+    explain: Explanation | None = None
 
     @classmethod
     def start(cls, caller: Caller, limits: LimitsConfig, timeout_ms: int | None = None) -> RequestContext:

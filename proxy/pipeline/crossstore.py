@@ -80,6 +80,7 @@ from ..observe.metrics import METRICS
 from ..result import QueryResult
 from .ask import Asker
 from .eval_interval import EvaluationIntervals
+from .explain import Explanation
 from .hybrid.route import merges, router_for
 from .hybrid.router import Router
 from .names import MetricNames
@@ -129,6 +130,8 @@ class CrossStore:
 
     async def __call__(self, q: Query) -> Answer:
         assert q.plan is not None
+        if q.ctx.explain is not None:
+            return await self._explain(q, q.ctx.explain)
         unparsable = q.plan.expr is None and reason_code(q.plan.notes) == "unparsable"
         if unparsable or (q.plan.expr is not None and unknown_names(q.plan.expr)):
             # The planner cannot read the query, or it uses a function Prometheus 2.42 does not
@@ -160,6 +163,31 @@ class CrossStore:
         METRICS.planned.labels("cross_store", "").inc()
         return Answer(result=result, headers={"X-Promaccel-Pieces": pieces, "X-Cache": cache_status(cached)},
                       arrow=q.want_arrow)
+
+    async def _explain(self, q: Query, explain: Explanation) -> Answer:
+        """Explain: the tree, and each subquery run through the planned path (`self.run`)
+        with its own explanation; nothing is fetched, read or evaluated."""
+        try:
+            tree = await self.tree(q)
+        except PromError as exc:
+            explain.unroutable(exc.message)
+            return Answer()
+        described: dict[int, dict[str, Any]] = {}
+
+        async def one(sub: Sub) -> None:
+            e = Explanation(explain.cache_enabled)
+            e.planned(sub.plan)
+            router = router_for(self.backends, sub.req, sub.plan, sub.extra)
+            e.routed(router, sub.route, sub.plan, sub.req)
+            await self.run(replace(q, req=sub.req, plan=sub.plan, whole=None, router=router,
+                                   ctx=replace(q.ctx, explain=e)))
+            described[id(sub)] = e.subquery()
+
+        subs = subqueries(tree)
+        await asyncio.gather(*(one(s) for s in subs))
+        explain.cross_store(tree_data(tree, described), [described[id(s)] for s in subs], piece_count(tree),
+                            tree_backends(tree))
+        return Answer()
 
     async def tree(self, q: Query) -> Node:
         """The evaluation tree of `q` (routed: `q.router`, `q.whole` set); a PromError (422) for
@@ -424,3 +452,25 @@ def operator_text(node: Inner) -> str:
     `sum by (namespace)`, `topk(5)`, `absent`, `@ 1761955200`, `increase(...[1h])`,
     `max_over_time(...[30m:1m])`."""
     return node.text()
+
+
+def tree_data(node: Node, described: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """A cross-store tree as explain shows it: `{"subquery": {...}}` where one backend (or an
+    overlap, or a time split) answers, `{"evaluate": "<operator>", "by": "promaccel", "args":
+    [...]}` above them, `{"number": v}` / `{"string": v}` for literals."""
+    if isinstance(node, Sub):
+        return {"subquery": described[id(node)]}
+    if isinstance(node, Inner):
+        span = node.req.span
+        out: dict[str, Any] = {"evaluate": operator_text(node), "kind": node.KIND, "by": "promaccel",
+                               "steps": [span.start_ms, span.end_ms] if span.is_range else [span.start_ms],
+                               "args": [tree_data(a, described) for a in children(node)]}
+        if isinstance(node, WindowNode):
+            # Where the window's raw samples come from; time nobody holds is not read.
+            out["reads"] = [{"backend": b, "from_ms": a, "to_ms": z} for b, a, z in node.window.reads]
+            out["uncovered"] = [{"from_ms": a, "to_ms": z} for a, z in uncovered(node)]
+        return out
+    assert isinstance(node, Literal)
+    if isinstance(node.value, str):
+        return {"string": node.value}
+    return {"number": node.value}

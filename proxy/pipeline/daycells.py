@@ -123,7 +123,8 @@ class DayCells:
             asked_whole = any(s.piece.span == day.span for s in members)
             whole = None
             if not asked_whole and sum(r.n_samples for r in parts if r is not None) > self.edge_max_samples:
-                METRICS.cache_day_cells_skipped.inc()
+                if request.explain is None:
+                    METRICS.cache_day_cells_skipped.inc()
                 continue
             if all(r is not None for r in parts):
                 try:
@@ -134,8 +135,9 @@ class DayCells:
                 if day.key is not None and asked_whole:
                     partial[day.key.digest] = list(zip(hours, parts))
                 continue
-            METRICS.cache_day_cells.inc()
-            self.writer.keep([day], [whole], read_at, {}, request)
+            if request.explain is None:  # explain only reads: the query itself makes the cell
+                METRICS.cache_day_cells.inc()
+                self.writer.keep([day], [whole], read_at, {}, request)
             for s in members:
                 if s.result is None and s.piece.span == day.span:
                     s.result, s.status, s.answered_by = whole, "hit", day.key.digest if day.key else None

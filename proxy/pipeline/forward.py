@@ -67,7 +67,8 @@ class Forward:
         self.refusals = refusals  # refused queries cut finer (refusals.py); None: relayed
 
     async def __call__(self, q: Query) -> Answer:
-        if not forwards_whole(q) or self._remembered(q):
+        # Explained as its one piece through the planned path: the same slot and cache unit.
+        if not forwards_whole(q) or self._remembered(q) or q.ctx.explain is not None:
             return await self.next(q)
         assert q.plan is not None
         backend = self.by_name[q.whole.backend] if q.whole is not None else self.primary

@@ -74,10 +74,16 @@ class Lookup:
         await self.reader.lookup(slots)
         if q.cache is not None and q.plan.day_cells_until_ms is not None:
             partial = await self.days.assemble(slots, q.cache, q.router, q.ctx)
+            if q.ctx.explain is not None:
+                q.ctx.explain.looked_up(slots)  # one slot per planned piece (before the split)
             slots = self.days.split(slots, partial, self.days.target_calls)
+        elif q.ctx.explain is not None:
+            q.ctx.explain.looked_up(slots)
         if q.cache is not None and self.config.cache.reuse_finer_steps:
             await self.reader.lookup_finer(slots, q.cache, q.router)
         segments = await self.next(Work(q, slots))
+        if q.ctx.explain is not None:  # not a lookup of the cache's statistics
+            return Pieces(segments, "MISS")
         return Pieces(segments, self.reader.count(slots, q.ctx.caller.record))
 
 
@@ -112,7 +118,10 @@ class Coalesce:
         slot_of = {s.unit: s for s in missing}
         fetches = coalesce_units([s.unit for s in missing], calls_for(self.target_calls, w.q.ctx),
                                  self.config.limits.max_points, self.cell_ms)
-        w.q.ctx.budget.check(len(fetches))  # before any call is made: a 422 naming the limit
+        if w.q.ctx.explain is not None:
+            w.q.ctx.explain.coalesced(len(fetches))
+        else:
+            w.q.ctx.budget.check(len(fetches))  # before any call is made: a 422 naming the limit
 
         def settle(i: int, result: QueryResult) -> list[Segment]:
             """A fetched answer as the segments to merge: cut into its pieces."""
@@ -194,6 +203,8 @@ class FanOut:
 
     async def __call__(self, c: Calls) -> tuple[list[Any], list[QueryResult]]:
         q = c.q
+        if q.ctx.explain is not None:  # the leaf that never fetches: explain's
+            return [], []
         gate = (asyncio.Semaphore(LARGE_CALLS_AT_ONCE)
                 if large_reservation(q.ctx) is not None and len(c.fetches) > LARGE_CALLS_AT_ONCE else None)
         try:

@@ -52,6 +52,9 @@ class Merge:
         self.next = next
 
     async def __call__(self, q: Query) -> Answer:
+        if q.ctx.explain is not None:  # nothing was fetched: nothing to merge
+            await self.next(q)
+            return Answer()
         try:
             return await self._merged(q)
         except AmbiguousTies:

@@ -186,9 +186,12 @@ class Plan:
 
     async def __call__(self, q: Query) -> Answer:
         plan = await self.planner.plan(q.req, q.ctx.caller.tenant)
-        METRICS.pieces.observe(len(plan.pieces))
-        mode = "sharded" if plan.sharded else ("split" if plan.time_split else "whole")
-        METRICS.planned.labels(mode, "" if plan.sharded else reason_code(plan.notes)).inc()
+        if q.ctx.explain is not None:
+            q.ctx.explain.planned(plan)
+        else:
+            METRICS.pieces.observe(len(plan.pieces))
+            mode = "sharded" if plan.sharded else ("split" if plan.time_split else "whole")
+            METRICS.planned.labels(mode, "" if plan.sharded else reason_code(plan.notes)).inc()
         ctx = self.planner.cache_ctx(q, self.primary) if self.cache_enabled and not q.unmergeable else None
         answer = await self.next(replace(q, plan=plan, cache=ctx))
         answer.info.update(plan_pieces=len(plan.pieces), sharded=plan.sharded, time_split=plan.time_split,

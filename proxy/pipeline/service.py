@@ -9,25 +9,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from shardplanner.explain import explain as explain_plan
-from shardplanner.explain import unheld_reads
-from shardplanner.plan import Plan, QueryRequest
-from shardplanner.routing import Route as PieceRoute
+from shardplanner.plan import QueryRequest
 
 from ..backends import Backend
 from ..backends.tenancy import NOBODY, Caller
 from ..cache import PieceStore, make_store
 from ..config import Config
-from ..engine.nodes import Inner, Literal, Node, WindowNode, children
 from ..errors import PromError
 from .context import RequestContext
-from .crossstore import Sub, operator_text, piece_count, subqueries, tree_backends, uncovered
-from .hybrid.route import check_mergeable, goes_cross_store, router_for, whole_route
-from .hybrid.router import Router
+from .explain import Explanation
 from .path import Parts, build
 from .revalidate import Revalidator
 from .stage import Stage
-from .units import coalesce_units
 from .values import ARROW_STREAM, Answer, Pairs, Query
 
 
@@ -132,90 +125,17 @@ class QueryService:
 
     async def explain(self, req: QueryRequest, headers: Mapping[str, str] | None = None,
                       pairs: Sequence[tuple[str, str]] = (), caller: Caller = NOBODY) -> dict[str, Any]:
-        """The plan of a query as the query path would run it: its pieces, their cache status and
-        route; for a hybrid fleet the route, and for a query evaluated across stores the tree
-        (`cross_store`: the subqueries each backend answers, the operators promaccel evaluates
-        above them). A query the path refuses has `route.kind` "unroutable" and the reason."""
-        parts = self.parts
-        plan = await parts.planner.plan(req, caller.tenant)
-        data = explain_plan(plan)
-        q = Query(req=req, pairs=list(pairs), path="", timeout_s=0, headers=headers or {}, plan=plan,
-                  ctx=RequestContext(caller))
-        router = router_for(self.backends, req, plan) if self.hybrid else None
-        if router is not None:
-            whole = whole_route(router, req)
-            data["route"] = _route_data(whole, _unheld(router, whole, plan.expr, req))
-            q = replace(q, router=router, whole=whole)
-            try:
-                if goes_cross_store(whole, plan.expr):
-                    tree = await parts.cross_store.tree(q)
-                    return await self._explain_cross_store(data, q, tree)
-                check_mergeable(q, whole)
-            except PromError as exc:
-                data["route"].update(kind="unroutable", reason=exc.message)
-                return data
-        data.update(await self._pieces(q, plan, router, data["pieces"]))
-        return data
-
-    async def _pieces(self, q: Query, plan: Plan, router: Router | None, pieces: list[dict[str, Any]]) -> dict[str, Any]:
-        """Each piece's cache status (and route, cache unit) into `pieces`; the backend calls
-        the misses take and the cache counts."""
-        parts = self.parts
-        ctx = parts.planner.cache_ctx(q, self.primary) if self.cache_enabled else None
-        slots = parts.slots.slots(plan, ctx, router)
-        if ctx is not None:
-            await parts.reader.lookup(slots)
-        missing = [s.unit for s in slots if s.result is None]
-        for d, s in zip(pieces, slots):
-            d["cache"] = s.status
-            if s.unit.route:
-                d["route"] = s.unit.routed.key() if s.unit.routed is not None else s.unit.route
-            if s.unit.key is not None and s.unit.is_range and (s.unit.start_ms, s.unit.end_ms) != (
-                    s.piece.start_ms, s.piece.end_ms):
-                d["cache_unit"] = [s.unit.start_ms, s.unit.end_ms]
-            if s.day is not None:
-                d["day_cell"] = [s.day.start_ms, s.day.end_ms]
-        return {
-            "fetches": len(coalesce_units(missing, self.primary.cfg.max_parallel, self.config.limits.max_points,
-                                          parts.planner.settings.split_interval_ms)),
-            "cache": {
-                "enabled": self.cache_enabled,
-                "hits": sum(1 for s in slots if s.status == "hit"),
-                "misses": sum(1 for s in slots if s.status == "miss"),
-                "uncacheable": sum(1 for s in slots if s.status == "uncacheable"),
-            },
-        }
-
-    async def _explain_cross_store(self, data: dict[str, Any], q: Query, tree: Node) -> dict[str, Any]:
-        """Explain of a query CrossStore evaluates: the whole query's own pieces are not what
-        runs; the subqueries' pieces are (X-Promaccel-Pieces counts them)."""
-        subs = subqueries(tree)
-        described: dict[int, dict[str, Any]] = {}
-        for sub in subs:
-            sub_q = replace(q, req=sub.req, plan=sub.plan, whole=None)
-            sub_router = router_for(self.backends, sub.req, sub.plan, sub.extra)
-            d = explain_plan(sub.plan)
-            info = {"query": sub.req.query, "route": _route_data(sub.route, _unheld(sub_router, sub.route,
-                                                                                  sub.plan.expr, sub.req)),
-                    **{k: d[k] for k in ("type", "time_ms", "sharded", "time_split", "merge", "piece_count", "pieces")}}
-            info.update(await self._pieces(sub_q, sub.plan, sub_router, info["pieces"]))
-            described[id(sub)] = info
-        route = data["route"]
-        if route["kind"] == "unroutable":
-            route["notes"] = [*route["notes"], "no single backend holds everything the query reads: each "
-                              "subquery in cross_store runs where its data is, promaccel evaluates the operators "
-                              "above them"]
-            route.update(kind="cross_store", reason=None, parts=[],
-                         backends=tree_backends(tree))
-        data.update(pieces=[], piece_count=piece_count(tree), time_pieces=[], shards=[], sharded=False,
-                    time_split=False, cross_store=_tree_data(tree, described),
-                    fetches=sum(d["fetches"] for d in described.values()))
-        cache = {"enabled": self.cache_enabled, "hits": 0, "misses": 0, "uncacheable": 0}
-        for d in described.values():
-            for k in ("hits", "misses", "uncacheable"):
-                cache[k] += d["cache"][k]
-        data["cache"] = cache
-        return data
+        """The plan of a query as the query path runs it -- by running the path (explain.py):
+        its pieces, their cache status and route; for a hybrid fleet the route, and for a
+        query evaluated across stores the tree (`cross_store`: the subqueries each backend
+        answers, the operators promaccel evaluates above them). A query the path refuses for
+        its route has `route.kind` "unroutable" and the reason."""
+        explanation = Explanation(self.cache_enabled)
+        ctx = replace(RequestContext.start(caller, self.config.limits), explain=explanation)
+        path = "/api/v1/query_range" if req.is_range else "/api/v1/query"
+        await self.run(Query(req=req, pairs=list(pairs), path=path, timeout_s=ctx.timeout_s, headers=headers or {},
+                             client=caller.scope, ctx=ctx))
+        return explanation.document()
 
     # --- cache administration -----------------------------------------------------------------
 
@@ -285,42 +205,3 @@ class QueryService:
             ok = False
         self._ready_cache[backend.name] = (now, ok)
         return ok
-
-
-def _route_data(route: PieceRoute, unheld: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """`unheld`: the reads a routed store holds nothing of (`unheld_reads`), each also a note."""
-    unheld = unheld or []
-    return {"kind": route.kind, "backends": list(route.backends),
-            "parts": [[p.start_ms, p.end_ms, list(p.backends)] for p in route.parts],
-            "reason": route.reason or None, "notes": [*route.notes, *(u["note"] for u in unheld)],
-            "unheld": unheld}
-
-
-def _unheld(router: Router, route: PieceRoute, expr: Any, req: QueryRequest) -> list[dict[str, Any]]:
-    """The reads of `req` that a store `route` sends them to holds nothing of (explain only:
-    the answer is right, empty there, and carries no warning)."""
-    if expr is None:  # not parsed: its reads are unknown
-        return []
-    return unheld_reads(expr, route, router.holdings, req.span.start_ms, req.span.end_ms, router.lookback_ms)
-
-
-def _tree_data(node: Node, described: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """A cross-store tree as explain shows it: `{"subquery": {...}}` where one backend (or an
-    overlap, or a time split) answers, `{"evaluate": "<operator>", "by": "promaccel", "args":
-    [...]}` above them, `{"number": v}` / `{"string": v}` for literals."""
-    if isinstance(node, Sub):
-        return {"subquery": described[id(node)]}
-    if isinstance(node, Inner):
-        span = node.req.span
-        out: dict[str, Any] = {"evaluate": operator_text(node), "kind": node.KIND, "by": "promaccel",
-                               "steps": [span.start_ms, span.end_ms] if span.is_range else [span.start_ms],
-                               "args": [_tree_data(a, described) for a in children(node)]}
-        if isinstance(node, WindowNode):
-            # Where the window's raw samples come from; time nobody holds is not read.
-            out["reads"] = [{"backend": b, "from_ms": a, "to_ms": z} for b, a, z in node.window.reads]
-            out["uncovered"] = [{"from_ms": a, "to_ms": z} for a, z in uncovered(node)]
-        return out
-    assert isinstance(node, Literal)
-    if isinstance(node.value, str):
-        return {"string": node.value}
-    return {"number": node.value}

@@ -69,15 +69,25 @@ class Route:
     async def __call__(self, q: Query) -> Answer:
         if not self.hybrid:
             return await self.next(q)
-        assert q.plan is not None
-        router = router_for(self.backends, q.req, q.plan)
+        plan = q.plan
+        assert plan is not None
+        router = router_for(self.backends, q.req, plan)
         whole = whole_route(router, q.req)
         # The request spans several backends: one that is down costs its part of the answer
         # (with a warning), not the whole answer.
         router = router.spanning(whole.kind != "single")
-        expr = q.plan.expr
+        expr = plan.expr
         q = replace(q, router=router, whole=whole)
+        explain = q.ctx.explain
+        if explain is not None:
+            explain.routed(router, whole, plan, q.req)
         if goes_cross_store(whole, expr):
             return await self.cross_store(q)
-        check_mergeable(q, whole)
+        try:
+            check_mergeable(q, whole)
+        except PromError as exc:
+            if explain is None:
+                raise
+            explain.unroutable(exc.message)
+            return Answer()
         return await self.next(q)
