@@ -37,12 +37,13 @@ _E = TypeVar("_E", bound=tuple[Any, ...])
 
 
 class CacheWriter:
-    def __init__(self, config: Config, store: Callable[[], PieceStore], landing: Landing) -> None:
+    def __init__(self, config: Config, store: Callable[[], PieceStore], landing: Landing,
+                 leases: Leases | None = None, revalidator: Revalidator | None = None) -> None:
         self.config = config
         self.store = store
         self.landing = landing
-        self.revalidator: Revalidator | None = None
-        self.leases: Leases | None = None
+        self.leases = leases  # let go once the puts of their units land
+        self.revalidator = revalidator  # records each stored piece's baseline digest
         self.tasks: set[asyncio.Task[Any]] = set()
 
     async def aclose(self) -> None:

@@ -90,11 +90,16 @@ def normalise(body: bytes | bytearray) -> bytes | None:
     return orjson.dumps([[m.decode(), v] for m, v in rows])
 
 
+# Drops the cached entries of these metrics (None: any) overlapping [start_ms, end_ms]; the
+# number dropped (the service's `invalidate`, which every tenant's service shares).
+Invalidate = Callable[[Sequence[str] | None, int, int], Awaitable[int]]
+
+
 class Revalidator:
     def __init__(
         self,
         backend: Backend,
-        invalidate: Callable[[Sequence[str] | None, int, int], Awaitable[int]],
+        invalidate: Invalidate,
         *,
         interval_ms: int,
         max_age_ms: int,

@@ -52,7 +52,6 @@ class QueryService:
         # holdings are declared (a metric it does not hold gets a clear 422).
         self.hybrid = len(backends) > 1 or any(b.cfg.holds is not None for b in backends)
         self._store: PieceStore | None = None
-        self.revalidator: Revalidator | None = None
         self._ready_cache: dict[str, tuple[float, bool]] = {}
         self.root: QueryService = shared.root if shared is not None else self
         self.children: list[QueryService] = []
@@ -61,9 +60,14 @@ class QueryService:
         self.parts: Parts
         self.run, self.parts = build(config, backends, self.store,
                                      self.root.parts.admission if shared is not None else None,
-                                     self.root.parts.answers if shared is not None else None)
+                                     self.root.parts.answers if shared is not None else None,
+                                     invalidate=self.invalidate)
         if shared is not None:
             self.root.children.append(self)
+
+    @property
+    def revalidator(self) -> Revalidator | None:
+        return self.parts.revalidator
 
     @property
     def cache_enabled(self) -> bool:
@@ -82,13 +86,7 @@ class QueryService:
         if not cc.enabled:
             return
         self.store()
-        if cc.revalidate_interval > 0 and self.revalidator is None:
-            self.revalidator = Revalidator(
-                self.primary, self.invalidate,
-                interval_ms=cc.revalidate_interval, max_age_ms=cc.revalidate_max_age,
-                max_entries=cc.revalidate_max_entries, backends={b.name: b for b in self.backends},
-            )
-            self.parts.writer.revalidator = self.revalidator
+        if self.revalidator is not None:
             self.revalidator.start()
 
     async def aclose(self) -> None:
