@@ -22,6 +22,7 @@ or a query the planner cannot parse has no known footprint: such pieces are not 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 from shardplanner.ast import Expr, MatrixSel, Selector, Subquery, children
@@ -54,20 +55,46 @@ def _parsed(query: str) -> Expr | None:
         return None
 
 
+# A bound of a window the query reads: (relative, c) is `lo + c` (or `hi + c`) when
+# relative, else the absolute time c (under a pinned `@`).
+_Bound = tuple[bool, int]
+_Shape = tuple[tuple[str, ...], tuple[str, ...], tuple[tuple[_Bound, _Bound], ...]]
+
+
 def footprint(query: str, lo_ms: int, hi_ms: int, *, lookback_ms: int) -> Footprint | None:
     """The footprint of `query` evaluated at times in [lo_ms, hi_ms]; None if unknown."""
-    expr = _parsed(query)
-    if expr is None:
+    shape = _shape(query, lookback_ms)
+    if shape is None:
         return None
-    windows: list[tuple[int, int]] = []
-    sels: list[Selector] = []
-    try:
-        _visit(expr, lo_ms, hi_ms, lookback_ms, windows, sels)
-    except _Unknown:
-        return None
+    metrics, texts, windows = shape
     if not windows:
         # No selector at all (`vector(1)`, `time()`): reads nothing, depends on nothing.
         return Footprint((), lo_ms, hi_ms, ())
+    return Footprint(
+        metrics,
+        min(lo_ms + a if rel else a for (rel, a), _ in windows),
+        max(hi_ms + b if rel else b for _, (rel, b) in windows),
+        texts,
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _shape(query: str, lookback_ms: int) -> _Shape | None:
+    """What `footprint` needs of a query, apart from its times: its metric names, selectors
+    and the windows it reads relative to [lo, hi] (or absolute, pinned). Kept per query text:
+    every warm request of a panel asks the footprint of each of its cache units (issue 28:
+    the tiny panel's per-request cost)."""
+    expr = _parsed(query)
+    if expr is None:
+        return None
+    windows: list[tuple[_Bound, _Bound]] = []
+    sels: list[Selector] = []
+    try:
+        _visit(expr, (True, 0), (True, 0), lookback_ms, windows, sels)
+    except _Unknown:
+        return None
+    if not windows:
+        return (), (), ()
     names: list[str] = []
     unknown = False
     for s in sels:
@@ -77,37 +104,37 @@ def footprint(query: str, lo_ms: int, hi_ms: int, *, lookback_ms: int) -> Footpr
         elif name not in names:
             names.append(name)
     texts = tuple(dict.fromkeys(to_promql(replace(s, offset_ms=0, at=None)) for s in sels))
-    return Footprint(
-        () if unknown else tuple(sorted(names)),
-        min(w[0] for w in windows),
-        max(w[1] for w in windows),
-        texts,
-    )
+    return () if unknown else tuple(sorted(names)), texts, tuple(windows)
 
 
-def _times(at: object, lo: int, hi: int) -> tuple[int, int]:
+def _times(at: object, lo: _Bound, hi: _Bound) -> tuple[_Bound, _Bound]:
     if at is None:
         return lo, hi
     if isinstance(at, int) and not isinstance(at, bool):
-        return at, at
+        return (False, at), (False, at)
     raise _Unknown()  # "start"/"end" not pinned
 
 
-def _visit(node: Expr, lo: int, hi: int, lookback: int, out: list[tuple[int, int]], sels: list[Selector]) -> None:
+def _minus(t: _Bound, ms: int) -> _Bound:
+    return t[0], t[1] - ms
+
+
+def _visit(node: Expr, lo: _Bound, hi: _Bound, lookback: int, out: list[tuple[_Bound, _Bound]],
+           sels: list[Selector]) -> None:
     if isinstance(node, Selector):
         a, b = _times(node.at, lo, hi)
-        out.append((a - node.offset_ms - lookback, b - node.offset_ms))
+        out.append((_minus(a, node.offset_ms + lookback), _minus(b, node.offset_ms)))
         sels.append(node)
         return
     if isinstance(node, MatrixSel):
         s = node.selector
         a, b = _times(s.at, lo, hi)
-        out.append((a - s.offset_ms - node.range_ms, b - s.offset_ms))
+        out.append((_minus(a, s.offset_ms + node.range_ms), _minus(b, s.offset_ms)))
         sels.append(s)
         return
     if isinstance(node, Subquery):
         a, b = _times(node.at, lo, hi)
-        _visit(node.expr, a - node.offset_ms - node.range_ms, b - node.offset_ms, lookback, out, sels)
+        _visit(node.expr, _minus(a, node.offset_ms + node.range_ms), _minus(b, node.offset_ms), lookback, out, sels)
         return
     for c in children(node):
         _visit(c, lo, hi, lookback, out, sels)

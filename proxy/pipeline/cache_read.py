@@ -103,8 +103,8 @@ class DecodedCells:
         if isinstance(kept, bytes) and tag is not None:
             if kept != tag:
                 return None
-        elif not self.keeps(payload) or kept != payload_signature(payload):
-            return None
+        elif isinstance(kept, bytes) or not self.keeps(payload) or kept != payload_signature(payload):
+            return None  # a tag and no tag to compare it with: decoded again, kept by checksum
         elif tag is not None:
             self._cells[digest] = (tag, cell[1])
         self._cells.move_to_end(digest)

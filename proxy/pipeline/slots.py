@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import replace
 
 from shardplanner.footprint import footprint
@@ -15,23 +16,43 @@ from .hybrid.router import Router
 from .units import Slot, Unit, bare_unit, cell_of
 from .values import CacheCtx
 
+# Cache keys made lately, for the next requests of the same cells (`SlotMaker.key`).
+KEYS_KEPT = 4096
+
 
 class SlotMaker:
     def __init__(self, config: Config, split_interval_ms: int | None) -> None:
         self.config = config
         self.split_interval_ms = split_interval_ms
+        self._keys: OrderedDict[tuple[object, ...], CacheKey] = OrderedDict()
 
     def unit(self, p: Piece, span: Span, ctx: CacheCtx, router: Router | None = None) -> Unit:
         """The cache unit of piece `p` over `span` (the piece's own, or its whole cell); on a
         hybrid fleet it carries its route (id and route, as the router hands them back)."""
         rid, routed = router.route_of(p.query, span) if router is not None else ("", None)
-        bare = Unit(p.query, p.role, p.shard.index if p.shard else -1, span, route=rid, routed=routed)
+        shard = p.shard.index if p.shard else -1
         fp = footprint(p.query, span.start_ms, span.end_ms, lookback_ms=ctx.lookback_ms)
         if fp is None:
-            return bare
+            return Unit(p.query, p.role, shard, span, route=rid, routed=routed)
         route = (rid, *ctx.route[1:]) if rid else ctx.route
+        return Unit(p.query, p.role, shard, span, self.key(p, span, ctx, route),
+                    ttl_for(fp.end_ms, ctx.now_ms, self.config.cache), fp, route=rid, routed=routed)
+
+    def key(self, p: Piece, span: Span, ctx: CacheCtx, route: tuple[str, ...]) -> CacheKey:
+        """`CacheKey.for_piece` of `p` over `span`, the same object for the same cell as long
+        as it is kept: its canonical text and digest (JSON and SHA-256) are computed once, not
+        on every refresh of the panel (issue 28: the tiny panel's per-request cost). Everything
+        the key holds is in the memo's key."""
+        memo = (p.query, span, p.shard, ctx.lookback_ms, route, ctx.tenant)
+        key = self._keys.get(memo)
+        if key is not None:
+            self._keys.move_to_end(memo)
+            return key
         key = CacheKey.for_piece(replace(p, span=span), lookback_ms=ctx.lookback_ms, route=route, tenant=ctx.tenant)
-        return replace(bare, key=key, ttl_ms=ttl_for(fp.end_ms, ctx.now_ms, self.config.cache), footprint=fp)
+        self._keys[memo] = key
+        if len(self._keys) > KEYS_KEPT:
+            self._keys.popitem(last=False)
+        return key
 
     @staticmethod
     def day_of(plan: Plan, span: Span) -> Span | None:
