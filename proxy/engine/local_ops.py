@@ -6,7 +6,8 @@ aggregate.py, windows.py)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -15,6 +16,9 @@ from proxy.engine.errors import DuplicateLabelset
 from proxy.result import QueryResult, ResultType
 from proxy.result.merge import concat
 from shardplanner.plan import QueryRequest
+
+if TYPE_CHECKING:
+    from shardplanner.ast import Matcher
 
 
 def restamp(value: QueryResult, req: QueryRequest) -> QueryResult:
@@ -57,24 +61,39 @@ def absent_or_scalar(node: Any, inner: QueryResult, req: QueryRequest) -> QueryR
         if not req.is_range:
             return QueryResult.scalar(int(grid[0]), float(values[0]))
         return QueryResult("matrix", [{}], np.array([0, len(grid)], dtype=np.int64), grid, values)
-    # absent: 1 at the steps where the argument has no series; labels from its selector's
-    # equality matchers (a label given twice is left out), as Prometheus does.
+    # absent: 1 at the steps where the argument has no series, labelled from its selector.
     sel = node.args[0]
     if isinstance(sel, MatrixSel):
         sel = sel.selector
-    labels: dict[str, str] = {}
-    if isinstance(sel, Selector) and not sel.or_matchers:
-        seen: dict[str, int] = {}
-        for m in sel.matchers:
-            seen[m.name] = seen.get(m.name, 0) + 1
-        for m in sel.matchers:
-            if m.op == "=" and m.name != "__name__" and seen[m.name] == 1 and m.value:
-                labels[m.name] = m.value
+    labels = absent_labels(sel.matchers) if isinstance(sel, Selector) and not sel.or_matchers else {}
     t = grid[~np.isin(grid, inner.t_ms)]
     rtype: ResultType = "matrix" if req.is_range else "vector"
     if len(t) == 0:
         return QueryResult.empty(rtype)
     return QueryResult(rtype, [labels], np.array([0, len(t)], dtype=np.int64), t, np.ones(len(t)))
+
+
+def absent_labels(matchers: Sequence[Matcher]) -> dict[str, str]:
+    """The labels of absent()'s answer, ported from Prometheus v2.42 promql/functions.go
+    `createLabelsForAbsentFunction`: the matchers in their order, the metric name skipped; the
+    first equality matcher of a name sets its label, any other matcher of that name (a second
+    equality one too: Go's historic `has` rule) deletes it. A regex before the equality does
+    not stop it: `{job=~"a.*", job="a"}` gives `{job="a"}`. An empty value is no label
+    (labels.Builder.Set deletes on "")."""
+    labels: dict[str, str] = {}
+    has: set[str] = set()
+    for m in matchers:
+        if m.name == "__name__":
+            continue
+        if m.op == "=" and m.name not in has:
+            if m.value:
+                labels[m.name] = m.value
+            else:
+                labels.pop(m.name, None)
+            has.add(m.name)
+        else:
+            labels.pop(m.name, None)
+    return labels
 
 
 def as_answer(result: QueryResult, req: QueryRequest) -> QueryResult:

@@ -107,13 +107,16 @@ def test_absent_labels(expr: str, labels: dict[str, str]) -> None:
     assert out.labels == [labels]
 
 
-@pytest.mark.xfail(strict=True, reason="createLabelsForAbsentFunction deletes on a non-equality matcher and "
-                   "sets on the first equality one, in matcher order: a regex before the equality keeps the label; "
-                   "local_ops drops any label matched twice")
-def test_absent_labels_follow_matcher_order() -> None:
+@pytest.mark.parametrize(("expr", "labels"), [
     # Go: job=~"a.*" -> Del(job) (nothing to delete, `has` stays false); job="a" -> Set(job, a).
-    out = absent_or_scalar(parse('absent(up{job=~"a.*", job="a"})'), QueryResult.empty("matrix"), INSTANT)
-    assert out.labels == [{"job": "a"}]
+    ('absent(up{job=~"a.*", job="a"})', {"job": "a"}),
+    ('absent(up{env!="d", job="a", env="p"})', {"job": "a", "env": "p"}),
+    ('absent(up{job="a", job=~"a.*", job="a"})', {}),  # Set, Del, then Del (job is in `has`)
+    ('absent(up{job="", job="a"})', {}),  # Set(job, "") deletes yet marks job as seen
+])
+def test_absent_labels_follow_matcher_order(expr: str, labels: dict[str, str]) -> None:
+    out = absent_or_scalar(parse(expr), QueryResult.empty("matrix"), INSTANT)
+    assert out.labels == [labels]
 
 
 # -- as_answer, joined, check_distinct -------------------------------------------------------
