@@ -63,12 +63,22 @@ def _collect(body: bytes | bytearray, rows: Any, k: int, into: dict[bytes, tuple
 def _str_list(body: bytes | bytearray, span: tuple[int, int] | None, what: str) -> list[str]:
     if span is None:
         return []
-    val = orjson.loads(body[span[0] : span[1]])
+    val = _loads(body[span[0] : span[1]], what)
     if val is None:
         return []
     if not isinstance(val, list) or not all(isinstance(x, str) for x in val):
         raise MalformedAnswer(f"{what} is not a list of strings")
     return val
+
+
+def _loads(part: bytes | bytearray, what: str) -> Any:
+    """A part of the answer the scanner only delimited (a scalar or string result, warnings),
+    parsed: not JSON is the codec's MalformedAnswer, not orjson's ValueError (which would
+    reach the client as a 500 instead of a 502 naming the backend)."""
+    try:
+        return orjson.loads(part)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedAnswer(f"{what} is not JSON: {exc}") from exc
 
 
 _DECODE_SCRATCH = threading.local()
@@ -177,7 +187,7 @@ def _decode_fast(body: bytes | bytearray) -> QueryResult:
     warnings = _str_list(body, top.get(b"warnings"), "warnings")
     infos = _str_list(body, top.get(b"infos"), "infos")
     if parsed is None:
-        return _small_result(rtype, orjson.loads(body[res_start:res_end]), warnings, infos)
+        return _small_result(rtype, _loads(body[res_start:res_end], f"the {rtype} result"), warnings, infos)
     ns, nk, nfb, met_s, met_e, counts, t_out, v_out, fb_idx, fb_s, fb_e, canonical, kept = parsed
     del parsed
     if kept:
@@ -230,12 +240,21 @@ def _py_float(tok: bytes | bytearray | str) -> float:
     return float(s)
 
 
+# Times are int64 milliseconds (numpy arrays): a timestamp beyond them (1e300 seconds) is a
+# broken answer, not an OverflowError when the arrays are built.
+_MS_MIN, _MS_MAX = -(1 << 63), (1 << 63) - 1
+
+
 def _py_ts(x: Any) -> int:
     if type(x) is int:
-        return x * 1000
-    if type(x) is float and math.isfinite(x):
-        return round(x * 1000)
-    raise MalformedAnswer(f"bad timestamp {x!r}")
+        ms = x * 1000
+    elif type(x) is float and math.isfinite(x * 1000):
+        ms = round(x * 1000)
+    else:
+        raise MalformedAnswer(f"bad timestamp {x!r}")
+    if not _MS_MIN <= ms <= _MS_MAX:
+        raise MalformedAnswer(f"timestamp {x!r} is outside int64 milliseconds")
+    return ms
 
 
 def _small_result(rtype: str, res: Any, warnings: list[str], infos: list[str]) -> QueryResult:
