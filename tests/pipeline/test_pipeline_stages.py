@@ -16,7 +16,6 @@ from proxy.backends import BackendReply
 from proxy.codec.errors import Undecodable
 from proxy.config import load_config
 from proxy.errors import PromError
-from proxy.pipeline.admission import Admit
 from proxy.pipeline.context import Budget, RequestContext
 from proxy.pipeline.forward import Forward, forwards_whole
 from proxy.pipeline.landing import Landing
@@ -25,89 +24,11 @@ from proxy.pipeline.merging import Fallback, Merge
 from proxy.pipeline.planning import Plan, Planner
 from proxy.pipeline.slots import SlotMaker
 from proxy.pipeline.units import Fetch
-from proxy.pipeline.values import AmbiguousTies, Answer, PieceFailed, Query
+from proxy.pipeline.values import AmbiguousTies, PieceFailed, Query
 from proxy.result import QueryResult
 from shardplanner.plan import QueryRequest, Span
-
-H = 3_600_000
-T0 = 1_700_000_000_000 // H * H  # hour-aligned
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(coro)
-
-
-def config(**planner: Any) -> Any:
-    return load_config(None, backends=["http://127.0.0.1:1"], overrides={"planner": planner,
-                                                                          "cache": {"enabled": False}})
-
-
-def range_query(query: str, hours: int = 3, step: int = 60_000) -> Query:
-    """`hours` hour cells of points, T0 to T0 + hours - step."""
-    end = T0 + hours * H - step
-    req = QueryRequest(query=query, span=Span.range(T0, end, step))
-    pairs = [("query", query), ("start", str(T0 / 1000)), ("end", str(end / 1000)), ("step", str(step / 1000))]
-    return Query(req=req, pairs=pairs, path="/api/v1/query_range", timeout_s=5)
-
-
-class Recorder:
-    """A fake next stage: records what it got, answers with `answer` (or raises it)."""
-
-    def __init__(self, answer: Any = None) -> None:
-        self.got: list[Any] = []
-        self.answer = answer if answer is not None else Answer(result=QueryResult.empty())
-
-    async def __call__(self, value: Any) -> Any:
-        self.got.append(value)
-        if isinstance(self.answer, BaseException):
-            raise self.answer
-        return self.answer(value) if callable(self.answer) else self.answer
-
-
-class FakeBackend:
-    def __init__(self, name: str = "default") -> None:
-        self.name = name
-        self.calls: list[tuple[str, str]] = []
-        self.cfg = load_config(None, backends=["http://127.0.0.1:1"]).backends[0]
-
-    async def request(self, method: str, path: str, **kw: Any) -> BackendReply:
-        self.calls.append((method, path))
-        return BackendReply(200, b'{"status":"success","data":{"resultType":"vector","result":[]}}',
-                            "application/json")
-
-
-def series(values: dict[int, float], **labels: str) -> tuple[dict[str, str], list[int], list[float]]:
-    return (labels, sorted(values), [values[t] for t in sorted(values)])
-
-
-# --- Admit ----------------------------------------------------------------------------------
-
-
-def test_admit_reports_what_the_query_cost() -> None:
-    """The context the api layer starts a query with carries its allowances; Admit reports
-    the calls and AMP samples charged to it below."""
-    limits = load_config(None, backends=["http://x:1"], overrides={"limits": {"max_backend_calls": 3}}).limits
-
-    async def next_stage(q: Query) -> Answer:
-        assert q.ctx.budget.max_calls == 3
-        q.ctx.budget.charge()
-        q.ctx.samples.add(1234)
-        return Answer(result=QueryResult.empty())
-
-    q = replace(range_query("up"), ctx=RequestContext.start(RequestContext().caller, limits))
-    answer = run(Admit(limits, next_stage)(q))
-    assert answer.headers["X-Promaccel-Samples-Processed"] == "1234"
-    assert answer.headers["X-Promaccel-Backend-Calls"] == "1"
-
-    async def greedy(q: Query) -> Answer:
-        q.ctx.budget.check(3)  # within
-        with pytest.raises(PromError, match="limits.max_backend_calls"):
-            q.ctx.budget.check(4)
-        return Answer(result=QueryResult.empty())
-
-    q = replace(range_query("up"), ctx=RequestContext.start(RequestContext().caller, limits))
-    assert "X-Promaccel-Samples-Processed" not in run(Admit(limits, greedy)(q)).headers
-
+from tests.pipeline.stage_helpers import T0, FakeBackend, H, Recorder, config, range_query, run, series
+from tests.pipeline.stage_helpers import values_of as _values
 
 # --- Plan -----------------------------------------------------------------------------------
 
@@ -130,10 +51,6 @@ def test_plan_refuses_past_max_samples() -> None:
     planner.shard_values.get = lambda labels, tenant=None: _values({"Hostname": tuple(f"n{i}" for i in range(8))})  # type: ignore[method-assign]
     with pytest.raises(PromError, match="max_samples"):
         run(Plan(planner, FakeBackend(), False, Recorder())(range_query("sum(DCGM_FI_DEV_GPU_UTIL)")))
-
-
-async def _values(v: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
-    return v
 
 
 # --- Forward --------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from proxy.pipeline.planning import Planner
 from proxy.pipeline.values import Answer, Query
 from proxy.result import QueryResult
 from shardplanner.plan import QueryRequest
-from tests.pipeline.test_pipeline_stages import T0, FakeBackend, Recorder, config, range_query, run
+from tests.pipeline.stage_helpers import T0, FakeBackend, Recorder, config, range_query, run
 
 
 def test_route_passes_single_backend_queries_through() -> None:
