@@ -11,9 +11,10 @@ a plain metric name, or when there is no `match[]`) and its time window meets th
     /api/v1/metadata            per metric, the union of entries (first seen order); `limit`
                                 and `limit_per_metric` applied after the merge
 
-A backend that fails (unreachable, timed out, 5xx, throttled, an answer that is not JSON) is
-left out with the query path's warning naming it (`proxy/pipeline/hybrid/warnings.py`, one
-rule and one text for both); when every backend fails, the first failure is relayed. Any other
+A backend that fails (unreachable, timed out, 5xx, throttled, an answer that is not JSON or
+whose data has another shape: a 502 naming it) is left out with the query path's warning
+naming it (`proxy/pipeline/hybrid/warnings.py`, one rule and one text for both); when every
+backend fails, the first failure is relayed. Any other
 failure (a 4xx: a bad `match[]`) is relayed as is: it is the client's error, not a missing
 backend.
 """
@@ -106,6 +107,46 @@ def merge_data(kind: str, datas: Sequence[Any], params: Mapping[str, str]) -> An
     raise ValueError(kind)
 
 
+def _strings(x: Any) -> bool:
+    return isinstance(x, list) and all(isinstance(v, str) for v in x)
+
+
+def _label_sets(x: Any) -> bool:
+    return isinstance(x, list) and all(isinstance(d, dict) and all(isinstance(v, str) for v in d.values()) for d in x)
+
+
+def _metadata(x: Any) -> bool:
+    return isinstance(x, dict) and all(isinstance(e, list) and all(isinstance(m, dict) for m in e) for e in x.values())
+
+
+# What each kind's `data` must be for merge_data (null is nothing, as some backends answer):
+# the check, and what the error says the data is not.
+_SHAPES = {
+    "series": (_label_sets, "a list of label sets"),
+    "labels": (_strings, "a list of strings"),
+    "values": (_strings, "a list of strings"),
+    "metadata": (_metadata, "an object of metadata lists"),
+}
+
+
+def _answer(kind: str, reply: BackendReply) -> tuple[Any, list[str]] | str:
+    """The data and warnings of a backend's 200, or what is wrong with them (a 200 whose
+    data has another shape would otherwise fail the merge: a 500)."""
+    try:
+        body = reply.parsed if reply.parsed is not None else orjson.loads(reply.body)
+    except orjson.JSONDecodeError:
+        return "invalid JSON"
+    if not isinstance(body, dict):
+        return "JSON that is not an object"
+    data, warnings = body.get("data"), body.get("warnings") or []
+    if not _strings(warnings):
+        return "warnings that are not a list of strings"
+    shape = _SHAPES.get(kind)
+    if data is not None and shape is not None and not shape[0](data):
+        return f"data that is not {shape[1]}"
+    return data, warnings
+
+
 def _int(text: str | None) -> int | None:
     try:
         return int(text) if text not in (None, "") else None
@@ -129,13 +170,14 @@ async def fan_out(backends: Sequence[Backend], method: str, path: str, pairs: Pa
     failed: list[BackendReply | BaseException] = []
     for b, out in zip(asked, outcomes):
         if not isinstance(out, BaseException) and out.ok:
-            try:
-                body = out.parsed if out.parsed is not None else orjson.loads(out.body)
-            except orjson.JSONDecodeError:
-                out = PromError("unavailable", f"backend {b.name!r} answered {endpoint} with invalid JSON")
+            got = _answer(kind, out)
+            if isinstance(got, str):
+                # Garbage from the backend, not the client's error: a 502 naming it, which
+                # leaves it out like a backend that failed (and is the answer if all did).
+                out = PromError("unavailable", f"backend {b.name!r} answered {endpoint} with {got}", status=502)
             else:
-                datas.append(body.get("data"))
-                warnings.extend(body.get("warnings") or ())
+                datas.append(got[0])
+                warnings.extend(got[1])
                 continue
         # The query path's rule (`unavailable`): a backend that is down or throttled is left
         # out with the one warning; any other failure (a bad `match[]`) is the answer.

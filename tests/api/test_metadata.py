@@ -16,11 +16,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from proxy.api.app import create_app
-from proxy.api.metadata import backends_for, merge_data, metric_names
+from proxy.api.metadata import backends_for, fan_out, merge_data, metric_names
+from proxy.backends import BackendReply
 from proxy.config import build_config
+from proxy.errors import PromError
 from shardplanner.holdings import BackendHolding
 from tests import faulty
 
@@ -113,6 +116,83 @@ def test_metadata_union_keeps_first_seen_order_then_limits() -> None:
 def test_an_unknown_kind_is_a_bug_not_an_empty_answer() -> None:
     with pytest.raises(ValueError):
         merge_data("exemplars", [[]], {})
+
+
+# --- fan_out with a backend answering a 200 of the wrong shape ---------------------------------
+
+
+def _stub(name: str, body: Any) -> Any:
+    """A backend holding everything that answers every call with a 200 of `body` (JSON)."""
+    async def request_sound(method: str, path: str, **kw: Any) -> BackendReply:
+        raw = orjson.dumps(body)
+        return BackendReply(200, raw, "application/json", parsed=body if isinstance(body, dict) else None)
+
+    holding = BackendHolding(name, ("*",))
+    return SimpleNamespace(name=name, cfg=SimpleNamespace(holdings=lambda now: [holding]),
+                           request_sound=request_sound)
+
+
+def _fan_out(backends: list[Any], kind: str, path: str) -> tuple[int, Any]:
+    """promaccel's answer (status, JSON) to GET `path` of `kind` over `backends`."""
+    async def run() -> tuple[int, Any]:
+        try:
+            out = await fan_out(backends, "GET", path, [], kind, None, None, None, 0, "series")
+        except PromError as exc:
+            return exc.status, orjson.loads(exc.body())
+        return out.status_code, orjson.loads(bytes(out.body))
+    return asyncio.run(run())
+
+
+GOOD = {"series": [{"__name__": "up", "job": "a"}], "labels": ["job"], "values": ["a"],
+        "metadata": {"up": [{"type": "gauge", "help": "", "unit": ""}]}}
+PATHS = {"series": "/api/v1/series", "labels": "/api/v1/labels", "values": "/api/v1/label/job/values",
+         "metadata": "/api/v1/metadata"}
+# Each kind's data in shapes merge_data cannot take (each was a 500 before), and whole bodies
+# whose warnings are not strings.
+WRONG = {
+    "series": [{"up": 1}, "up", [["up"]], [{"job": 1}], [{"job": None}]],
+    "labels": [{"job": "a"}, "job", [1], [["job"]], [{"a": "b"}]],
+    "values": [{"a": 1}, 7, [None], [1.5]],
+    "metadata": [[{"type": "gauge"}], "up", {"up": {"type": "gauge"}}, {"up": ["gauge"]}, {"up": 1}],
+}
+CASES = [(kind, data) for kind, shapes in WRONG.items() for data in shapes]
+
+
+@pytest.mark.parametrize(("kind", "data"), CASES)
+def test_a_wrong_shaped_answer_beside_a_sound_one_is_left_out_with_the_warning(kind: str, data: Any) -> None:
+    good = _stub("good", {"status": "success", "data": GOOD[kind]})
+    bad = _stub("bad", {"status": "success", "data": data})
+    for order in ([good, bad], [bad, good]):
+        status, body = _fan_out(order, kind, PATHS[kind])
+        assert status == 200, body
+        assert body["data"] == GOOD[kind]
+        (warning,) = body["warnings"]
+        assert "'bad'" in warning and "did not answer" in warning
+
+
+@pytest.mark.parametrize(("kind", "data"), CASES)
+def test_wrong_shaped_answers_from_every_backend_are_a_502_naming_the_first(kind: str, data: Any) -> None:
+    status, body = _fan_out([_stub("one", {"status": "success", "data": data}),
+                             _stub("two", {"status": "success", "data": data})], kind, PATHS[kind])
+    assert status == 502 and body["status"] == "error" and body["errorType"] == "unavailable"
+    assert "backend 'one'" in body["error"] and "data that is not" in body["error"]
+
+
+@pytest.mark.parametrize("body", [
+    {"status": "success", "data": ["a"], "warnings": "w"},
+    {"status": "success", "data": ["a"], "warnings": [1]},
+    ["a"],  # not an object at all
+])
+def test_a_body_that_is_not_an_answer_is_a_502_naming_the_backend(body: Any) -> None:
+    status, out = _fan_out([_stub("one", body), _stub("two", body)], "labels", PATHS["labels"])
+    assert status == 502 and "backend 'one'" in out["error"]
+
+
+def test_null_data_is_nothing_and_sound_answers_merge() -> None:
+    status, body = _fan_out([_stub("one", {"status": "success", "data": None}),
+                             _stub("two", {"status": "success", "data": ["b", "a"], "warnings": ["w"]})],
+                            "values", PATHS["values"])
+    assert (status, body) == (200, {"status": "success", "data": ["a", "b"], "warnings": ["w"]})
 
 
 # --- over HTTP, against a real Prometheus ---------------------------------------------------------
