@@ -74,7 +74,7 @@ async def values_of(v: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]
 
 # A backend call as a `RecordingBackend` saw it.
 Call = tuple[str, str, list[tuple[str, str]], Caller]
-Handler = Callable[[str, str, list[tuple[str, str]]], BackendReply]
+Handler = Callable[[str, str, list[tuple[str, str]], Caller], BackendReply]
 
 
 def matrix_reply(form: list[tuple[str, str]]) -> BackendReply:
@@ -86,7 +86,7 @@ def matrix_reply(form: list[tuple[str, str]]) -> BackendReply:
         {"metric": {"job": "a"}, "values": values}]}}), JSON)
 
 
-def default_handler(method: str, path: str, form: list[tuple[str, str]]) -> BackendReply:
+def default_handler(method: str, path: str, form: list[tuple[str, str]], caller: Caller) -> BackendReply:
     if path == "/api/v1/query_range":
         return matrix_reply(form)
     return BackendReply(200, EMPTY_VECTOR, JSON)
@@ -105,7 +105,7 @@ class RecordingBackend(Backend):
                       caller: Caller = NOBODY, **kw: Any) -> BackendReply:
         pairs = list(form or params or [])
         self.calls.append((method, path, pairs, caller))
-        return self.handler(method, path, pairs)
+        return self.handler(method, path, pairs, caller)
 
     def queries(self) -> list[Call]:
         """The query calls made (not discovery: no label values, no series counts)."""

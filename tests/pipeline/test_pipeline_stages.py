@@ -14,14 +14,13 @@ import pytest
 
 from proxy.backends import BackendReply
 from proxy.codec.errors import Undecodable
-from proxy.config import load_config
 from proxy.errors import PromError
 from proxy.pipeline.context import Budget, RequestContext
 from proxy.pipeline.forward import Forward, forwards_whole
 from proxy.pipeline.landing import Landing
 from proxy.pipeline.lookup import Calls, Coalesce, FanOut, Lookup, Pieces, Work
 from proxy.pipeline.merging import Fallback, Merge
-from proxy.pipeline.planning import Plan, Planner
+from proxy.pipeline.planning import Planner
 from proxy.pipeline.slots import SlotMaker
 from proxy.pipeline.units import Fetch
 from proxy.pipeline.values import AmbiguousTies, PieceFailed, Query
@@ -29,29 +28,6 @@ from proxy.result import QueryResult
 from shardplanner.plan import QueryRequest, Span
 from tests.pipeline.stage_helpers import T0, FakeBackend, H, Recorder, config, range_query, run, series
 from tests.pipeline.stage_helpers import values_of as _values
-
-# --- Plan -----------------------------------------------------------------------------------
-
-
-def test_plan_hands_down_the_plan_with_the_pinned_tree() -> None:
-    cfg = config(split_interval="1h", shards=1)
-    rec = Recorder()
-    run(Plan(Planner(cfg, FakeBackend()), FakeBackend(), False, rec)(range_query("sum(rate(x[5m] @ end()))")))
-    (q,) = rec.got
-    assert q.plan is not None and len(q.plan.pieces) == 3 and q.plan.time_split
-    assert q.plan.expr is not None and "@ end()" not in repr(q.plan.expr)  # pinned once, here
-    assert q.cache is None  # cache disabled
-
-
-def test_plan_refuses_past_max_samples() -> None:
-    cfg = load_config(None, backends=["http://x:1"], overrides={
-        "planner": {"split_interval": "1h", "shards": 1}, "limits": {"max_samples": 1},
-        "cache": {"enabled": False}})
-    planner = Planner(cfg, FakeBackend())
-    planner.shard_values.get = lambda labels, tenant=None: _values({"Hostname": tuple(f"n{i}" for i in range(8))})  # type: ignore[method-assign]
-    with pytest.raises(PromError, match="max_samples"):
-        run(Plan(planner, FakeBackend(), False, Recorder())(range_query("sum(DCGM_FI_DEV_GPU_UTIL)")))
-
 
 # --- Forward --------------------------------------------------------------------------------
 
