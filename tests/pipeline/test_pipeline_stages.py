@@ -6,24 +6,18 @@ the value it receives and to the answer it returns (proxy/pipeline/path.py lists
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
 from typing import Any
 
-import pytest
-
 from proxy.backends import BackendReply
 from proxy.codec.errors import Undecodable
-from proxy.errors import PromError
-from proxy.pipeline.context import Budget, RequestContext
 from proxy.pipeline.forward import Forward, forwards_whole
 from proxy.pipeline.landing import Landing
-from proxy.pipeline.lookup import Calls, Coalesce, FanOut, Lookup, Pieces, Work
+from proxy.pipeline.lookup import Pieces
 from proxy.pipeline.merging import Fallback, Merge
 from proxy.pipeline.planning import Planner
 from proxy.pipeline.slots import SlotMaker
-from proxy.pipeline.units import Fetch
-from proxy.pipeline.values import AmbiguousTies, PieceFailed, Query
+from proxy.pipeline.values import PieceFailed, Query
 from proxy.result import QueryResult
 from shardplanner.plan import QueryRequest, Span
 from tests.pipeline.stage_helpers import T0, FakeBackend, H, Recorder, config, range_query, run, series
@@ -95,87 +89,6 @@ def test_merge_reruns_a_tied_topk_unsharded() -> None:
     result = run(Merge(planner, Recorder(answer))(q))
     assert [p.sharded for p in plans] == [True, False]
     assert result.result.to_pylist() == [({"Hostname": "a"}, [T0], [5.0])]
-
-
-# --- Lookup, Coalesce, FanOut ---------------------------------------------------------------
-
-
-def test_lookup_without_cache_sends_every_slot_down() -> None:
-    cfg = config(split_interval="1h")
-    planner = Planner(cfg, FakeBackend())
-    q = range_query("up", hours=3)
-    q = replace(q, plan=run(planner.plan(q.req)))
-    slots = SlotMaker(cfg, planner.settings.split_interval_ms)
-    from proxy.pipeline.cache_read import CacheReader
-    from proxy.pipeline.cache_write import CacheWriter
-    from proxy.pipeline.daycells import DayCells
-
-    reader = CacheReader(cfg, lambda: None, Landing(), slots)  # type: ignore[arg-type,return-value]
-    writer = CacheWriter(cfg, lambda: None, reader.landing)  # type: ignore[arg-type,return-value]
-    rec = Recorder(lambda work: [])
-    pieces = run(Lookup(cfg, slots, reader, DayCells(slots, reader, writer), rec)(q))
-    (work,) = rec.got
-    assert len(work.slots) == 3 and all(s.result is None and not s.keys for s in work.slots)
-    assert pieces.status == "MISS" and pieces.segments == []
-
-
-def test_coalesce_groups_contiguous_pieces_and_serves_landed_ones() -> None:
-    cfg = config(split_interval="1h")
-    planner = Planner(cfg, FakeBackend())
-    q = range_query("up", hours=4)
-    q = replace(q, plan=run(planner.plan(q.req)))
-    slots = SlotMaker(cfg, planner.settings.split_interval_ms).slots(q.plan, None)
-    landing = Landing()
-
-    def answer(calls: Calls) -> tuple[list[Any], list[QueryResult]]:
-        out = []
-        for i, f in enumerate(calls.fetches):
-            assert f.start_ms is not None and f.end_ms is not None and calls.settle is not None
-            # As FanOut does: each answer settled (cut to its pieces) as it arrives.
-            out.append(calls.settle(i, QueryResult.from_series("matrix", [series({f.start_ms: 1.0, f.end_ms: 2.0},
-                                                                                 job="a")])))
-        return out, []
-
-    rec = Recorder(answer)
-    segments = run(Coalesce(cfg, 2, landing, rec)(Work(q, slots)))
-    (calls,) = rec.got
-    # Four contiguous hour pieces of one query in two calls (target_calls=2), in time order.
-    assert [(f.start_ms, f.end_ms) for f in calls.fetches] == [
-        (T0, T0 + 2 * H - 60_000), (T0 + 2 * H, T0 + 4 * H - 60_000)]
-    assert [s[0][2] for s in segments] == sorted(s[0][2] for s in segments)
-    with pytest.raises(PromError, match="limits.max_backend_calls"):
-        limited = replace(q, ctx=RequestContext(budget=Budget(1, 0)))
-        run(Coalesce(cfg, 2, landing, Recorder(answer))(Work(limited, slots)))
-
-
-def test_fan_out_runs_calls_under_one_deadline() -> None:
-    class SlowFetcher:
-        async def fetch(self, f: Fetch, q: Query) -> QueryResult:
-            await asyncio.sleep(0.01 if f.span.time_ms == 1 else 5)
-            return QueryResult.empty("vector")
-
-    q = replace(range_query("up"), timeout_s=0.2)
-    fast = Fetch("up", None, -1, Span.instant(1))
-    results, shared = run(FanOut(SlowFetcher())(Calls(q, [fast], [])))  # type: ignore[arg-type]
-    assert len(results) == 1 and shared == []
-    slow = Fetch("up", None, -1, Span.instant(2))
-    with pytest.raises(PromError, match="timed out after 0.2s"):
-        run(FanOut(SlowFetcher())(Calls(q, [fast, slow], [])))  # type: ignore[arg-type]
-
-    class FailingFetcher:
-        async def fetch(self, f: Fetch, *a: Any) -> QueryResult:
-            if f.span.time_ms == 1:
-                await asyncio.sleep(5)  # cancelled when its sibling fails
-                return QueryResult.empty("vector")
-            raise PieceFailed(BackendReply(422, b"{}", "application/json"))
-
-    # A failing piece cancels its siblings and its backend's answer is the verdict.
-    with pytest.raises(PieceFailed):
-        run(FanOut(FailingFetcher())(Calls(q, [fast, slow], [])))  # type: ignore[arg-type]
-
-
-def test_ambiguous_ties_is_an_exception_type() -> None:
-    assert issubclass(AmbiguousTies, Exception)
 
 
 def test_forward_relays_the_backends_bytes_for_a_query_left_whole() -> None:

@@ -1,0 +1,289 @@
+"""The planned path below the merge (proxy/pipeline/lookup.py), each stage with a fake next
+stage or fetcher: Lookup sends every slot down, Coalesce serves landed pieces, awaits pieces in
+flight elsewhere and groups the rest into calls (a 422 before any call past the budget),
+FanOut runs them under one deadline (a failure cancels the siblings; a large reservation's
+calls are cut smaller and made LARGE_CALLS_AT_ONCE at a time); under explain the leaf calls
+nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from proxy.backends import BackendReply
+from proxy.config import load_config
+from proxy.errors import PromError
+from proxy.pipeline.answer_bytes import AnswerBytes, Reservation
+from proxy.pipeline.cache_read import CacheReader
+from proxy.pipeline.cache_write import CacheWriter
+from proxy.pipeline.context import Budget, RequestContext
+from proxy.pipeline.daycells import DayCells
+from proxy.pipeline.explain import Explanation
+from proxy.pipeline.landing import Landing
+from proxy.pipeline.lookup import (
+    LARGE_ANSWER_BYTES,
+    LARGE_CALL_BYTES,
+    LARGE_CALLS_AT_ONCE,
+    Calls,
+    Coalesce,
+    FanOut,
+    Lookup,
+    Work,
+    calls_for,
+)
+from proxy.pipeline.planning import Planner
+from proxy.pipeline.slots import SlotMaker
+from proxy.pipeline.units import Fetch
+from proxy.pipeline.values import CacheCtx, PieceFailed, Query
+from proxy.result import QueryResult
+from shardplanner.plan import Span
+from tests.pipeline.stage_helpers import T0, FakeBackend, H, Recorder, config, range_query, run, series
+
+
+def planned(cfg: Any, hours: int) -> tuple[Planner, Query]:
+    planner = Planner(cfg, FakeBackend())  # type: ignore[arg-type]
+    q = range_query("up", hours=hours)
+    return planner, replace(q, plan=run(planner.plan(q.req)))
+
+
+def answer_calls(calls: Calls) -> tuple[list[Any], list[QueryResult]]:
+    """As FanOut does, without a fetcher: each call answered with one series over its span,
+    settled (cut to its pieces) as it arrives."""
+    out = []
+    for i, f in enumerate(calls.fetches):
+        assert f.start_ms is not None and f.end_ms is not None and calls.settle is not None
+        out.append(calls.settle(i, QueryResult.from_series("matrix", [series({f.start_ms: 1.0, f.end_ms: 2.0},
+                                                                             job="a")])))
+    return out, []
+
+
+def test_lookup_without_cache_sends_every_slot_down() -> None:
+    cfg = config(split_interval="1h")
+    planner, q = planned(cfg, 3)
+    slots = SlotMaker(cfg, planner.settings.split_interval_ms)
+    reader = CacheReader(cfg, lambda: None, Landing(), slots)  # type: ignore[arg-type,return-value]
+    writer = CacheWriter(cfg, lambda: None, reader.landing)  # type: ignore[arg-type,return-value]
+    rec = Recorder(lambda work: [])
+    pieces = run(Lookup(cfg, slots, reader, DayCells(slots, reader, writer), rec)(q))
+    (work,) = rec.got
+    assert len(work.slots) == 3 and all(s.result is None and not s.keys for s in work.slots)
+    assert pieces.status == "MISS" and pieces.segments == []
+
+
+def test_lookup_notes_each_pieces_cache_status_for_explain() -> None:
+    cfg = config(split_interval="1h")
+    planner, q = planned(cfg, 2)
+    explanation = Explanation(cache_enabled=False)
+    explanation.planned(q.plan)  # type: ignore[arg-type]
+    slots = SlotMaker(cfg, planner.settings.split_interval_ms)
+    reader = CacheReader(cfg, lambda: None, Landing(), slots)  # type: ignore[arg-type,return-value]
+    writer = CacheWriter(cfg, lambda: None, reader.landing)  # type: ignore[arg-type,return-value]
+    stage = Lookup(cfg, slots, reader, DayCells(slots, reader, writer), Recorder(lambda work: []))
+    pieces = run(stage(replace(q, ctx=RequestContext(explain=explanation))))
+    doc = explanation.document()
+    assert [p["cache"] for p in doc["pieces"]] == ["uncacheable", "uncacheable"]
+    assert doc["cache"] == {"enabled": False, "hits": 0, "misses": 0, "uncacheable": 2}
+    assert pieces.status == "MISS"
+
+
+def test_coalesce_groups_contiguous_pieces_and_serves_landed_ones() -> None:
+    cfg = config(split_interval="1h")
+    planner, q = planned(cfg, 4)
+    slots = SlotMaker(cfg, planner.settings.split_interval_ms).slots(q.plan, None)  # type: ignore[arg-type]
+    landing = Landing()
+    rec = Recorder(answer_calls)
+    segments = run(Coalesce(cfg, 2, landing, rec)(Work(q, slots)))
+    (calls,) = rec.got
+    # Four contiguous hour pieces of one query in two calls (target_calls=2), in time order.
+    assert [(f.start_ms, f.end_ms) for f in calls.fetches] == [
+        (T0, T0 + 2 * H - 60_000), (T0 + 2 * H, T0 + 4 * H - 60_000)]
+    assert [s[0][2] for s in segments] == sorted(s[0][2] for s in segments)
+
+
+def test_coalesce_refuses_past_the_budget_before_any_call() -> None:
+    cfg = config(split_interval="1h")
+    planner, q = planned(cfg, 4)
+    slots = SlotMaker(cfg, planner.settings.split_interval_ms).slots(q.plan, None)  # type: ignore[arg-type]
+    rec = Recorder(answer_calls)
+    limited = replace(q, ctx=RequestContext(budget=Budget(1, 0)))
+    with pytest.raises(PromError, match="limits.max_backend_calls") as err:
+        run(Coalesce(cfg, 2, Landing(), rec)(Work(limited, slots)))
+    assert err.value.status == 422 and rec.got == [] and limited.ctx.budget.calls == 0
+
+
+def cached_slots(hours: int) -> tuple[Any, Query, list[Any]]:
+    cfg = load_config(None, backends=["http://127.0.0.1:1"], overrides={"planner": {"split_interval": "1h"}})
+    planner, q = planned(cfg, hours)
+    ctx = CacheCtx("", ("default",), T0 + 30 * 24 * H, q.req.lookback_ms)
+    slots = SlotMaker(cfg, planner.settings.split_interval_ms).slots(q.plan, ctx)  # type: ignore[arg-type]
+    assert all(s.unit.key is not None for s in slots)
+    return cfg, q, slots
+
+
+def test_coalesce_serves_landed_pieces_and_awaits_pieces_in_flight_elsewhere() -> None:
+    cfg, q, slots = cached_slots(3)
+    landed = QueryResult.from_series("matrix", [series({T0: 7.0}, job="landed")])
+    shared = QueryResult.from_series("matrix", [series({T0 + H: 8.0}, job="shared")])
+
+    async def main() -> tuple[list[Any], Calls]:
+        landing = Landing()
+        landing.land(slots[0].unit.key.digest, landed, 1)
+        elsewhere: asyncio.Future[QueryResult] = asyncio.get_running_loop().create_future()
+        elsewhere.set_result(shared)
+        landing.inflight[slots[1].unit.key.digest] = elsewhere
+
+        got: list[Calls] = []
+
+        async def fan_out(calls: Calls) -> tuple[list[Any], list[QueryResult]]:
+            got.append(calls)
+            settled, _ = answer_calls(calls)
+            return settled, [await f for f in calls.waits]
+
+        segments = await Coalesce(cfg, 4, landing, fan_out)(Work(q, slots))
+        return segments, got[0]
+
+    segments, calls = run(main())
+    # Only the third hour is asked of the backend; the second is awaited from the call in flight.
+    assert [(f.start_ms, f.end_ms) for f in calls.fetches] == [(T0 + 2 * H, T0 + 3 * H - 60_000)]
+    assert len(calls.waits) == 1 and slots[0].status == "hit"
+    jobs = [seg[3].to_pylist()[0][0]["job"] for seg in segments]
+    assert jobs == ["landed", "shared", "a"]  # in the pieces' order
+
+
+def test_coalesce_counts_the_calls_for_explain_without_charging() -> None:
+    cfg = config(split_interval="1h")
+    planner, q = planned(cfg, 4)
+    slots = SlotMaker(cfg, planner.settings.split_interval_ms).slots(q.plan, None)  # type: ignore[arg-type]
+    explanation = Explanation(cache_enabled=False)
+    ctx = RequestContext(budget=Budget(1, 0), explain=explanation)  # 2 calls would be over the budget
+    run(Coalesce(cfg, 2, Landing(), Recorder(lambda c: ([], [])))(Work(replace(q, ctx=ctx), slots)))
+    assert explanation.document()["fetches"] == 2 and ctx.budget.calls == 0
+
+
+def large(size: int) -> RequestContext:
+    return RequestContext(held=Reservation(AnswerBytes(0, 1.0), size))
+
+
+def test_a_large_reservation_is_fetched_in_smaller_calls() -> None:
+    assert calls_for(4, RequestContext()) == 4
+    assert calls_for(4, large(LARGE_ANSWER_BYTES - 1)) == 4  # under the threshold: as planned
+    assert calls_for(4, large(6 * LARGE_CALL_BYTES)) == 6  # one call per LARGE_CALL_BYTES reserved
+    assert calls_for(4, large(1000 * LARGE_CALL_BYTES)) == 16  # at most LARGE_CALLS_MAX
+    ctx = replace(large(6 * LARGE_CALL_BYTES), budget=Budget(5, 0))
+    ctx.budget.charge()
+    assert calls_for(2, ctx) == 4  # never more than the budget has left
+    assert calls_for(8, large(6 * LARGE_CALL_BYTES)) == 8  # never fewer than planned
+
+
+class CountingFetcher:
+    """Records how many fetches run at once; each takes `delay` s, answering an empty matrix."""
+
+    def __init__(self, delay: float = 0.01) -> None:
+        self.delay = delay
+        self.now = self.most = 0
+        self.fetched: list[Fetch] = []
+
+    async def fetch(self, f: Fetch, q: Query) -> QueryResult:
+        self.fetched.append(f)
+        self.now += 1
+        self.most = max(self.most, self.now)
+        try:
+            await asyncio.sleep(self.delay)
+        finally:
+            self.now -= 1
+        return QueryResult.empty("matrix")
+
+
+def fetches(n: int) -> list[Fetch]:
+    return [Fetch("up", None, -1, Span.instant(T0 + i)) for i in range(n)]
+
+
+def test_fan_out_makes_a_large_reservations_calls_a_few_at_a_time() -> None:
+    small, big = CountingFetcher(), CountingFetcher()
+    q = range_query("up")
+    run(FanOut(small)(Calls(q, fetches(6), [])))  # type: ignore[arg-type]
+    results, _ = run(FanOut(big)(Calls(replace(q, ctx=large(LARGE_ANSWER_BYTES)), fetches(6), [])))  # type: ignore[arg-type]
+    assert small.most == 6 and big.most == LARGE_CALLS_AT_ONCE
+    assert len(results) == 6 and len(big.fetched) == 6
+
+
+def test_fan_out_under_explain_makes_no_call() -> None:
+    fetcher = CountingFetcher()
+    q = replace(range_query("up"), ctx=RequestContext(explain=Explanation(False)))
+    assert run(FanOut(fetcher)(Calls(q, fetches(3), []))) == ([], [])  # type: ignore[arg-type]
+    assert fetcher.fetched == []
+
+
+def test_fan_out_settles_each_answer_as_it_arrives() -> None:
+    settled: list[int] = []
+
+    def settle(i: int, result: QueryResult) -> str:
+        settled.append(i)
+        return f"settled {i}"
+
+    results, _ = run(FanOut(CountingFetcher())(Calls(range_query("up"), fetches(3), [], settle)))  # type: ignore[arg-type]
+    assert results == ["settled 0", "settled 1", "settled 2"] and sorted(settled) == [0, 1, 2]
+
+
+def test_fan_out_runs_calls_under_one_deadline() -> None:
+    class SlowFetcher:
+        async def fetch(self, f: Fetch, q: Query) -> QueryResult:
+            await asyncio.sleep(0.01 if f.span.time_ms == 1 else 5)
+            return QueryResult.empty("vector")
+
+    q = replace(range_query("up"), timeout_s=0.2)
+    fast = Fetch("up", None, -1, Span.instant(1))
+    results, shared = run(FanOut(SlowFetcher())(Calls(q, [fast], [])))  # type: ignore[arg-type]
+    assert len(results) == 1 and shared == []
+    slow = Fetch("up", None, -1, Span.instant(2))
+    with pytest.raises(PromError, match="timed out after 0.2s") as err:
+        run(FanOut(SlowFetcher())(Calls(q, [fast, slow], [])))  # type: ignore[arg-type]
+    assert err.value.kind == "timeout"
+
+
+def test_fan_out_a_failure_cancels_the_siblings_and_is_the_answer() -> None:
+    cancelled: list[int] = []
+    reply = BackendReply(422, b"{}", "application/json")
+
+    class FailingFetcher:
+        async def fetch(self, f: Fetch, *a: Any) -> QueryResult:
+            if f.span.time_ms != 2:
+                try:
+                    await asyncio.sleep(5)
+                except asyncio.CancelledError:
+                    cancelled.append(f.span.time_ms)  # type: ignore[arg-type]
+                    raise
+                return QueryResult.empty("vector")
+            await asyncio.sleep(0.01)
+            raise PieceFailed(reply)
+
+    calls = [Fetch("up", None, -1, Span.instant(t)) for t in (1, 2, 3)]
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(PieceFailed) as err:
+            await FanOut(FailingFetcher())(Calls(range_query("up"), calls, []))  # type: ignore[arg-type]
+        assert err.value.reply is reply  # the backend's verdict, relayed
+        return loop.time() - t0
+
+    assert run(main()) < 2 and sorted(cancelled) == [1, 3]
+
+
+def test_fan_out_a_shared_call_is_not_cancelled_by_this_query_giving_up() -> None:
+    async def main() -> bool:
+        elsewhere: asyncio.Future[QueryResult] = asyncio.get_running_loop().create_future()
+
+        class Failing:
+            async def fetch(self, f: Fetch, q: Query) -> QueryResult:
+                await asyncio.sleep(0.01)
+                raise PromError("unavailable", "down")
+
+        with pytest.raises(PromError, match="down"):
+            await FanOut(Failing())(Calls(range_query("up"), fetches(1), [elsewhere]))  # type: ignore[arg-type]
+        return elsewhere.cancelled()
+
+    assert run(main()) is False
