@@ -193,7 +193,10 @@ class Fetcher:
             if parts is None:
                 parts = self.cut(f, units, result)
             if parts is None:
-                raise PromError("internal", f"a range query answered with a {result.result_type}")
+                # Not promaccel's fault: a backend's garbage (RouteAnswer refuses it first).
+                who = "backend " + "+".join(map(repr, f.routed.backends)) if f.routed is not None else "the backend"
+                raise PromError("unavailable", f"{who} answered a range query with a {result.result_type}, "
+                                "not a matrix", status=502)
             for u, part in zip(units, parts):
                 fut = self.landing.inflight.get(u.key.digest) if u.key is not None else None
                 if fut is not None and not fut.done():

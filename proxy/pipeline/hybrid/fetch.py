@@ -75,13 +75,13 @@ class RouteAnswer:
         and backend, overlap parts merged (`proxy/overlap.py`) and time parts concatenated;
         every call made for the query of `ctx`."""
         if router is None or not f.route:
-            return await self.ask(self.primary, path, form, timeout_s, ctx)
+            return await self._ask(self.primary, path, form, timeout_s, ctx)
         # Decided by the router when the fetch's units were made (`SlotMaker`), carried along.
         route = f.routed
         assert route is not None, f"a fetch routed {f.route!r} carries no route"
         if route.kind == "single":
             try:
-                return await self.ask(self.by_name[route.backend], path, form, timeout_s, ctx)
+                return await self._ask(self.by_name[route.backend], path, form, timeout_s, ctx)
             except (PieceFailed, PromError) as exc:
                 why = unavailable(exc)
                 if why is None or not router.partial_ok:
@@ -116,6 +116,18 @@ class RouteAnswer:
             merged.warnings = [*merged.warnings, *missing]
         return merged
 
+    async def _ask(self, backend: Backend, path: str, form: Pairs, timeout_s: float,
+                   ctx: RequestContext) -> QueryResult:
+        """One backend's decoded answer; a range query's must be a matrix (Prometheus answers
+        every query_range with one): a vector or scalar is garbage from that backend, refused
+        as a 502 naming it -- as `Asker.sound` refuses a garbled body -- not cut or merged
+        into a 500 (fetch.py's cut, result/pieces.py's slice_time)."""
+        result = await self.ask(backend, path, form, timeout_s, ctx)
+        if path.endswith("/query_range") and result.result_type != "matrix":
+            raise PromError("unavailable", f"backend {backend.name!r} answered {path} with a {result.result_type}, "
+                            "not a matrix", status=502)
+        return result
+
     async def _ask_part(self, part: TimePart, path: str, form: Pairs, timeout_s: float,
                         router: Router, step_ms: int | None, ctx: RequestContext) -> QueryResult:
         lo, hi = part.start_ms, part.end_ms
@@ -131,7 +143,7 @@ class RouteAnswer:
         if ranged:
             form = [(k, seconds(lo) if k == "start" else seconds(hi) if k == "end" else v) for k, v in form]
         if len(part.backends) == 1:
-            return await self.ask(self.by_name[part.backend], path, form, timeout_s, ctx)
+            return await self._ask(self.by_name[part.backend], path, form, timeout_s, ctx)
         instant_at: int | None = None
         original = (path, form)
         if not ranged and _probe_instant(form):
@@ -145,7 +157,7 @@ class RouteAnswer:
                 ("start", seconds(instant_at - pad)), ("end", seconds(instant_at + pad)),
                 ("step", seconds(OVERLAP_PROBE_STEP_MS))]
         def ask_each(path: str, form: Pairs) -> Any:
-            return asyncio.gather(*(self.ask(self.by_name[name], path, form, timeout_s, ctx) for name in part.backends),
+            return asyncio.gather(*(self._ask(self.by_name[name], path, form, timeout_s, ctx) for name in part.backends),
                                   return_exceptions=True)
 
         outcomes = await ask_each(path, form)
