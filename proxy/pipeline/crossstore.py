@@ -78,7 +78,6 @@ from ..engine.work import WorkBudget
 from ..errors import PromError
 from ..observe.metrics import METRICS
 from ..result import QueryResult
-from .ask import Asker
 from .eval_interval import EvaluationIntervals
 from .explain import Explanation
 from .hybrid.route import merges, router_for
@@ -119,7 +118,8 @@ class CrossStore:
     answers); the stage runs that tree, and /api/v1/explain shows it."""
 
     def __init__(self, planner: Planner, backends: Sequence[Backend], run: Stage[Query, Answer],
-                 max_window_samples: int = 0, raw_cache: RawCache | None = None) -> None:
+                 max_window_samples: int = 0, raw_cache: RawCache | None = None, *,
+                 relay: Stage[Query, Answer] | None = None) -> None:
         self.planner = planner
         self.names = MetricNames(backends, planner.config.planner.shard_values_ttl)
         self.backends = backends
@@ -127,21 +127,22 @@ class CrossStore:
         self.max_window_samples = max_window_samples
         self.intervals = EvaluationIntervals(planner.facts)  # one read per backend, shared with the planner
         self.raw_cache = raw_cache
+        self.relay = relay  # the leaf that asks the primary a query as the client sent it
 
     async def __call__(self, q: Query) -> Answer:
         assert q.plan is not None
         if q.ctx.explain is not None:
             return await self._explain(q, q.ctx.explain)
         unparsable = q.plan.expr is None and reason_code(q.plan.notes) == "unparsable"
-        if unparsable or (q.plan.expr is not None and unknown_names(q.plan.expr)):
+        if self.relay is not None and (unparsable or (q.plan.expr is not None and unknown_names(q.plan.expr))):
             # The planner cannot read the query, or it uses a function Prometheus 2.42 does not
             # know (a Prometheus 3 one): most often it is invalid, and Prometheus's own error
             # (400 bad_data, its exact text) is the answer. The primary is asked as the client
             # asked; if it does answer, that answer cannot be shown to hold every backend's
             # data, so the query is refused as before.
-            reply, _ = await Asker().sound(self.backends[0], q.path, q.pairs, q.timeout_s, q.ctx)
-            if not reply.ok:
-                return Answer(reply=reply, headers={"X-Promaccel-Pieces": "1"})
+            asked = await self.relay(replace(q, whole=None, cache=None))  # the primary, nothing stored
+            if asked.reply is not None and not asked.reply.ok:
+                return asked
         pieces = "0"
         limits = self.planner.config.limits
         budget = WorkBudget(time.monotonic() + q.timeout_s, limits.max_eval_work, limits.max_eval_series)

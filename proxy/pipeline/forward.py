@@ -1,5 +1,6 @@
-"""A query the planner left whole: its cached answer, or the backend's bytes relayed untouched
-(or, when another process sharing the Redis holds its fetch lease, the answer it stores)."""
+"""A query the planner left whole: Forward sends it to Relay, the leaf that answers it with its
+cached answer or the backend's bytes untouched (or, when another process sharing the Redis
+holds its fetch lease, the answer it stores)."""
 
 from __future__ import annotations
 
@@ -48,56 +49,30 @@ def forwards_whole(q: Query) -> bool:
 
 
 class Forward:
-    """Stage: a query left whole goes to its backend as the client sent it."""
+    """Stage (a branch, as Route is): a query left whole goes to `relay`, the leaf that relays
+    its backend's bytes; anything else -- and a whole query the backend refused for its size
+    or time, which the planned path then cuts finer -- to the planned path (`next`)."""
 
-    def __init__(self, backends: Mapping[str, Backend], primary: Backend, slots: SlotMaker, reader: CacheReader,
-                 writer: CacheWriter, landing: Landing, flight: SingleFlight[tuple[Any, ...], Any], ask: Asker,
-                 next: Stage[Query, Answer], leases: Leases | None = None, *,
+    def __init__(self, relay: Stage[Query, Answer], next: Stage[Query, Answer], *,
                  refusals: RefusalSplitter | None = None) -> None:
-        self.by_name = backends
-        self.primary = primary
-        self.slots = slots
-        self.reader = reader
-        self.writer = writer
-        self.landing = landing
-        self.flight = flight
-        self.ask = ask
+        self.relay = relay
         self.next = next
-        self.leases = leases
         self.refusals = refusals  # refused queries cut finer (refusals.py); None: relayed
 
     async def __call__(self, q: Query) -> Answer:
         # Explained as its one piece through the planned path: the same slot and cache unit.
         if not forwards_whole(q) or self._remembered(q) or q.ctx.explain is not None:
             return await self.next(q)
-        assert q.plan is not None
-        backend = self.by_name[q.whole.backend] if q.whole is not None else self.primary
-        cache = q.cache
-        slots = self.slots.slots(q.plan, cache, q.router) if cache is not None and not q.unmergeable else []
-        if slots and slots[0].keys:
-            await self.reader.lookup(slots)
-            if slots[0].result is not None:
-                status = self.reader.count(slots, q.ctx.caller.record)
-                return Answer(result=slots[0].result, headers={"X-Promaccel-Pieces": "1", "X-Cache": status})
-        unit = slots[0].unit if slots and slots[0].unit.storable else None
-        key = ("whole", q.path, tuple(q.pairs), q.ctx.scope, backend.name)
-        reply: BackendReply | QueryResult | None = self.landing.recent_call(key) if unit is not None else None
-        if reply is not None:
-            METRICS.coalesced.labels("recent").inc()
-        else:
-            try:
-                reply = await self.flight.do(key, lambda: self._leased(key, q, unit, backend))
-            except PromError as exc:
-                if not self._splits(q, exc):
-                    raise
-                return await self._cut_finer(q, exc)
-            if isinstance(reply, BackendReply) and not reply.ok and self._splits(q, PieceFailed(reply)):
-                return await self._cut_finer(q, PieceFailed(reply))
-        status = self.reader.count(slots, q.ctx.caller.record)
-        headers = {"X-Promaccel-Pieces": "1", "X-Cache": status}
-        if isinstance(reply, QueryResult):  # stored by another process meanwhile
-            return Answer(result=reply, headers=headers)
-        return Answer(reply=reply, headers=headers)
+        try:
+            answer = await self.relay(q)
+        except PromError as exc:
+            if not self._splits(q, exc):
+                raise
+            return await self._cut_finer(q, exc)
+        reply = answer.reply
+        if reply is not None and not reply.ok and self._splits(q, PieceFailed(reply)):
+            return await self._cut_finer(q, PieceFailed(reply))
+        return answer
 
     def _splits(self, q: Query, exc: BaseException) -> bool:
         """A refusal for size or time of a query the planner can cut (refusals.py)."""
@@ -116,6 +91,52 @@ class Forward:
         assert q.plan is not None
         piece = q.plan.pieces[0]
         return await self.next(replace(q, ctx=replace(q.ctx, refused=Refused(piece.query, piece.span, exc))))
+
+
+class Relay:
+    """Leaf stage: the query asked whole of one backend (its route's, else the primary), the
+    reply relayed as the backend gave it (made sound: an error as Prometheus-style JSON). A
+    query left whole (`forwards_whole`: the client's query is its one piece) is first looked
+    up as its cached whole answer, and its answer is stored; identical calls in flight or just
+    made are shared. Forward, Fallback (an answer the merge cannot model) and CrossStore (a
+    query it cannot read) hand queries here: no other stage above the leaves talks to a
+    backend."""
+
+    def __init__(self, backends: Mapping[str, Backend], primary: Backend, slots: SlotMaker, reader: CacheReader,
+                 writer: CacheWriter, landing: Landing, flight: SingleFlight[tuple[Any, ...], Any], ask: Asker,
+                 leases: Leases | None = None) -> None:
+        self.by_name = backends
+        self.primary = primary
+        self.slots = slots
+        self.reader = reader
+        self.writer = writer
+        self.landing = landing
+        self.flight = flight
+        self.ask = ask
+        self.leases = leases
+
+    async def __call__(self, q: Query) -> Answer:
+        assert q.plan is not None
+        backend = self.by_name[q.whole.backend] if q.whole is not None else self.primary
+        cache = q.cache
+        cacheable = cache is not None and not q.unmergeable and forwards_whole(q)
+        slots = self.slots.slots(q.plan, cache, q.router) if cacheable else []
+        if slots and slots[0].keys:
+            await self.reader.lookup(slots)
+            if slots[0].result is not None:
+                status = self.reader.count(slots, q.ctx.caller.record)
+                return Answer(result=slots[0].result, headers={"X-Promaccel-Pieces": "1", "X-Cache": status})
+        unit = slots[0].unit if slots and slots[0].unit.storable else None
+        key = ("whole", q.path, tuple(q.pairs), q.ctx.scope, backend.name)
+        reply: BackendReply | QueryResult | None = self.landing.recent_call(key) if unit is not None else None
+        if reply is not None:
+            METRICS.coalesced.labels("recent").inc()
+        else:
+            reply = await self.flight.do(key, lambda: self._leased(key, q, unit, backend))
+        headers = {"X-Promaccel-Pieces": "1", "X-Cache": self.reader.count(slots, q.ctx.caller.record)}
+        if isinstance(reply, QueryResult):  # stored by another process meanwhile
+            return Answer(result=reply, headers=headers)
+        return Answer(reply=reply, headers=headers)
 
     async def _leased(self, key: tuple[Any, ...], q: Query, unit: Unit | None,
                       backend: Backend) -> BackendReply | QueryResult:

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
 
-from ..backends import Backend
 from ..codec.errors import Undecodable
 from ..errors import PromError
 from ..observe.metrics import METRICS
 from ..result.merge import merge
 from ..result.ties import topk_ambiguous
-from .ask import Asker
 from .lookup import Pieces
 from .planning import Planner
 from .stage import Stage
@@ -20,11 +17,11 @@ from .values import AmbiguousTies, Answer, PieceFailed, Query
 
 class Fallback:
     """Stage: a piece's backend error is the answer (relayed as the backend gave it); an
-    answer the merge cannot model (native histograms) is asked whole from one backend."""
+    answer the merge cannot model (native histograms) is the whole query's, asked of one
+    backend by `relay` (the leaf that relays: forward.py)."""
 
-    def __init__(self, backends: Mapping[str, Backend], primary: Backend, next: Stage[Query, Answer]) -> None:
-        self.by_name = backends
-        self.primary = primary
+    def __init__(self, relay: Stage[Query, Answer], next: Stage[Query, Answer]) -> None:
+        self.relay = relay
         self.next = next
 
     async def __call__(self, q: Query) -> Answer:
@@ -37,9 +34,7 @@ class Fallback:
             if q.whole is not None and q.whole.kind != "single":
                 raise PromError("execution", "this answer's shape (e.g. native histograms) cannot be merged "
                                 f"across backends ({q.whole.key()})") from None
-            backend = self.by_name[q.whole.backend] if q.whole is not None else self.primary
-            reply, _ = await Asker().sound(backend, q.path, q.pairs, q.timeout_s, q.ctx)
-            return Answer(reply=reply, headers={"X-Promaccel-Pieces": "1"})
+            return await self.relay(q)
 
 
 class Merge:

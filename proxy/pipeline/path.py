@@ -10,13 +10,14 @@ first, each made with the stage after it (`chain`): nothing is patched in afterw
     Reserve    the answer's estimated bytes from the process's budget (a bounded wait), given
                back once the response is sent
     Route      hybrid fleets: who holds what; a join across stores branches to CrossStore
-    Forward    a query left whole: its cached answer, or the backend's bytes untouched
-    Fallback   a piece's backend error is the answer; shapes the merge cannot model go whole
+    Forward    a query left whole goes to Relay (the leaf: its cached answer, or the backend's
+               bytes untouched); a whole query refused for size or time, to the planned path
+    Fallback   a piece's backend error is the answer; shapes the merge cannot model go to Relay
     -- the planned path --
     Merge      concat / re-aggregate in one order; a topk tie at the k-th place reruns unsharded
     Lookup     each piece's cache unit and cached answer (landing zone, store, finer steps)
     Coalesce   pieces in flight elsewhere are awaited; the rest grouped into backend calls
-    FanOut     the calls in parallel under the query's one deadline (the leaf)
+    FanOut     the calls in parallel under the query's one deadline (the planned path's leaf)
 
     CrossStore evaluates the operators above per-store subqueries, each run through the
                planned path.
@@ -47,7 +48,7 @@ from .cache_write import CacheWriter
 from .crossstore import CrossStore
 from .daycells import DayCells
 from .fetch import Fetcher
-from .forward import Forward
+from .forward import Forward, Relay
 from .hybrid.fetch import RouteAnswer
 from .hybrid.route import Route
 from .landing import Landing
@@ -135,16 +136,17 @@ def build(config: Config, backends: Sequence[Backend], store: Callable[[], Piece
         lambda next: Coalesce(config, primary.cfg.max_parallel, landing, next, planner.settings.split_interval_ms),
         leaf=traced(FanOut(fetcher)),
     )
-    cross_store = CrossStore(planner, backends, planned, window_bound, raw_cache)
+    # The leaf that relays a query asked whole of one backend (Forward, Fallback, CrossStore).
+    relay = traced(Relay(by_name, primary, slots, reader, writer, landing, fetcher.flight, ask, leases))
+    cross_store = CrossStore(planner, backends, planned, window_bound, raw_cache, relay=relay)
     # The request path, as a query flows.
     path = chain(
         lambda next: Admit(limits, next, admission),
         lambda next: Plan(planner, primary, cache_on, next),
         lambda next: Reserve(answers, planner, next),
         lambda next: Route(backends, next, traced(cross_store)),
-        lambda next: Forward(by_name, primary, slots, reader, writer, landing, fetcher.flight, ask, next, leases,
-                             refusals=splitter if pc.refusal_split_depth > 0 else None),
-        lambda next: Fallback(by_name, primary, next),
+        lambda next: Forward(relay, next, refusals=splitter if pc.refusal_split_depth > 0 else None),
+        lambda next: Fallback(relay, next),
         leaf=planned,
     )
     return path, Parts(planner, slots, landing, reader, writer, leases, fetcher, cross_store, answers, admission,
