@@ -285,7 +285,8 @@ def _decode_slow(body: bytes | bytearray) -> QueryResult:
         res = data.get("result")
         warnings = doc.get("warnings") or []
         infos = doc.get("infos") or []
-        if not all(isinstance(w, str) for w in [*warnings, *infos]):
+        if not (isinstance(warnings, list) and isinstance(infos, list)
+                and all(isinstance(w, str) for w in [*warnings, *infos])):
             raise MalformedAnswer("warnings/infos must be strings")
         if rtype in ("scalar", "string"):
             return _small_result(rtype, res, list(warnings), list(infos))

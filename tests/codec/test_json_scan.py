@@ -368,6 +368,16 @@ def test_a_garbled_scalar_or_string_result_is_malformed(result: bytes) -> None:
         decode_prometheus_json(body)
 
 
+@pytest.mark.parametrize("member", [b'"warnings":"abc"', b'"infos":{"a":"b"}', b'"warnings":["a",1]'])
+def test_warnings_or_infos_not_a_list_of_strings_are_malformed_on_either_path(member: bytes) -> None:
+    # The second body has an exponent in a timestamp: the slow path decodes it.
+    for ts in (b"1", b"1e0"):
+        body = (b'{"status":"success",' + member + b',"data":{"resultType":"vector","result":[{"metric":{},'
+                b'"value":[' + ts + b',"1"]}]}}')
+        with pytest.raises(MalformedAnswer):
+            decode_prometheus_json(body)
+
+
 def mutated(body: bytes, rng: random.Random) -> bytes:
     b = bytearray(body)
     for _ in range(rng.randint(1, 3)):
