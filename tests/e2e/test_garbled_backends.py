@@ -9,7 +9,9 @@ every query_range with one fixed body; promaccel runs in process (ASGI). The gar
   milliseconds, a scalar result that is not JSON;
 - a sound JSON answer of the wrong type: a vector or a scalar for a query_range
   (proxy/pipeline/hybrid/fetch.py `RouteAnswer`, once cut by fetch.py, once merged across
-  backends holding the same times and cropped by result/pieces.py `slice_time`).
+  backends holding the same times and cropped by result/pieces.py `slice_time`);
+- series, labels, label values or metadata whose `data` has another shape
+  (proxy/api/metadata.py, merged over the backends).
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ QUERIES = ["sum(rate(up[5m]))", "up", "max by (job) (up) / on (job) count by (jo
 class FakeBackend:
     """A Prometheus that answers every query_range with `body`, anything else empty."""
 
-    def __init__(self, body: bytes) -> None:
+    def __init__(self, body: bytes, meta: bytes | dict[str, bytes] = b'{"status":"success","data":[]}') -> None:
         self.body = body
+        self.meta = meta  # the answer to anything else but /api/v1/query (by path, or to all)
         self.ranges = 0
         self.url = ""
         self.runner: web.AppRunner | None = None
@@ -67,7 +70,8 @@ class FakeBackend:
             return web.Response(body=self.body, content_type="application/json")
         if request.path in ("/api/v1/query",):
             return web.Response(body=EMPTY_VECTOR, content_type="application/json")
-        return web.Response(body=b'{"status":"success","data":[]}', content_type="application/json")
+        meta = self.meta.get(request.path, b"{}") if isinstance(self.meta, dict) else self.meta
+        return web.Response(body=meta, content_type="application/json")
 
     async def start(self) -> None:
         app = web.Application()
@@ -84,11 +88,12 @@ class FakeBackend:
             await self.runner.cleanup()
 
 
-def _serve(bodies: dict[str, bytes], ask: Callable[[httpx.AsyncClient], Awaitable[Any]]) -> tuple[Any, list[int]]:
-    """`ask` against an in-process promaccel over one fake backend per (name, body); also how
-    many query_range calls each backend saw."""
+def _serve(bodies: dict[str, bytes], ask: Callable[[httpx.AsyncClient], Awaitable[Any]],
+           metas: dict[str, bytes | dict[str, bytes]] | None = None) -> tuple[Any, list[int]]:
+    """`ask` against an in-process promaccel over one fake backend per (name, body) (its
+    metadata answer from `metas`); also how many query_range calls each backend saw."""
     async def run() -> tuple[Any, list[int]]:
-        fakes = [FakeBackend(b) for b in bodies.values()]
+        fakes = [FakeBackend(b, *(metas[n],) if metas else ()) for n, b in bodies.items()]
         for f in fakes:
             await f.start()
         try:
@@ -151,3 +156,35 @@ def test_a_garbled_backend_beside_a_sound_one_is_left_out_with_a_warning(garbage
 def test_a_sound_answer_is_not_refused() -> None:
     r, _ = _query_range({"local": SOUND}, "up")
     assert r.status_code == 200 and orjson.loads(r.content)["data"]["resultType"] == "matrix"
+
+
+SOUND_META = {
+    "/api/v1/series": b'{"status":"success","data":[{"__name__":"up","job":"a"}]}',
+    "/api/v1/labels": b'{"status":"success","data":["__name__","job"]}',
+    "/api/v1/label/job/values": b'{"status":"success","data":["a"]}',
+    "/api/v1/metadata": b'{"status":"success","data":{"up":[{"type":"gauge","help":"","unit":""}]}}',
+}
+META_CALLS = [("/api/v1/series", {"match[]": "up"}), ("/api/v1/labels", {}), ("/api/v1/label/job/values", {}),
+              ("/api/v1/metadata", {})]
+WRONG_DATA = [b'{"status":"success","data":{"up":1}}', b'{"status":"success","data":"up"}',
+              b'{"status":"success","data":[1,[2]]}', b'{"status":"success","data":[],"warnings":7}']
+
+
+def _metadata_call(metas: dict[str, bytes | dict[str, bytes]], path: str, params: dict[str, str]) -> httpx.Response:
+    async def ask(c: httpx.AsyncClient) -> httpx.Response:
+        return await c.get(path, params=params)
+    r, _ = _serve({n: SOUND for n in metas}, ask, metas)
+    assert isinstance(r, httpx.Response)
+    return r
+
+
+@pytest.mark.parametrize("wrong", WRONG_DATA)
+@pytest.mark.parametrize(("path", "params"), META_CALLS)
+def test_metadata_of_the_wrong_shape_is_a_502_naming_the_backend(path: str, params: dict[str, str],
+                                                                  wrong: bytes) -> None:
+    _is_502_naming(_metadata_call({"one": wrong, "two": wrong}, path, params), "one")
+    beside = _metadata_call({"bad": wrong, "good": SOUND_META}, path, params)
+    assert beside.status_code == 200, beside.text
+    assert beside.json()["data"] == orjson.loads(SOUND_META[path])["data"]
+    (warning,) = beside.json()["warnings"]
+    assert "'bad'" in warning and "did not answer" in warning
