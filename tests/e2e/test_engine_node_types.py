@@ -171,6 +171,10 @@ def _cases() -> dict[str, Case]:
         "window_absent_over_time": Case(t, 'absent_over_time(DCGM_FI_DEV_GPU_TEMP{gpu="9"}[3h])', ("absent",),
                                         "ir"),
         "window_absent_over_time_present": Case(t, f"absent_over_time({W})", ("absent",), "i", EMPTY),
+        # createLabelsForAbsentFunction walks the matchers in order: a regex before the equality
+        # one keeps the label; an equality one after a != drops it (proxy/engine/local_ops.py)
+        "window_absent_matcher_order": Case(t, 'absent_over_time(DCGM_FI_DEV_GPU_TEMP{gpu=~"9.*", gpu="9", '
+                                               'Hostname="h", Hostname!="x"}[3h])', ("absent",), "ir"),
         # 2.42's windows are closed on both ends: at EDGE, samples of some series sit on the 45m
         # window's first second (held by the first store only) or its last (the second only)
         # -- their counts differ a second either side
@@ -201,6 +205,8 @@ def _cases() -> dict[str, Case]:
                                           "[3h:5m])", ("subquery",), "ir"),
         "subquery_absent_inner": Case(t, 'count_over_time(absent(DCGM_FI_DEV_GPU_TEMP{gpu="9"})[3h:10m])',
                                       ("subquery",), "ir"),
+        "subquery_absent_matcher_order": Case(t, 'count_over_time(absent(DCGM_FI_DEV_GPU_TEMP{gpu!~"1", gpu="9"})'
+                                                 '[3h:10m])', ("subquery",), "ir"),
         "window_present_last": Case(t, f"present_over_time({W}) * last_over_time({W})", ("window",), "ir"),
         "window_resets_irate": Case(t, f"resets({C}) + irate({C})", ("window",)),
         # -- a bare range selector / subquery at the top of an instant query --------------------
