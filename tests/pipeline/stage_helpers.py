@@ -105,7 +105,11 @@ class RecordingBackend(Backend):
                       caller: Caller = NOBODY, **kw: Any) -> BackendReply:
         pairs = list(form or params or [])
         self.calls.append((method, path, pairs, caller))
-        return self.handler(method, path, pairs, caller)
+        reply = self.handler(method, path, pairs, caller)
+        check = kw.get("check")
+        if check is not None and reply.ok:  # as Backend.request does: a 200 is checked (and decoded)
+            assert check(reply) is None, "a fake backend's answer must be sound"
+        return reply
 
     def queries(self) -> list[Call]:
         """The query calls made (not discovery: no label values, no series counts)."""

@@ -11,34 +11,14 @@ from typing import Any
 
 from proxy.backends import BackendReply
 from proxy.codec.errors import Undecodable
-from proxy.pipeline.forward import Forward, forwards_whole
-from proxy.pipeline.landing import Landing
 from proxy.pipeline.lookup import Pieces
 from proxy.pipeline.merging import Fallback, Merge
 from proxy.pipeline.planning import Planner
-from proxy.pipeline.slots import SlotMaker
 from proxy.pipeline.values import PieceFailed, Query
 from proxy.result import QueryResult
 from shardplanner.plan import QueryRequest, Span
 from tests.pipeline.stage_helpers import T0, FakeBackend, H, Recorder, config, range_query, run, series
 from tests.pipeline.stage_helpers import values_of as _values
-
-# --- Forward --------------------------------------------------------------------------------
-
-
-def test_forwards_whole_only_what_was_not_rewritten() -> None:
-    planner = Planner(config(split_interval="1h", shards=1), FakeBackend())
-    short = range_query("up", hours=1)
-    short = replace(short, req=replace(short.req, span=short.req.span.with_bounds(T0, T0 + 600_000)))
-    assert forwards_whole(replace(short, plan=run(planner.plan(short.req))))
-    split = range_query("up", hours=3)
-    assert not forwards_whole(replace(split, plan=run(planner.plan(split.req))))
-    pinned = range_query("up @ start()", hours=1)
-    pinned = replace(pinned, req=replace(pinned.req, span=pinned.req.span.with_bounds(T0, T0 + 600_000)))
-    assert not forwards_whole(replace(pinned, plan=run(planner.plan(pinned.req))))  # rewritten text
-    arrow = replace(short, want_arrow=True, plan=run(planner.plan(short.req)))
-    assert not forwards_whole(arrow)  # an Arrow answer is re-encoded
-
 
 # --- Fallback -------------------------------------------------------------------------------
 
@@ -89,30 +69,3 @@ def test_merge_reruns_a_tied_topk_unsharded() -> None:
     result = run(Merge(planner, Recorder(answer))(q))
     assert [p.sharded for p in plans] == [True, False]
     assert result.result.to_pylist() == [({"Hostname": "a"}, [T0], [5.0])]
-
-
-def test_forward_relays_the_backends_bytes_for_a_query_left_whole() -> None:
-    from proxy.pipeline.ask import Asker
-    from proxy.pipeline.cache_read import CacheReader
-    from proxy.pipeline.cache_write import CacheWriter
-    from proxy.primitives.singleflight import SingleFlight
-
-    cfg = config(split_interval="1h")
-    backend = FakeBackend()
-    planner = Planner(cfg, backend)
-    slots = SlotMaker(cfg, planner.settings.split_interval_ms)
-    landing = Landing()
-    reader = CacheReader(cfg, lambda: None, landing, slots)  # type: ignore[arg-type,return-value]
-    writer = CacheWriter(cfg, lambda: None, landing)  # type: ignore[arg-type,return-value]
-    rec = Recorder()
-    forward = Forward({"default": backend}, backend, slots, reader, writer, landing, SingleFlight("t"),  # type: ignore[arg-type]
-                      Asker(), rec)
-    whole = Query(req=QueryRequest.instant("up", T0), pairs=[("query", "up"), ("time", str(T0 / 1000))],
-                  path="/api/v1/query", timeout_s=5)
-    answer = run(forward(replace(whole, plan=run(planner.plan(whole.req)))))
-    assert rec.got == [] and backend.calls == [("POST", "/api/v1/query")]
-    assert answer.reply is not None and answer.reply.body.startswith(b'{"status":"success"')
-    assert answer.headers == {"X-Promaccel-Pieces": "1", "X-Cache": "MISS"}
-    split = range_query("up", hours=3)
-    run(forward(replace(split, plan=run(planner.plan(split.req)))))
-    assert len(rec.got) == 1 and len(backend.calls) == 1  # planned: handed down, not forwarded
