@@ -68,6 +68,24 @@ class Fetcher:
             key, lambda: self._fetch_now(key, f, extra, path, form, timeout_s, router, ctx)
         )
 
+    async def parts(self, f: Fetch, q: Query) -> list[QueryResult]:
+        """`f`'s answer (`fetch`) cut where it was fetched into what the merge keeps: one part
+        per unit -- an instant unit's answer at its time, or, for a range call whose every cell
+        just landed, those cells (they live until their put lands anyway) -- else the answer
+        itself, one part for all of its units. Cut as each call's answer arrives, so the whole
+        answer of a long call (a 6 h quarter of a 24 h answer is ~12 MB) is let go then, not
+        once the slowest sibling call is back."""
+        result = await self.fetch(f, q)
+        if f.instants:
+            parts = self.cut(f, f.units, result)
+            assert parts is not None  # the call checked that the answer is a matrix
+            return parts
+        if f.span.is_range and len(f.units) > 1:
+            cells = [self.landing.landed(u.key.digest if u.key is not None else None) for u in f.units]
+            if all(c is not None for c in cells):
+                return [c for c in cells if c is not None]
+        return [result]
+
     def _landed(self, f: Fetch) -> QueryResult | None:
         """The answer of `f` from the landing zone when an identical call just fetched every
         one of its units (a request that looked the cache up just before that call's cells

@@ -10,9 +10,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from ..codec.errors import Undecodable
 from ..config import Config
@@ -51,10 +49,6 @@ class Calls:
     q: Query
     fetches: list[Fetch]
     waits: list[asyncio.Future[QueryResult]]
-    # Applied to each fetch's answer as soon as it arrives (its index, the answer): what to
-    # keep of it. Coalesce keeps the cells it was cut into and lets the whole answer go then,
-    # not once the slowest sibling call is back (a 6 h quarter of a 24 h answer is ~12 MB).
-    settle: Callable[[int, QueryResult], Any] | None = None
 
 
 class Lookup:
@@ -91,7 +85,7 @@ class Coalesce:
     """Stage: wait for pieces in flight elsewhere; group the missing ones into calls."""
 
     def __init__(self, config: Config, target_calls: int, landing: Landing,
-                 next: Stage[Calls, tuple[list[Any], list[QueryResult]]],
+                 next: Stage[Calls, tuple[list[list[QueryResult]], list[QueryResult]]],
                  cell_ms: int | None = None) -> None:
         self.config = config
         self.target_calls = target_calls
@@ -123,31 +117,7 @@ class Coalesce:
         else:
             w.q.ctx.budget.check(len(fetches))  # before any call is made: a 422 naming the limit
 
-        def settle(i: int, result: QueryResult) -> list[Segment]:
-            """A fetched answer as the segments to merge: cut into its pieces."""
-            f = fetches[i]
-            covered = [slot_of[u] for u in f.units]
-            if f.instants:
-                # A range call over instant units: each unit's answer is the call's at its time.
-                parts = Fetcher.cut(f, f.units, result)
-                assert parts is not None  # the call checked that the answer is a matrix
-                return [(s.order, f.shard_index, f.role, part) for s, part in zip(covered, parts)]
-            # The call's answer was cut into its units to be stored: merge those (they live
-            # until their put lands anyway) and let the whole answer go now (a 24 h answer
-            # of 3 M samples is ~50 MB a copy).
-            cells = [self.landing.landed(u.key.digest if u.key is not None else None) for u in f.units]
-            if f.span.is_range and len(f.units) > 1 and all(c is not None for c in cells):
-                return [(s.order, f.shard_index, f.role, fit(s, cell))
-                        for s, cell in zip(covered, cells) if cell is not None]
-            first = min(covered, key=lambda s: s.order)
-            if f.span.is_range:
-                lo = min(s.piece.span.start_ms for s in covered)
-                hi = max(s.piece.span.end_ms for s in covered)
-                if (f.span.start_ms, f.span.end_ms) != (lo, hi):
-                    result = slice_time(result, lo, hi)
-            return [(first.order, f.shard_index, f.role, result)]
-
-        settled, shared = await self.next(Calls(w.q, fetches, [fut for _, fut in waits], settle))
+        settled, shared = await self.next(Calls(w.q, fetches, [fut for _, fut in waits]))
         # Segments to merge: each cached or shared piece, and each fetched answer cut to
         # its pieces.
         segments: list[Segment] = [
@@ -155,11 +125,29 @@ class Coalesce:
         ]
         for (s, _), got in zip(waits, shared):
             segments.append((s.order, s.unit.shard_index, s.piece.role, fit(s, got)))
-        for part in settled:
-            segments.extend(part)
+        for f, parts in zip(fetches, settled):
+            segments.extend(self._segments(f, [slot_of[u] for u in f.units], parts))
         del settled
         segments.sort(key=lambda seg: seg[0])
         return segments
+
+    @staticmethod
+    def _segments(f: Fetch, covered: list[Slot], parts: list[QueryResult]) -> list[Segment]:
+        """A call's answer, as its fetcher cut it (`Fetcher.parts`), as the segments to merge:
+        a part per unit fitted to its piece (an instant unit's as it is), or the one answer
+        cropped to the pieces it covers."""
+        if f.instants:
+            return [(s.order, f.shard_index, f.role, part) for s, part in zip(covered, parts)]
+        if len(parts) > 1:
+            return [(s.order, f.shard_index, f.role, fit(s, part)) for s, part in zip(covered, parts)]
+        (result,) = parts
+        first = min(covered, key=lambda s: s.order)
+        if f.span.is_range:
+            lo = min(s.piece.span.start_ms for s in covered)
+            hi = max(s.piece.span.end_ms for s in covered)
+            if (f.span.start_ms, f.span.end_ms) != (lo, hi):
+                result = slice_time(result, lo, hi)
+        return [(first.order, f.shard_index, f.role, result)]
 
 
 # A query whose answer is reserved at this many bytes or more (answer_bytes.py) makes at most
@@ -201,7 +189,7 @@ class FanOut:
     def __init__(self, fetcher: Fetcher) -> None:
         self.fetcher = fetcher
 
-    async def __call__(self, c: Calls) -> tuple[list[Any], list[QueryResult]]:
+    async def __call__(self, c: Calls) -> tuple[list[list[QueryResult]], list[QueryResult]]:
         q = c.q
         if q.ctx.explain is not None:  # the leaf that never fetches: explain's
             return [], []
@@ -224,14 +212,11 @@ class FanOut:
             ) from None
         return [t.result() for t in tasks], [t.result() for t in shared]
 
-    async def _fetch(self, c: Calls, i: int, gate: asyncio.Semaphore | None) -> Any:
-        q = c.q
+    async def _fetch(self, c: Calls, i: int, gate: asyncio.Semaphore | None) -> list[QueryResult]:
         if gate is None:
-            result = await self.fetcher.fetch(c.fetches[i], q)
-        else:
-            async with gate:
-                result = await self.fetcher.fetch(c.fetches[i], q)
-        return result if c.settle is None else c.settle(i, result)
+            return await self.fetcher.parts(c.fetches[i], c.q)
+        async with gate:
+            return await self.fetcher.parts(c.fetches[i], c.q)
 
 
 async def _wait(fut: asyncio.Future[QueryResult]) -> QueryResult:

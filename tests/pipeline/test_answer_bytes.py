@@ -283,7 +283,7 @@ def test_a_large_answer_makes_its_backend_calls_two_at_a_time(reserved: int | No
     running, peak, done = [0], [0], []
 
     class Fetcher:
-        async def fetch(self, f: Any, *args: Any) -> Any:
+        async def parts(self, f: Any, *args: Any) -> Any:
             running[0] += 1
             peak[0] = max(peak[0], running[0])
             await asyncio.sleep(0.02)
