@@ -74,7 +74,6 @@ UNIT_COST: dict[str, float] = {
     "tests/result/test_binop_prometheus.py": 19, "tests/e2e/test_passthrough_equivalence.py": 18,
     "tests/e2e/test_planned_equivalence.py": 16, "tests/api/test_clients.py": 16, "tests/api/test_bad_requests.py": 14,
     "tests/harness/test_gen.py": 12, "tests/result/test_overlap.py": 8, "tests/pipeline/test_step_reuse.py": 8, "tests/harness/test_demo.py": 50,
-    "tests/pipeline/test_explain_agrees.py": 60,
     "tests/cache/test_cache_redis.py": 7, "tests/shardplanner/test_timesplit.py": 6, "tests/shardplanner/test_planner.py": 6,
     "tests/backends/test_secrets_logging.py": 20, "tests/api/test_server_limits.py": 12, "tests/pipeline/test_security.py": 12,
     "tests/backends/test_tenancy.py": 8, "tests/backends/test_backend_auth.py": 6, "tests/api/test_relay_paths.py": 5,

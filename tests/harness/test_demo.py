@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 import pytest
 
 from tests.corpus import QUERIES
-from tests.pipeline.test_explain_agrees import agree
 from tests.servers import ROOT, free_port, require
 
 pytestmark = pytest.mark.prom
@@ -172,6 +172,25 @@ def readme_arrow_example() -> str:
     return textwrap.dedent(example[:example.index("```")])
 
 
+def _explained(url: str, path: str, params: dict[str, str]) -> dict[str, Any]:
+    """Explain's data for `params`, and the query itself answered (200): a query explain routes
+    as unroutable is answered with that reason as its 422."""
+    answer = httpx.post(url + path, data=params, timeout=120)
+    explained = httpx.post(url + "/api/v1/explain", data=params, timeout=120)
+    where = (answer.status_code, answer.text[:300], path, params)
+    assert explained.status_code == 200, (*where, explained.text[:500])
+    data: dict[str, Any] = explained.json()["data"]
+    route = data.get("route") or {}
+    assert route, (*where, "no route in explain")
+    if route["kind"] == "unroutable":
+        assert (answer.status_code, answer.json()["error"]) == (422, route["reason"]), (*where, route)
+    else:
+        assert answer.status_code == 200, where
+    if route["kind"] == "cross_store":
+        assert data["piece_count"] == int(answer.headers["X-Promaccel-Pieces"]), (*where, data["piece_count"])
+    return data
+
+
 def _explain_agrees_in_the_demo_topology(pa_url: str, prom_url: str, text: str) -> None:
     """The corpus over the demo's whole range (DCGM_* in amp throughout; node metrics only in
     the local Prometheus's last 6 h) and at an instant before the local one starts: explain and
@@ -183,7 +202,7 @@ def _explain_agrees_in_the_demo_topology(pa_url: str, prom_url: str, text: str) 
     for query in QUERIES.values():
         for path, params in (("/api/v1/query_range", {"start": str(start + 600), "end": str(end), "step": "120"}),
                              ("/api/v1/query", {"time": str(start + 3600 + 7)})):
-            data: dict[str, Any] = agree(pa_url, path, {"query": query, **params}, prom_url)
+            data = _explained(pa_url, path, {"query": query, **params})
             kind = data["route"]["kind"]
             kinds[kind] = kinds.get(kind, 0) + 1
     # the topology is exercised (parts answered by one store, evaluation across the stores)
