@@ -49,14 +49,13 @@ def planned(cfg: Any, hours: int) -> tuple[Planner, Query]:
     return planner, replace(q, plan=run(planner.plan(q.req)))
 
 
-def answer_calls(calls: Calls) -> tuple[list[Any], list[QueryResult]]:
-    """As FanOut does, without a fetcher: each call answered with one series over its span,
-    settled (cut to its pieces) as it arrives."""
+def answer_calls(calls: Calls) -> tuple[list[list[QueryResult]], list[QueryResult]]:
+    """As FanOut does, without a fetcher: each call answered whole (one part) with one series
+    over its span."""
     out = []
-    for i, f in enumerate(calls.fetches):
-        assert f.start_ms is not None and f.end_ms is not None and calls.settle is not None
-        out.append(calls.settle(i, QueryResult.from_series("matrix", [series({f.start_ms: 1.0, f.end_ms: 2.0},
-                                                                             job="a")])))
+    for f in calls.fetches:
+        assert f.start_ms is not None and f.end_ms is not None
+        out.append([QueryResult.from_series("matrix", [series({f.start_ms: 1.0, f.end_ms: 2.0}, job="a")])])
     return out, []
 
 
@@ -103,6 +102,30 @@ def test_coalesce_groups_contiguous_pieces_and_serves_landed_ones() -> None:
     assert [s[0][2] for s in segments] == sorted(s[0][2] for s in segments)
 
 
+def test_coalesce_fits_a_calls_parts_to_its_pieces() -> None:
+    """A call cut by its fetcher into one part per unit: each part is its piece's segment; an
+    answer handed up whole is one segment, cropped to the pieces it covers."""
+    cfg = config(split_interval="1h")
+    planner, q = planned(cfg, 2)
+    slots = SlotMaker(cfg, planner.settings.split_interval_ms).slots(q.plan, None)  # type: ignore[arg-type]
+    first = QueryResult.from_series("matrix", [series({T0: 1.0}, part="first")])
+    second = QueryResult.from_series("matrix", [series({T0 + H: 2.0}, part="second")])
+
+    def cut(calls: Calls) -> tuple[list[list[QueryResult]], list[QueryResult]]:
+        (f,) = calls.fetches  # two contiguous hours in one call (target_calls 1)
+        assert len(f.units) == 2
+        return [[first, second]], []
+
+    segments = run(Coalesce(cfg, 1, Landing(), Recorder(cut))(Work(q, slots)))
+    assert [seg[3].to_pylist()[0][0]["part"] for seg in segments] == ["first", "second"]
+    assert [seg[0] for seg in segments] == [s.order for s in slots]
+
+    whole = QueryResult.from_series("matrix", [series({T0: 1.0, T0 + H: 2.0}, part="whole")])
+    segments = run(Coalesce(cfg, 1, Landing(), Recorder(lambda c: ([[whole]], [])))(Work(q, slots)))
+    (seg,) = segments
+    assert seg[0] == slots[0].order and seg[3] is whole
+
+
 def test_coalesce_refuses_past_the_budget_before_any_call() -> None:
     cfg = config(split_interval="1h")
     planner, q = planned(cfg, 4)
@@ -137,7 +160,7 @@ def test_coalesce_serves_landed_pieces_and_awaits_pieces_in_flight_elsewhere() -
 
         got: list[Calls] = []
 
-        async def fan_out(calls: Calls) -> tuple[list[Any], list[QueryResult]]:
+        async def fan_out(calls: Calls) -> tuple[list[list[QueryResult]], list[QueryResult]]:
             got.append(calls)
             settled, _ = answer_calls(calls)
             return settled, [await f for f in calls.waits]
@@ -186,7 +209,7 @@ class CountingFetcher:
         self.now = self.most = 0
         self.fetched: list[Fetch] = []
 
-    async def fetch(self, f: Fetch, q: Query) -> QueryResult:
+    async def parts(self, f: Fetch, q: Query) -> list[QueryResult]:
         self.fetched.append(f)
         self.now += 1
         self.most = max(self.most, self.now)
@@ -194,7 +217,7 @@ class CountingFetcher:
             await asyncio.sleep(self.delay)
         finally:
             self.now -= 1
-        return QueryResult.empty("matrix")
+        return [QueryResult.empty("matrix")]
 
 
 def fetches(n: int) -> list[Fetch]:
@@ -217,22 +240,21 @@ def test_fan_out_under_explain_makes_no_call() -> None:
     assert fetcher.fetched == []
 
 
-def test_fan_out_settles_each_answer_as_it_arrives() -> None:
-    settled: list[int] = []
+def test_fan_out_hands_up_each_calls_parts_in_call_order() -> None:
+    class Parts:
+        async def parts(self, f: Fetch, q: Query) -> list[QueryResult]:
+            await asyncio.sleep(0.03 - 0.01 * (f.span.time_ms - T0))  # the first call ends last
+            return [QueryResult.from_series("vector", [series({f.span.time_ms: 1.0}, call=str(f.span.time_ms - T0))])]
 
-    def settle(i: int, result: QueryResult) -> str:
-        settled.append(i)
-        return f"settled {i}"
-
-    results, _ = run(FanOut(CountingFetcher())(Calls(range_query("up"), fetches(3), [], settle)))  # type: ignore[arg-type]
-    assert results == ["settled 0", "settled 1", "settled 2"] and sorted(settled) == [0, 1, 2]
+    results, _ = run(FanOut(Parts())(Calls(range_query("up"), fetches(3), [])))  # type: ignore[arg-type]
+    assert [parts[0].to_pylist()[0][0]["call"] for parts in results] == ["0", "1", "2"]
 
 
 def test_fan_out_runs_calls_under_one_deadline() -> None:
     class SlowFetcher:
-        async def fetch(self, f: Fetch, q: Query) -> QueryResult:
+        async def parts(self, f: Fetch, q: Query) -> list[QueryResult]:
             await asyncio.sleep(0.01 if f.span.time_ms == 1 else 5)
-            return QueryResult.empty("vector")
+            return [QueryResult.empty("vector")]
 
     q = replace(range_query("up"), timeout_s=0.2)
     fast = Fetch("up", None, -1, Span.instant(1))
@@ -249,14 +271,14 @@ def test_fan_out_a_failure_cancels_the_siblings_and_is_the_answer() -> None:
     reply = BackendReply(422, b"{}", "application/json")
 
     class FailingFetcher:
-        async def fetch(self, f: Fetch, *a: Any) -> QueryResult:
+        async def parts(self, f: Fetch, *a: Any) -> list[QueryResult]:
             if f.span.time_ms != 2:
                 try:
                     await asyncio.sleep(5)
                 except asyncio.CancelledError:
                     cancelled.append(f.span.time_ms)  # type: ignore[arg-type]
                     raise
-                return QueryResult.empty("vector")
+                return [QueryResult.empty("vector")]
             await asyncio.sleep(0.01)
             raise PieceFailed(reply)
 
@@ -278,7 +300,7 @@ def test_fan_out_a_shared_call_is_not_cancelled_by_this_query_giving_up() -> Non
         elsewhere: asyncio.Future[QueryResult] = asyncio.get_running_loop().create_future()
 
         class Failing:
-            async def fetch(self, f: Fetch, q: Query) -> QueryResult:
+            async def parts(self, f: Fetch, q: Query) -> list[QueryResult]:
                 await asyncio.sleep(0.01)
                 raise PromError("unavailable", "down")
 
