@@ -33,7 +33,9 @@ class Admission:
         self.by_client[client] = self.by_client.get(client, 0) + 1
 
     async def acquire(self, client: str) -> None:
-        if not self._waiting and self._fits(client):
+        # Waiters are let in as soon as they fit (`release`): one still waiting when this
+        # client fits is held back by its own client's limit, and is not passed over by it.
+        if self._fits(client):
             self._take(client)
             return
         if len(self._waiting) >= self.max_queued:
@@ -43,11 +45,15 @@ class Admission:
         self._waiting.append(entry)
         t0 = time.monotonic()
         try:
-            await asyncio.wait_for(asyncio.shield(fut), self.timeout_s)
+            # Not asyncio.wait_for: on Python 3.11 it swallows a cancellation that arrives as
+            # the query is let in, and a client gone away would run its query anyway.
+            async with asyncio.timeout(self.timeout_s):
+                await asyncio.shield(fut)
         except TimeoutError:
-            if fut.done():  # admitted just as the wait ran out: keep the slot
+            if fut.done() and not fut.cancelled():  # admitted just as the wait ran out: keep it
                 return
-            self._waiting.remove(entry)
+            if entry in self._waiting:
+                self._waiting.remove(entry)
             raise self._refusal(f"waited {time.monotonic() - t0:.1f}s") from None
         except BaseException:
             if entry in self._waiting:

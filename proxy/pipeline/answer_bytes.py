@@ -119,11 +119,15 @@ class AnswerBytes:
         METRICS.answer_bytes_waits.inc()
         t0 = time.monotonic()
         try:
-            await asyncio.wait_for(asyncio.shield(fut), min(timeout_s, self.timeout_s))
+            # Not asyncio.wait_for: on Python 3.11 it swallows a cancellation that arrives as
+            # the answer is let in (admission.py does the same).
+            async with asyncio.timeout(min(timeout_s, self.timeout_s)):
+                await asyncio.shield(fut)
         except TimeoutError:
-            if fut.done():  # let in just as the wait ran out: keep it
+            if fut.done() and not fut.cancelled():  # let in just as the wait ran out: keep it
                 return Reservation(self, size)
-            self._waiting.remove(entry)
+            if entry in self._waiting:
+                self._waiting.remove(entry)
             self.wake()  # a large head that gave up may have held back smaller ones
             raise self._refusal(size, time.monotonic() - t0) from None
         except BaseException:

@@ -196,7 +196,9 @@ class FanOut:
         gate = (asyncio.Semaphore(LARGE_CALLS_AT_ONCE)
                 if large_reservation(q.ctx) is not None and len(c.fetches) > LARGE_CALLS_AT_ONCE else None)
         try:
-            async with asyncio.timeout(q.timeout_s):
+            # The query's one deadline (its context's): the waits above (admission, the answer's
+            # bytes) and the planning took their share of it.
+            async with asyncio.timeout(max(min(q.timeout_s, q.ctx.left()), 0.0)):
                 async with asyncio.TaskGroup() as tg:
                     tasks = [tg.create_task(self._fetch(c, i, gate)) for i in range(len(c.fetches))]
                     shared = [tg.create_task(_wait(fut)) for fut in c.waits]

@@ -75,8 +75,6 @@ def test_per_client_limit_lets_other_clients_pass_on_release() -> None:
     run(main())
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a new arrival queues behind any waiter, even one blocked only by "
-                   "its own client's limit (admission.py Admission.acquire: `if not self._waiting and ...`)")
 def test_per_client_limit_does_not_block_a_new_client_behind_a_full_one() -> None:
     async def main() -> None:
         adm = Admission(total=0, per_client=1, max_queued=5, timeout_s=0.2)
@@ -170,9 +168,6 @@ def test_a_waiter_cancelled_once_admitted_gives_its_slot_back() -> None:
     assert running == 0
 
 
-@pytest.mark.xfail(strict=True, reason="bug: on Python 3.11 asyncio.wait_for swallows a cancellation that arrives "
-                   "as its future completes (admission.py Admission.acquire), so the query of a client that "
-                   "went away still runs")
 def test_a_waiter_cancelled_once_admitted_runs_nothing() -> None:
     _, ran, cancelled = _admitted_then_cancelled()
     assert ran == [] and cancelled

@@ -267,9 +267,6 @@ def test_fan_out_runs_calls_under_one_deadline() -> None:
     assert err.value.kind == "timeout"
 
 
-@pytest.mark.xfail(strict=True, reason="bug: FanOut's timeout is q.timeout_s from when FanOut starts "
-                   "(lookup.py FanOut.__call__: asyncio.timeout(q.timeout_s)), not the query's ctx.deadline: "
-                   "time spent waiting for admission, planning and the answer-bytes reservation is not counted")
 def test_fan_out_stops_at_the_querys_deadline() -> None:
     class Slow:
         async def parts(self, f: Fetch, q: Query) -> list[QueryResult]:
