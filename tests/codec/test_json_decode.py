@@ -18,7 +18,6 @@ from proxy.codec import arrow, json_decode
 from proxy.codec.errors import MalformedAnswer, Undecodable
 from proxy.codec.json_decode import decode_prometheus_json
 from proxy.codec.json_encode import encode_prometheus_json, iter_prometheus_json
-from proxy.result.label_sets import LabelSets
 from tests.codec.reference import GOLDEN, hard_text, matrices, ref_encode, ref_value, same_floats
 
 
@@ -321,20 +320,3 @@ def test_a_label_value_that_is_not_utf8_is_never_relayed() -> None:
     r = decode_prometheus_json(ok)
     assert r.parsed_labels() is None and encode_prometheus_json(r) == ok
     assert r.labels[0]["pod"] == "utf8-check-\u00e9-0"
-
-
-def test_the_label_table_keeps_keys_and_parses_dicts_on_demand() -> None:
-    table = LabelSets(max_bytes=1 << 20)
-    spans = [b'{"a":"1"}', b'{"a":"2"}']
-    table.intern(spans)
-    assert all(e[1] is None for e in table.map.values()) and table.bytes == 18
-    kept = list(spans)
-    again = [bytes(bytearray(b'{"a":"1"}'))]
-    table.intern(again)
-    assert again[0] is kept[0]
-    dicts = table.lookup([b'{"a":"2"}', b'{"a":"1"}'])
-    assert dicts == [{"a": "2"}, {"a": "1"}] and table.lookup([b'{"a":"1"}'])[0] is dicts[1]
-    assert table.bytes == 18 + 3 * 18  # the dicts are counted once parsed
-    big = [f'{{"k":"{i:0200d}"}}'.encode() for i in range(6000)]  # ~1.2 MB: over the bound
-    table.intern(big)
-    assert len(table.map) == 6000 and kept[0] not in table.map  # cleared, then the new ones
