@@ -25,6 +25,7 @@ this, and stays packed.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import weakref
 from collections import OrderedDict
@@ -171,6 +172,46 @@ def _skeleton(out, series_at, lab_buf, lab_s, lab_e, payload, w_metric, w_values
 def _copy_runs(out, dest, src, a, n):  # type: ignore[no-untyped-def]
     for j in range(len(dest)):
         out[dest[j]:dest[j] + n[j]] = src[a[j]:a[j] + n[j]]
+
+
+def _libc_memcpy() -> object | None:
+    try:
+        fn = ctypes.CDLL(None).memcpy
+    except (OSError, AttributeError):  # pragma: no cover -- no C library to load symbols from
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    fn.restype = ctypes.c_void_p
+    return fn
+
+
+_MEMCPY = _libc_memcpy()
+
+
+if _MEMCPY is not None:
+    @njit(nogil=True)  # not cached: the C function's address is the process's own
+    def _memcpy_runs(out, dest, src, a, n):  # type: ignore[no-untyped-def]
+        po = out.ctypes.data
+        ps = src.ctypes.data
+        for j in range(len(dest)):
+            _MEMCPY(po + dest[j], ps + a[j], n[j])
+else:  # pragma: no cover
+    _memcpy_runs = _copy_runs
+
+
+def copy_runs(out: U8, dest: I64, src: U8, a: I64, n: I64) -> None:
+    """out[dest[j]:dest[j] + n[j]] = src[a[j]:a[j] + n[j]] for every run j. With the C
+    library's memcpy: numba's slice assignment copied a 2 MB answer's 512 runs at ~3 GB/s
+    (0.8 ms), memcpy at ~35 GB/s (0.06 ms). Every run is checked to lie inside both buffers
+    first (memcpy checks nothing); the buffers never overlap (an answer's own buffer, a
+    cell's kept bytes)."""
+    if not len(dest):
+        return
+    if not (out.flags.c_contiguous and src.flags.c_contiguous and out.dtype == src.dtype == np.uint8):
+        raise ValueError("copy_runs: contiguous byte buffers only")
+    if int(n.min()) < 0 or int(dest.min()) < 0 or int(a.min()) < 0 \
+            or int((dest + n).max()) > len(out) or int((a + n).max()) > len(src):
+        raise ValueError("copy_runs: a run outside its buffer")
+    _memcpy_runs(out, dest, src, a, n)
 
 
 def spliceable(result: QueryResult) -> bool:
@@ -338,5 +379,5 @@ def _splice(result: QueryResult, alloc: Callable[[int], U8]) -> U8 | None:
     for p, src in enumerate(sources):
         mine = by_piece[bounds[p]:bounds[p + 1]]
         if len(mine):
-            _copy_runs(out, dest[mine], src[0].buf, a[mine], nb[mine])
+            copy_runs(out, dest[mine], src[0].buf, a[mine], nb[mine])
     return out

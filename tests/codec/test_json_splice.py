@@ -5,9 +5,17 @@ cells, cut and concatenated, byte for byte: tests/result/test_splice.py."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from proxy.codec.json_encode import encode_prometheus_json
-from proxy.codec.json_splice import SPLICE_MAX_SAMPLES, memo_bytes, splice_prometheus_json, spliceable, spliced
+from proxy.codec.json_splice import (
+    SPLICE_MAX_SAMPLES,
+    copy_runs,
+    memo_bytes,
+    splice_prometheus_json,
+    spliceable,
+    spliced,
+)
 from proxy.result import QueryResult
 from proxy.result.concat import concat
 from proxy.result.pieces import slice_time
@@ -53,3 +61,24 @@ def test_a_window_over_two_cells_is_the_encoders_bytes_in_the_reused_buffer() ->
         assert splice_prometheus_json(answer) == want
     assert memo_bytes() > 0 and all(c.sample_json is not None for c in cells)  # kept on the cells
     assert np.array_equal(cells[0].sample_json.buf[:2], np.frombuffer(b",[", dtype=np.uint8))
+
+
+def test_copy_runs_copies_each_run_and_refuses_runs_outside_the_buffers() -> None:
+    rng = np.random.default_rng(7)
+    src = rng.integers(0, 256, 10_000, dtype=np.uint8)
+    n = rng.integers(0, 300, 40).astype(np.int64)
+    a = rng.integers(0, 10_000 - 300, 40).astype(np.int64)
+    dest = np.concatenate([[0], np.cumsum(n[:-1] + 3)]).astype(np.int64)  # gaps between runs
+    out = np.zeros(int(dest[-1] + n[-1]) + 5, dtype=np.uint8)
+    want = out.copy()
+    for d, s0, m in zip(dest.tolist(), a.tolist(), n.tolist()):
+        want[d:d + m] = src[s0:s0 + m]
+    copy_runs(out, dest, src, a, n)
+    assert np.array_equal(out, want)
+    copy_runs(out, dest[:0], src, a[:0], n[:0])  # no runs: nothing to do
+    for bad in (dict(dest=dest + len(out)), dict(a=a + 10_000), dict(n=n - 1_000), dict(dest=dest - 1_000)):
+        args = {"dest": dest, "a": a, "n": n, **bad}
+        with pytest.raises(ValueError, match="outside"):
+            copy_runs(out, args["dest"], src, args["a"], args["n"])
+    with pytest.raises(ValueError, match="contiguous"):
+        copy_runs(out, dest, src[::2], a // 2, n // 2)
