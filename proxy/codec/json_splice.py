@@ -188,7 +188,10 @@ _MEMCPY = _libc_memcpy()
 
 
 if _MEMCPY is not None:
-    @njit(nogil=True)  # not cached: the C function's address is the process's own
+    # Not cached (the C function's address is the process's own), so compiled here, at
+    # import, for the one signature the splice uses: compiled lazily, the first warm answer
+    # paid ~0.3-0.5 s for it.
+    @njit("void(uint8[::1], int64[::1], uint8[::1], int64[::1], int64[::1])", nogil=True)
     def _memcpy_runs(out, dest, src, a, n):  # type: ignore[no-untyped-def]
         po = out.ctypes.data
         ps = src.ctypes.data
@@ -211,7 +214,10 @@ def copy_runs(out: U8, dest: I64, src: U8, a: I64, n: I64) -> None:
     if int(n.min()) < 0 or int(dest.min()) < 0 or int(a.min()) < 0 \
             or int((dest + n).max()) > len(out) or int((a + n).max()) > len(src):
         raise ValueError("copy_runs: a run outside its buffer")
-    _memcpy_runs(out, dest, src, a, n)
+    if src.flags.writeable and out.flags.writeable:
+        _memcpy_runs(out, dest, src, a, n)
+    else:  # not the signature compiled above (kept bytes are always writable arrays)
+        _copy_runs(out, dest, src, a, n)
 
 
 def spliceable(result: QueryResult) -> bool:

@@ -76,6 +76,10 @@ def test_copy_runs_copies_each_run_and_refuses_runs_outside_the_buffers() -> Non
     copy_runs(out, dest, src, a, n)
     assert np.array_equal(out, want)
     copy_runs(out, dest[:0], src, a[:0], n[:0])  # no runs: nothing to do
+    readonly = np.frombuffer(src.tobytes(), dtype=np.uint8)
+    again = np.zeros_like(out)
+    copy_runs(again, dest, readonly, a, n)  # read-only bytes: copied too (numba's slices)
+    assert np.array_equal(again, want)
     for bad in (dict(dest=dest + len(out)), dict(a=a + 10_000), dict(n=n - 1_000), dict(dest=dest - 1_000)):
         args = {"dest": dest, "a": a, "n": n, **bad}
         with pytest.raises(ValueError, match="outside"):
