@@ -269,10 +269,7 @@ def shard_label_for(expr: Expr, shard_labels: Sequence[tuple[str, str]]) -> tupl
         name = sel.metric_name
         if name is None:
             return None, "a selector has no plain metric name"
-        label = next(
-            (lbl for pattern, lbl in shard_labels if _metric_pattern(pattern).fullmatch(name)),
-            None,
-        )
+        label = _label_of(name, tuple(map(tuple, shard_labels)))
         if label is None:
             return None, f"no shard label configured for metric {name}"
         found.add(label)
@@ -281,6 +278,13 @@ def shard_label_for(expr: Expr, shard_labels: Sequence[tuple[str, str]]) -> tupl
     if len(found) > 1:
         return None, f"selectors resolve to different shard labels {sorted(found)}"
     return found.pop(), ""
+
+
+@functools.lru_cache(maxsize=4096)
+def _label_of(name: str, shard_labels: tuple[tuple[str, str], ...]) -> str | None:
+    """The shard label of metric `name` (first whole match), kept per name and configuration:
+    every request plans again, for the same few metrics (issue 28, the tiny panel's cost)."""
+    return next((lbl for pattern, lbl in shard_labels if _metric_pattern(pattern).fullmatch(name)), None)
 
 
 def _metric_pattern(pattern: str) -> _regex.Matcher:
