@@ -20,6 +20,18 @@ from aiohttp import web
 from tests.servers import free_port
 
 EMPTY_VECTOR = b'{"status":"success","data":{"resultType":"vector","result":[]}}'
+# Without an upstream, each endpoint's empty answer in its own shape (metadata's are checked).
+EMPTY_LIST = b'{"status":"success","data":[]}'
+EMPTY_OBJECT = b'{"status":"success","data":{}}'
+
+
+def empty_answer(path: str) -> bytes:
+    """An empty answer of the shape `path` answers with."""
+    if path in ("/api/v1/labels", "/api/v1/series") or (path.startswith("/api/v1/label/") and path.endswith("/values")):
+        return EMPTY_LIST
+    if path in ("/api/v1/metadata", "/api/v1/targets/metadata"):
+        return EMPTY_OBJECT if path == "/api/v1/metadata" else EMPTY_LIST
+    return EMPTY_VECTOR
 
 
 @dataclass
@@ -72,7 +84,7 @@ class Recorder:
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         if self.upstream is None:
-            return web.Response(body=EMPTY_VECTOR, content_type="application/json")
+            return web.Response(body=empty_answer(request.path), content_type="application/json")
         headers = {"Content-Type": request.headers["Content-Type"]} if "Content-Type" in request.headers else {}
         assert self.client is not None
         async with self.client.request(request.method, self.upstream + request.path_qs, data=body or None,
