@@ -116,7 +116,7 @@ class DayCells:
             else:
                 rest.append(k)
         if rest:
-            found.update(await self.reader.decode(rest, await self.reader.store().get_many(rest)))
+            found.update(await self.reader.read(rest))  # a kept hour cell only checked unchanged
         for day, members, hours in plans:
             parts = [found.get(h.key.digest) if h.key is not None else None for h in hours]
             parts = [r if r is not None and r.result_type == "matrix" else None for r in parts]

@@ -93,7 +93,9 @@ class FakeReader:
     def store(self) -> FakeStore:
         return self._store
 
-    async def decode(self, keys: list[CacheKey], payloads: list[Any]) -> dict[str, QueryResult]:
+    async def read(self, keys: list[CacheKey]) -> dict[str, QueryResult]:
+        """The cells of `keys` in the store, by digest (one batched read; misses left out)."""
+        payloads = await self._store.get_many(keys)
         return {k.digest: self._store.cached[p] for k, p in zip(keys, payloads) if p is not None}
 
 
