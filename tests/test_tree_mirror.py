@@ -13,9 +13,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT_PACKAGES = ("proxy", "shardplanner")
 MIN_LINES = 60  # "over 60 lines": a module of 61 lines or more counts
-# Reached on 2026-12-04 with shardplanner/, proxy/backends/, proxy/codec/ (all but the JSON
-# encoder, scanner and splicer) and proxy/config/ mirrored. Raise it; never lower it.
-MIN_RATIO = 0.47
+# Reached on 2026-12-04 (third session): every product module over 60 lines has a
+# test file of its name (125 of 125). Raise it; never lower it.
+MIN_RATIO = 0.99
 GOAL = 0.80
 
 
