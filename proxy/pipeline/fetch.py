@@ -19,7 +19,7 @@ from ..primitives.clock import wall_ms
 from ..primitives.singleflight import SingleFlight
 from ..result import QueryResult
 from ..result.merge import concat
-from ..result.pieces import iter_split_time, split_time
+from ..result.pieces import iter_split_time, slice_time, split_time
 from ..runtime.memory import give_back_soon
 from .ask import instant_of, query_call
 from .cache_write import CacheWriter
@@ -84,6 +84,8 @@ class Fetcher:
             cells = [self.landing.landed(u.key.digest if u.key is not None else None) for u in f.units]
             if all(c is not None for c in cells):
                 return [c for c in cells if c is not None]
+        if f.keep is not None and f.span.is_range:
+            return [slice_time(result, *f.keep)]  # the whole answer is let go now
         return [result]
 
     def _landed(self, f: Fetch) -> QueryResult | None:

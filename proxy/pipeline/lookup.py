@@ -10,14 +10,13 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..codec.errors import Undecodable
 from ..config import Config
 from ..errors import PromError
 from ..observe.metrics import METRICS
 from ..result import QueryResult
-from ..result.pieces import slice_time
 from .cache_read import CacheReader
 from .context import RequestContext
 from .daycells import DayCells
@@ -117,6 +116,7 @@ class Coalesce:
         else:
             w.q.ctx.budget.check(len(fetches))  # before any call is made: a 422 naming the limit
 
+        fetches = [_keeping(f, [slot_of[u] for u in f.units]) for f in fetches]
         settled, shared = await self.next(Calls(w.q, fetches, [fut for _, fut in waits]))
         # Segments to merge: each cached or shared piece, and each fetched answer cut to
         # its pieces.
@@ -135,19 +135,25 @@ class Coalesce:
     def _segments(f: Fetch, covered: list[Slot], parts: list[QueryResult]) -> list[Segment]:
         """A call's answer, as its fetcher cut it (`Fetcher.parts`), as the segments to merge:
         a part per unit fitted to its piece (an instant unit's as it is), or the one answer
-        cropped to the pieces it covers."""
+        (cropped to the pieces it covers as it arrived: `Fetch.keep`)."""
         if f.instants:
             return [(s.order, f.shard_index, f.role, part) for s, part in zip(covered, parts)]
         if len(parts) > 1:
             return [(s.order, f.shard_index, f.role, fit(s, part)) for s, part in zip(covered, parts)]
-        (result,) = parts
         first = min(covered, key=lambda s: s.order)
-        if f.span.is_range:
-            lo = min(s.piece.span.start_ms for s in covered)
-            hi = max(s.piece.span.end_ms for s in covered)
-            if (f.span.start_ms, f.span.end_ms) != (lo, hi):
-                result = slice_time(result, lo, hi)
-        return [(first.order, f.shard_index, f.role, result)]
+        return [(first.order, f.shard_index, f.role, parts[0])]
+
+
+def _keeping(f: Fetch, covered: list[Slot]) -> Fetch:
+    """`f` with the times of the pieces it answers (`Fetch.keep`) when they are narrower than
+    its span."""
+    if f.instants or not f.span.is_range:
+        return f
+    lo = min(s.piece.span.start_ms for s in covered)
+    hi = max(s.piece.span.end_ms for s in covered)
+    if (f.span.start_ms, f.span.end_ms) == (lo, hi):
+        return f
+    return replace(f, keep=(lo, hi))
 
 
 # A query whose answer is reserved at this many bytes or more (answer_bytes.py) makes at most
