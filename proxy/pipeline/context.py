@@ -25,10 +25,11 @@ shared with other queries (single-flight) is charged to the query that made it.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..backends.tenancy import NOBODY, Caller
 from ..config import LimitsConfig
@@ -37,7 +38,6 @@ from ..errors import PromError
 if TYPE_CHECKING:
     from shardplanner.plan import Span
 
-    from .answer_bytes import Reservation
     from .explain import Explanation
 
 
@@ -92,6 +92,15 @@ class SampleTally:
         self.samples += n
 
 
+class Held(Protocol):
+    """A query's share of limits.max_inflight_answer_bytes (answer_bytes.Reservation), as the
+    stages below Reserve use it: its size, and keeping it until a background put is done."""
+
+    size: int
+
+    def hold(self, task: asyncio.Future[object]) -> None: ...
+
+
 @dataclass(frozen=True)
 class Refused:
     """A query a backend refused whole (Forward): the piece with this query text and span
@@ -109,7 +118,7 @@ class RequestContext:
     samples: SampleTally = field(default_factory=SampleTally)
     timeout_s: float = math.inf  # the query's whole time, as its deadline was set
     deadline: float = math.inf  # time.monotonic() when the answer is due
-    held: Reservation | None = None
+    held: Held | None = None
     refused: Refused | None = None
     explain: Explanation | None = None
 
