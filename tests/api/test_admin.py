@@ -11,15 +11,13 @@ In process (the app over httpx's ASGI transport) in front of a recording fake ba
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from proxy.api.app import create_app
-from proxy.config import build_config
+from tests.api.in_process import serve
 from tests.recording import Recorder, recording_backend
 
 TOKEN = "adm1n-t0ken-0123456789"
@@ -45,13 +43,7 @@ def _serve(backend: Recorder, body: Callable[[httpx.AsyncClient], Awaitable[Any]
     if token is not None:
         config["cache"] = {"admin_token": token}
 
-    async def run() -> Any:
-        app = create_app(build_config(config))
-        async with app.router.lifespan_context(app):
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p",
-                                         timeout=30) as c:
-                return await body(c)
-    return asyncio.run(run())
+    return serve(config, body)
 
 
 def _error(r: httpx.Response, status: int, kind: str) -> str:

@@ -14,7 +14,6 @@ error texts against the real Prometheus."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -22,9 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.api.app import create_app
-from proxy.config import build_config
 from proxy.observe.activity import ACTIVITY
+from tests.api.in_process import serve
 from tests.recording import EMPTY_VECTOR, Recorder, recording_backend
 
 T = 1_700_000_000
@@ -38,13 +36,7 @@ def backend() -> Iterator[Recorder]:
 
 
 def _serve(config: dict[str, Any], body: Callable[[httpx.AsyncClient], Awaitable[Any]]) -> Any:
-    async def run() -> Any:
-        app = create_app(build_config(config))
-        async with app.router.lifespan_context(app):
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p",
-                                         timeout=60) as c:
-                return await body(c)
-    return asyncio.run(run())
+    return serve(config, body)
 
 
 def _config(url: str, **extra: Any) -> dict[str, Any]:

@@ -18,9 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.api.app import create_app
 from proxy.api.relays import PROMETHEUS_COMPAT_VERSION, RELAYED, STATUS_PAGES
-from proxy.config import build_config
+from tests.api.in_process import serve
 from tests.recording import Recorder, empty_answer, recording_backend
 from tests.servers import free_port
 
@@ -32,13 +31,7 @@ def backend() -> Iterator[Recorder]:
 
 
 def _serve(config: dict[str, Any], body: Callable[[httpx.AsyncClient], Awaitable[Any]]) -> Any:
-    async def run() -> Any:
-        app = create_app(build_config(config))
-        async with app.router.lifespan_context(app):
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p",
-                                         timeout=30) as c:
-                return await body(c)
-    return asyncio.run(run())
+    return serve(config, body)
 
 
 def _one(rec: Recorder, method: str, path: str, **kw: Any) -> httpx.Response:

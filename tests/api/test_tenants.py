@@ -8,18 +8,16 @@ In process (the app over httpx's ASGI transport) in front of two recording fake 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from proxy.api.app import create_app
-from proxy.config import build_config
 from proxy.config.auth import sha256_hex
 from proxy.observe.activity import ACTIVITY
 from proxy.observe.metrics import METRICS
+from tests.api.in_process import serve
 from tests.recording import Recorder, recording_backend
 
 GPU_TOKEN = "gpu-team-token-0123456789"
@@ -53,13 +51,7 @@ def _config(fleet: tuple[Recorder, Recorder], auth: bool = True) -> dict[str, An
 
 
 def _serve(config: dict[str, Any], body: Callable[[httpx.AsyncClient], Awaitable[Any]]) -> Any:
-    async def run() -> Any:
-        app = create_app(build_config(config))
-        async with app.router.lifespan_context(app):
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://p",
-                                         timeout=30) as c:
-                return await body(c)
-    return asyncio.run(run())
+    return serve(config, body)
 
 
 def _calls(*, fleet: tuple[Recorder, Recorder], config: dict[str, Any], method: str, path: str,

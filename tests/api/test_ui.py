@@ -17,9 +17,9 @@ import orjson
 import pytest
 
 from proxy.api.access_log import error_text
-from proxy.api.app import create_app
 from proxy.config import build_config
 from proxy.observe.activity import ACTIVITY, MAX_TEXT, MINUTES, Activity
+from tests.api.in_process import serve
 from tests.servers import free_port
 
 H = 3600
@@ -148,13 +148,7 @@ SECRETS = ("s3cr3t-backend-pw", "adm1n-t0ken-xyz", "redis-pw-777", "client-beare
 
 
 def _serve(config: dict[str, Any], body: Callable[[httpx.AsyncClient], Awaitable[Any]]) -> Any:
-    async def run() -> Any:
-        app = create_app(build_config(config))
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://promaccel", timeout=60) as c:
-                return await body(c)
-    return asyncio.run(run())
+    return serve(config, body, base_url="http://promaccel")
 
 
 def _hour(data: dict[str, Any]) -> dict[str, int]:

@@ -1,6 +1,7 @@
 """Fixtures of the Redis store tests (tests/cache/test_cache_redis.py,
-test_redis_invalidation.py): one real redis-server per test module, and a client to it,
-flushed and with reset command stats, per test."""
+test_redis_invalidation.py, test_redis_store.py, ...): one real redis-server per test module,
+and a client to it, flushed and with reset command stats, per test; a 3-node Redis Cluster
+per module that asks for one."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from tests.redis_cluster import RedisNode
+from tests.redis_cluster import LocalCluster, RedisNode
 from tests.servers import free_port
 
 
@@ -31,3 +32,12 @@ def r(server: RedisNode) -> Iterator[redis.Redis]:
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    c = LocalCluster.start(tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        yield c
+    finally:
+        c.stop()

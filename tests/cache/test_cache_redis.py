@@ -14,7 +14,6 @@ import os
 import statistics
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -306,15 +305,6 @@ def test_slow_redis_reads_as_misses_within_the_timeout(server: RedisNode, r: red
 
 # --------------------------------------------------------------------------------------
 # Redis Cluster
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    c = LocalCluster.start(tmp_path_factory.mktemp("redis-cluster"))
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def test_cluster_round_trip_batch_and_invalidation(cluster: LocalCluster) -> None:

@@ -7,7 +7,6 @@ The rest of the store: tests/cache/test_cache_redis.py."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -161,15 +160,6 @@ def test_concurrent_tagged_lookups_share_one_read(server: RedisNode, r: redis.Re
             await store.aclose()
 
     run(main())
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    c = LocalCluster.start(tmp_path_factory.mktemp("redis-cluster"))
-    try:
-        yield c
-    finally:
-        c.stop()
 
 
 def test_cluster_tagged_reads(cluster: LocalCluster) -> None:
