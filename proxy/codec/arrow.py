@@ -273,6 +273,9 @@ class PackedPiece(LazySamples):
     def packed_samples(self) -> _Packed | None:
         return self.packed if self._samples is None else None
 
+    def series_bounds(self) -> tuple[I64, I64] | None:
+        return self.packed.firsts, self.packed.lasts  # checked in time order (`of`)
+
     @classmethod
     def of(cls, r: QueryResult, payload: bytes | memoryview) -> PackedPiece:
         """`r`, just decoded from `payload`, with its samples let go."""

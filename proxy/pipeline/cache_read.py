@@ -214,7 +214,7 @@ class CacheReader:
                     if r.result_type != "matrix":
                         continue
                     if k.span != span:
-                        r = slice_time(r, span.start_ms, span.end_ms)
+                        r = slice_time(r, span.start_ms, span.end_ms, lazy=True)  # read for one answer
                 s.result, s.status, s.answered_by = r, "hit", k.digest
                 break
 

@@ -9,6 +9,12 @@ Prometheus omits such series. An empty piece is a valid answer (an empty matrix)
 
     split_time(answer, [(a0, b0), (a1, b1), ...]) -> [answer cut to [a0, b0], ...]
     slice_time(answer, a, b)                       -> answer cut to [a, b]
+    slice_time(cell, a, b, lazy=True)              -> the same, its samples copied when read
+
+A lazy cut (`TimeCut`) is for the warm read path: a window's edge cells are cut for one
+answer, and that answer is spliced from the cells' encoded samples (codec/json_splice.py),
+so the cut's own samples are never read; it holds its cell (kept by the cache reader
+anyway) until then.
 
 Compiled: a binary search per series and bound, then one copy per piece; no temporary
 array per sample. Samples out of time order within a series take the vectorised path.
@@ -24,22 +30,79 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
-from .query_result import QueryResult
+from .query_result import F64, LazySamples, QueryResult
 
-__all__ = ["iter_split_time", "slice_time", "split_time", "subsample"]
+__all__ = ["TimeCut", "iter_split_time", "slice_time", "split_time", "subsample"]
 
 I64 = npt.NDArray[np.int64]
 
 
-def slice_time(result: QueryResult, start_ms: int, end_ms: int) -> QueryResult:
-    """`result` (a matrix) restricted to samples with `start_ms <= t <= end_ms`."""
+def slice_time(result: QueryResult, start_ms: int, end_ms: int, *, lazy: bool = False) -> QueryResult:
+    """`result` (a matrix) restricted to samples with `start_ms <= t <= end_ms`. `lazy`: a
+    `TimeCut`, whose samples are copied from `result` only when read (it holds `result`)."""
     if result.result_type != "matrix":
         raise ValueError(f"only a matrix can be cut by time, not a {result.result_type}")
-    t = result.t_ms
-    if len(t) == 0 or (int(t.min()) >= start_ms and int(t.max()) <= end_ms):
+    bounds = result.series_bounds()
+    if bounds is not None:
+        counts = result.counts > 0
+        whole = not counts.any() or (int(bounds[0][counts].min()) >= start_ms
+                                     and int(bounds[1][counts].max()) <= end_ms)
+    else:
+        t = result.t_ms
+        whole = len(t) == 0 or (int(t.min()) >= start_ms and int(t.max()) <= end_ms)
+    if whole:
         return result
+    if lazy:
+        cut = TimeCut.of(result, start_ms, end_ms)
+        if cut is not None:
+            return cut
     (piece,) = iter_split_time(result, [(start_ms, end_ms)], origin=True)
     return piece
+
+
+class TimeCut(LazySamples):
+    """`source` cut to a time range, series by series: the sample ranges [lo, hi) of the
+    series it keeps; the samples are copied from `source` the first time they are read,
+    then `source` is let go. Each series' first and last timestamp are known at once
+    (`series_bounds`), and `origin` points at `source`, as an eager cut's does."""
+
+    def __init__(self, source: QueryResult, kept: list[int], lo: I64, hi: I64, ckeys: list[bytes]) -> None:
+        offsets = np.zeros(len(kept) + 1, dtype=np.int64)
+        np.cumsum(hi - lo, out=offsets[1:])
+        super().__init__(source.result_type, source.labels_of(kept), offsets, list(source.warnings),
+                         list(source.infos), [ckeys[s] for s in kept])
+        self._source: QueryResult | None = source
+        self._lo = lo
+        self._hi = hi
+        t = source.t_ms
+        self._bounds = (t[lo], t[hi - 1]) if len(kept) else (lo, lo)
+        self.origin = (weakref.ref(source), lo)
+
+    @classmethod
+    def of(cls, source: QueryResult, start_ms: int, end_ms: int) -> TimeCut | None:
+        """The cut, or None when a series' timestamps do not increase (cut eagerly then)."""
+        t = np.ascontiguousarray(source.t_ms, dtype=np.int64)
+        offsets = np.ascontiguousarray(source.offsets, dtype=np.int64)
+        lo = np.empty((1, source.n_series), dtype=np.int64)
+        hi = np.empty((1, source.n_series), dtype=np.int64)
+        if not _cut_points(offsets, t, np.array([start_ms]), np.array([end_ms]), lo, hi):
+            return None
+        keep = np.flatnonzero(hi[0] > lo[0])
+        ckeys = source.canonical_keys() if source.n_series else []
+        return cls(source, keep.tolist(), lo[0][keep], hi[0][keep], ckeys)
+
+    def series_bounds(self) -> tuple[I64, I64] | None:
+        return self._bounds
+
+    def _load(self) -> tuple[I64, F64]:
+        source = self._source
+        assert source is not None
+        t = np.empty(self.n_samples, dtype=np.int64)
+        v = np.empty(self.n_samples, dtype=np.float64)
+        _copy_ranges(self._lo, self._hi, self.offsets, np.ascontiguousarray(source.t_ms, dtype=np.int64),
+                     np.ascontiguousarray(source.value, dtype=np.float64), t, v)
+        self._source = None  # the origin still points at it, weakly
+        return t, v
 
 
 def split_time(result: QueryResult, bounds: Sequence[tuple[int, int]]) -> list[QueryResult]:

@@ -200,6 +200,13 @@ class QueryResult:
         pieces (concat.py's `Concatenation`) gathers about `max_samples` at a time."""
         yield 0, self.n_series, self.t_ms, self.value
 
+    def series_bounds(self) -> tuple[I64, I64] | None:
+        """Each series' first and last timestamp (0 for a series without samples), known
+        without reading the samples, which then increase within each series; or None (read
+        the samples). A cell read back packed (`PackedPiece`) and a lazy cut of a cell
+        (`pieces.TimeCut`) know them."""
+        return None
+
     def packed_samples(self) -> Any:
         """None, or (a cached cell read back: codec/arrow.py's `PackedPiece`) its samples left
         packed: `.firsts` / `.lasts` (each series' first and last timestamp) and `.cursor()`,
@@ -290,6 +297,11 @@ class LazySamples(QueryResult):
 
     def _load(self) -> tuple[I64, F64]:
         raise NotImplementedError
+
+    @property
+    def loaded(self) -> bool:
+        """Whether its samples were read (and are held now)."""
+        return self._samples is not None
 
     def _loaded(self) -> tuple[I64, F64]:
         with self._lock:
