@@ -42,16 +42,16 @@ from proxy.result.concat import Concatenation
 
 from .json_encode import encode_samples, head_tail
 
-__all__ = ["MEMO_MAX_BYTES", "SPLICE_MAX_SAMPLES", "SampleJSON", "memo_bytes", "splice_prometheus_json", "spliceable",
+__all__ = ["MEMO_MAX_BYTES", "SPLICE_MAX_SAMPLES", "SampleJSON", "keep_at_most", "memo_bytes", "splice_prometheus_json", "spliceable",
            "spliced"]
 
 I64 = npt.NDArray[np.int64]
 U8 = npt.NDArray[np.uint8]
 
-# All cells' encoded samples together: a dashboard's large panels are a few MB of JSON each
-# (a 256-series 1 h panel: 2-3 MB). Bounded low: what is kept here adds to the process's
-# peak (48 MiB, with answers up to 1 M samples written whole, took scenario (e)'s 20 heavy
-# queries at once from +95 to +125-140 MiB over idle, over its +116 MiB bound).
+# All cells' encoded samples together, by default (cache.json_memo_bytes sets it at start-up,
+# `keep_at_most`): a dashboard's large panels are a few MB of JSON each (a 256-series 1 h
+# panel: 2-3 MB; a 24 h dashboard refresh ~27 MB). Only warm answers' cells are kept: cold
+# ones (scenario (e)) keep nothing here.
 MEMO_MAX_BYTES = 16 << 20
 # Answers up to this many samples are written whole from their cells' bytes; larger ones
 # are streamed by the encoder (responses.STREAM_ABOVE_SAMPLES, the same bound).
@@ -122,12 +122,20 @@ class _Memos:
             r.sample_json = memo
             self._lru[key] = (weakref.ref(r, gone), size)
             self.used += size
-            while self.used > self.max_bytes and self._lru:
-                _, (ref, n) = self._lru.popitem(last=False)
-                self.used -= n
-                old = ref()
-                if old is not None:
-                    old.sample_json = None
+            self._evict()
+
+    def keep_at_most(self, max_bytes: int) -> None:
+        with self._lock:
+            self.max_bytes = max_bytes
+            self._evict()
+
+    def _evict(self) -> None:
+        while self.used > self.max_bytes and self._lru:
+            _, (ref, n) = self._lru.popitem(last=False)
+            self.used -= n
+            old = ref()
+            if old is not None:
+                old.sample_json = None
 
     def clear(self) -> None:
         with self._lock:
@@ -145,6 +153,12 @@ _MEMOS = _Memos(MEMO_MAX_BYTES)
 def memo_bytes() -> int:
     """Bytes of encoded samples kept now (tests, metrics)."""
     return _MEMOS.used
+
+
+def keep_at_most(max_bytes: int) -> None:
+    """Keep at most `max_bytes` of cells' encoded samples from now on (cache.json_memo_bytes,
+    set at start-up; the least recently used go first). 0: keep none."""
+    _MEMOS.keep_at_most(max_bytes)
 
 
 @njit(cache=True, nogil=True)

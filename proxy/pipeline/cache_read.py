@@ -39,7 +39,8 @@ log = logging.getLogger("promaccel.cache")
 # Cached payloads of one lookup above this many bytes are decoded in a worker thread.
 DECODE_IN_THREAD_BYTES = 256 * 1024
 # Decoded cells kept for the next lookup of the same payload, at most this many samples in
-# all (~16 MB of columns): a dashboard's refresh reads the same cells again.
+# all by default (cache.decoded_max_samples sets it): a dashboard's refresh reads the same
+# cells again.
 DECODED_MAX_SAMPLES = 1_000_000
 # Room above 24 bytes a sample for a kept cell's payload (its labels, Arrow's framing).
 MEMO_SLACK_BYTES = 1 << 20
@@ -177,7 +178,7 @@ class CacheReader:
         # Decoded payloads: lookups that joined one read (50 users on one dashboard), and the
         # next refresh's lookups of the same cells, decode each payload once; the cells this
         # process stored are not decoded at all (`DecodedCells.adopt`).
-        self.decoded = DecodedCells()
+        self.decoded = DecodedCells(config.cache.decoded_max_samples)
         landing.on_unland = self._adopt
 
     def _adopt(self, digest: str, result: QueryResult) -> None:

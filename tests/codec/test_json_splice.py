@@ -86,3 +86,25 @@ def test_copy_runs_copies_each_run_and_refuses_runs_outside_the_buffers() -> Non
             copy_runs(out, args["dest"], src, args["a"], args["n"])
     with pytest.raises(ValueError, match="contiguous"):
         copy_runs(out, dest, src[::2], a // 2, n // 2)
+
+
+def test_keep_at_most_drops_the_least_recently_used_down_to_the_bound_and_zero_keeps_none() -> None:
+    from proxy.codec.json_splice import MEMO_MAX_BYTES, keep_at_most
+
+    try:
+        keep_at_most(MEMO_MAX_BYTES)
+        cells = [cell(h) for h in range(6)]
+        for c in cells:
+            assert splice_prometheus_json(c) == encode_prometheus_json(c)
+        one = cells[0].sample_json.nbytes
+        assert memo_bytes() >= 6 * one and all(c.sample_json is not None for c in cells)
+        keep_at_most(2 * one)  # smaller: the oldest go, with their bytes
+        assert memo_bytes() <= 2 * one
+        assert [c.sample_json is not None for c in cells] == [False] * 4 + [True] * 2
+        keep_at_most(0)
+        assert all(c.sample_json is None for c in cells)
+        fresh = cell(7)
+        assert splice_prometheus_json(fresh) == encode_prometheus_json(fresh)  # still spliced, kept nowhere
+        assert fresh.sample_json is None
+    finally:
+        keep_at_most(MEMO_MAX_BYTES)

@@ -109,8 +109,8 @@ def rurl(redis_server: Any) -> Iterator[str]:
     yield url
 
 
-def reader_of(store: PieceStore) -> CacheReader:
-    config = build_config({"backends": [{"url": "http://127.0.0.1:1"}]})
+def reader_of(store: PieceStore, **cache: Any) -> CacheReader:
+    config = build_config({"backends": [{"url": "http://127.0.0.1:1"}], "cache": cache})
     return CacheReader(config, lambda: store, Landing(), SlotMaker(config, H))
 
 
@@ -149,6 +149,28 @@ def test_a_kept_cell_is_read_as_its_mac_and_not_decoded_again(rurl: str, monkeyp
             await store.aclose()
 
     asyncio.run(main())
+
+
+def test_cache_decoded_max_samples_bounds_what_is_kept(rurl: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cache.decoded_max_samples: 0 keeps no cell decoded (every read decodes again); the
+    default keeps them (the test above)."""
+    decodes = Decodes(monkeypatch)
+
+    async def main() -> None:
+        store = RedisStore(rurl, mac_key=SECRET)
+        reader = reader_of(store, decoded_max_samples=0)
+        try:
+            assert reader.decoded.max_samples == 0
+            keys = [key(i) for i in range(3)]
+            await store.put_many([item(k, payload(float(10 * i))) for i, k in enumerate(keys)])
+            for n in (3, 6):
+                got = await reader.read(keys)
+                assert decodes.n == n and values_of(got[keys[2].digest]) == [20.0, 21.0, 22.0, 23.0]
+        finally:
+            await store.aclose()
+
+    asyncio.run(main())
+    assert reader_of(MemoryStore(1 << 20)).decoded.max_samples == 2_500_000  # the default
 
 
 def test_what_another_process_did_to_an_entry_is_what_is_served(rurl: str) -> None:
