@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from proxy.pipeline.cache_read import CacheReader, DecodedCells, payload_signatu
 from proxy.pipeline.landing import Landing
 from proxy.pipeline.slots import SlotMaker
 from proxy.result import QueryResult
+from proxy.result.pieces import TimeCut
 from shardplanner.plan import Span
 
 H = 3_600_000
@@ -250,3 +252,25 @@ def test_an_in_process_store_is_read_by_checksum(monkeypatch: pytest.MonkeyPatch
         assert values_of((await reader.read([k]))[k.digest])[0] == 2.0 and decodes.n == 2
 
     asyncio.run(main())
+
+
+def test_a_kept_cell_is_cut_lazily_for_a_window_and_any_other_at_once() -> None:
+    """CacheReader.lookup cuts a cell to the piece's window: lazily (`TimeCut`, its samples
+    never copied when the answer is spliced from the cell's bytes) when the reader keeps the
+    cell decoded anyway, at once otherwise (a cold cell must be free to go: scenario (e))."""
+    window = Span.range(T0 + 60_000, T0 + 600_000, 10_000)
+    want = [float(T0 + 60_000 + 10_000 * j) for j in range(55)]
+    for max_samples, lazy in ((2_500_000, True), (0, False)):
+
+        async def main(max_samples: int = max_samples, lazy: bool = lazy) -> None:
+            store = MemoryStore(64 << 20)
+            reader = reader_of(store, decoded_max_samples=max_samples)
+            await store.put_many([item(key(0), payload(1.0))])
+            slot = SimpleNamespace(keys=(key(0),), status="", piece=SimpleNamespace(span=window), result=None,
+                                   answered_by=None)
+            await reader.lookup([slot])  # type: ignore[list-item]
+            r = slot.result
+            assert slot.status == "hit" and isinstance(r, TimeCut) is lazy
+            assert r.n_series == 4 and [float(t) for t in r.t_ms[:55]] == want and r.value[0] == 1.0
+
+        asyncio.run(main())
