@@ -83,7 +83,11 @@ class Fetcher:
         if f.span.is_range and len(f.units) > 1:
             cells = [self.landing.landed(u.key.digest if u.key is not None else None) for u in f.units]
             if all(c is not None for c in cells):
-                return [c for c in cells if c is not None]
+                kept = [c for c in cells if c is not None]
+                if f.keep is not None:  # the edge cells cropped now, as the merge keeps them
+                    kept[0] = slice_time(kept[0], *f.keep)
+                    kept[-1] = slice_time(kept[-1], *f.keep)
+                return kept
         if f.keep is not None and f.span.is_range:
             return [slice_time(result, *f.keep)]  # the whole answer is let go now
         return [result]
