@@ -280,14 +280,28 @@ def _samples_of(r: QueryResult) -> tuple[I64, npt.NDArray[np.float64]]:
     return t[:n], v[:n]
 
 
-def _source(r: QueryResult) -> tuple[SampleJSON, I64]:
-    """The encoded samples that hold r's, and where each of r's series starts in them."""
+def _sources(pieces: list[QueryResult]) -> list[tuple[SampleJSON, I64]]:
+    """`_source` of each piece, knowing how much of each cell the answer reads: a day cell
+    answering a day's hour pieces is cut 23 times, an hour each (1/24 of it), and read
+    almost whole."""
+    read: dict[int, int] = {}
+    for r in pieces:
+        cell = r.origin[0]() if r.origin is not None else None
+        if cell is not None:
+            read[id(cell)] = read.get(id(cell), 0) + r.n_samples
+    return [_source(r, read) for r in pieces]
+
+
+def _source(r: QueryResult, read: dict[int, int]) -> tuple[SampleJSON, I64]:
+    """The encoded samples that hold r's, and where each of r's series starts in them.
+    `read`: the samples this answer reads of each cell, by id."""
     if r.origin is not None:
         cell = r.origin[0]()
         # The cell whole is written once for later answers, unless it is much larger than
-        # this cut of it and not written yet (a whole backend answer cut for a cold query).
+        # what this answer reads of it and not written yet (a whole backend answer cut for
+        # a cold query).
         if cell is not None and (cell.sample_json is not None or (
-                cell.keeps_json and cell.n_samples <= ORIGIN_MAX_RATIO * r.n_samples + ORIGIN_SMALL)):
+                cell.keeps_json and cell.n_samples <= ORIGIN_MAX_RATIO * read.get(id(cell), r.n_samples) + ORIGIN_SMALL)):
             return _MEMOS.of(cell), r.origin[1]
     return _MEMOS.of(r), r.offsets[:-1]
 
@@ -356,7 +370,7 @@ def _splice(result: QueryResult, alloc: Callable[[int], U8]) -> U8 | None:
     runs = _runs(result)
     assert runs is not None
     pieces, s_start, s_len, s_piece, series = runs
-    sources = [_source(r) for r in pieces]
+    sources = _sources(pieces)
     m = len(s_start)
     a = np.empty(m, dtype=np.int64)
     b = np.empty(m, dtype=np.int64)

@@ -235,3 +235,22 @@ def test_cells_made_for_one_answer_are_encoded() -> None:
     assert all(c.sample_json is None for c in cells) and memo_bytes() == before
     cells[1].keeps_json = True  # one cell kept: still not all of them
     assert splice_prometheus_json(concat(window(cells, T0 + 3 * STEP, T0 + 55 * STEP), lazy=True)) is None
+
+
+def test_a_day_cell_answering_a_days_hour_pieces_is_written_once_for_all_of_them() -> None:
+    """The hour pieces of a day the window holds only part of are each answered by a cut of
+    the day cell (an hour of it, 1/24): together they read most of it, so the cell is written
+    whole once and kept, and the next answer writes nothing."""
+    rng = random.Random(11)
+    day = fleet(rng, 2000, 240)  # 240 steps: 24 "hours" of 10; large enough that one hour
+    assert day.n_samples > 8 * day.n_samples / 24 + json_splice.ORIGIN_SMALL  # would not write it
+    day.keeps_json = True
+    hours = [(T0 + 10 * h * STEP, T0 + (10 * h + 9) * STEP) for h in range(24)]
+    for k in range(2):
+        lo = T0 + (3 + k) * STEP  # the window slides: the first hour is cut
+        cuts = [slice_time(day, max(a, lo), b, lazy=True) for a, b in hours]
+        with pytestmock_encode() as calls:
+            got = splice_prometheus_json(concat(cuts, lazy=True))
+        assert got == encode_prometheus_json(concat([slice_time(day, max(a, lo), b) for a, b in hours]))
+        assert calls == ([day.n_samples] if k == 0 else [])  # the whole cell once, then nothing
+    assert day.sample_json is not None
