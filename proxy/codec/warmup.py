@@ -63,6 +63,14 @@ def warm_up() -> float:
     encode_prometheus_json(big_cells[0])
     splice_prometheus_json(merge([(None, slice_time(m, 1_700_000_015_000, 1_700_000_045_000)), (None, cell)],
                                  MergeRecipe(kind="concat"), lazy=True))
+    # Kept cells cut lazily for a window (pipeline/cache_read.py): one read back whole, of
+    # one batch and of several, and one read back packed (cells of pack_min_samples or more).
+    packed = [arrow.from_ipc_bytes(arrow.to_ipc_bytes(r, "lz4"), pack_from=1) for r in (later, big[0])]
+    for c in (cell, big_cells[0], *packed):
+        first = int(c.t_ms[0])
+        cut = slice_time(c, first + 1, first + 30_000, lazy=True)
+        splice_prometheus_json(merge([(None, cut), (None, big_cells[1])], MergeRecipe(kind="concat"), lazy=True))
+        encode_prometheus_json(cut)
     for res, time_ms in ((m, None), (v, 1_700_000_000_000)):
         for op in ("sum", "min", "max", "count", "group"):
             encode_prometheus_json(merge([(None, res), (None, res)],

@@ -85,7 +85,12 @@ class TimeCut(LazySamples):
         offsets = np.ascontiguousarray(source.offsets, dtype=np.int64)
         lo = np.empty((1, source.n_series), dtype=np.int64)
         hi = np.empty((1, source.n_series), dtype=np.int64)
-        if not _cut_points(offsets, t, np.array([start_ms]), np.array([end_ms]), lo, hi):
+        if source.series_bounds() is not None:
+            # In time order, checked when it was decoded: the binary searches alone (a day cell
+            # answering a day's hour pieces is cut 23 times; checking its 184 k samples each
+            # time was most of the cut).
+            _cut_points_in_order(offsets, t, start_ms, end_ms, lo[0], hi[0])
+        elif not _cut_points(offsets, t, np.array([start_ms]), np.array([end_ms]), lo, hi):
             return None
         keep = np.flatnonzero(hi[0] > lo[0])
         ckeys = source.canonical_keys() if source.n_series else []
@@ -168,6 +173,16 @@ def _cut_points(offsets, t, starts, ends, lo, hi):  # type: ignore[no-untyped-de
             lo[j, s] = a + np.searchsorted(seg, starts[j], side="left")
             hi[j, s] = a + np.searchsorted(seg, ends[j], side="right")
     return True
+
+
+@njit(cache=True, nogil=True)
+def _cut_points_in_order(offsets, t, start, end, lo, hi):  # type: ignore[no-untyped-def]
+    """`_cut_points` for one bound of samples known to be in time order within each series."""
+    for s in range(len(offsets) - 1):
+        a = offsets[s]
+        seg = t[a:offsets[s + 1]]
+        lo[s] = a + np.searchsorted(seg, start, side="left")
+        hi[s] = a + np.searchsorted(seg, end, side="right")
 
 
 @njit(cache=True, nogil=True)

@@ -71,6 +71,13 @@ encode_prometheus_json(merge([(None, a), (None, b)], MergeRecipe(kind="aggregate
 cached = arrow.from_ipc_bytes(arrow.to_ipc_bytes(cell, "lz4"))
 edge = slice_time(a, (T + 600) * 1000, (T + 3000) * 1000)
 splice_prometheus_json(merge([(None, edge), (None, cached)], MergeRecipe(kind="concat"), lazy=True))
+# Kept cells cut lazily for a window, read back whole and packed (pipeline/cache_read.py).
+packed = arrow.from_ipc_bytes(arrow.to_ipc_bytes(cell, "lz4"), pack_from=1)
+for c in (cached, packed):
+    c.keeps_json = True
+    cut = slice_time(c, (T + 3700) * 1000, (T + 4500) * 1000, lazy=True)
+    splice_prometheus_json(merge([(None, edge), (None, cut)], MergeRecipe(kind="concat"), lazy=True))
+    encode_prometheus_json(cut)
 
 after = signatures()
 print(json.dumps({k: [warmed.get(k, 0), n] for k, n in after.items() if n != warmed.get(k, 0)}))

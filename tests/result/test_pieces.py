@@ -92,3 +92,16 @@ def test_a_packed_cell_inside_the_window_is_not_read_and_one_out_of_order_is_cut
 def test_a_vector_is_not_cut() -> None:
     with pytest.raises(ValueError, match="only a matrix"):
         slice_time(QueryResult.from_series("vector", [({"a": "b"}, [T0], [1.0])]), T0, T0, lazy=True)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.integers(0, 59), st.integers(0, 59))
+def test_a_lazy_cut_of_a_packed_cell_is_the_eager_cut(seed: int, a: int, b: int) -> None:
+    """A cell read back packed is in time order (checked when decoded): its lazy cut searches
+    without checking again, and is the same cut."""
+    whole = fleet(random.Random(seed), 1 + seed % 25, 60)
+    packed = arrow.PackedPiece.of(whole, arrow.to_ipc_bytes(whole))
+    lo, hi = T0 + min(a, b) * STEP, T0 + max(a, b) * STEP
+    lazy, eager = slice_time(packed, lo, hi, lazy=True), slice_time(whole, lo, hi)
+    assert np.array_equal(lazy.offsets, eager.offsets) and lazy.canonical_keys() == eager.canonical_keys()
+    assert np.array_equal(lazy.t_ms, eager.t_ms) and same_values(lazy.value, eager.value)
