@@ -217,9 +217,9 @@ class CacheReader:
                     if k.span != span:
                         # A kept cell (held by self.decoded anyway) is cut lazily: the
                         # answer is spliced from its bytes, the cut's samples never read.
-                        # Any other is cut now, so that it can go (scenario (e): twenty cold
-                        # heavy queries held their landed cells through their answers, +15
-                        # MiB at the peak).
+                        # Any other is cut now, so that it can go: a lazy cut holds its cell
+                        # until the answer is written (scenario (e)'s cold heavy queries
+                        # would hold their landed cells through their answers).
                         r = slice_time(r, span.start_ms, span.end_ms, lazy=r.keeps_json)
                 s.result, s.status, s.answered_by = r, "hit", k.digest
                 break
