@@ -48,11 +48,11 @@ __all__ = ["MEMO_MAX_BYTES", "SPLICE_MAX_SAMPLES", "SampleJSON", "keep_at_most",
 I64 = npt.NDArray[np.int64]
 U8 = npt.NDArray[np.uint8]
 
-# All cells' encoded samples together, by default (cache.json_memo_bytes sets it at start-up,
-# `keep_at_most`): a dashboard's large panels are a few MB of JSON each (a 256-series 1 h
-# panel: 2-3 MB; a 24 h dashboard refresh ~27 MB). Only warm answers' cells are kept: cold
-# ones (scenario (e)) keep nothing here.
-MEMO_MAX_BYTES = 16 << 20
+# All cells' encoded samples together, until start-up sets cache.json_memo_bytes (`keep_at_most`;
+# this is its default): a dashboard's large panels are a few MB of JSON each (a 256-series
+# 1 h panel: 2-3 MB; a 24 h dashboard refresh ~27 MB). Only warm answers' cells are kept:
+# cold ones (scenario (e)) keep nothing here.
+MEMO_MAX_BYTES = 64 << 20
 # Answers up to this many samples are written whole from their cells' bytes; larger ones
 # are streamed by the encoder (responses.STREAM_ABOVE_SAMPLES, the same bound).
 SPLICE_MAX_SAMPLES = 200_000
@@ -301,7 +301,7 @@ def _source(r: QueryResult, read: dict[int, int]) -> tuple[SampleJSON, I64]:
         # what this answer reads of it and not written yet (a whole backend answer cut for
         # a cold query).
         if cell is not None and (cell.sample_json is not None or (
-                cell.keeps_json and cell.n_samples <= ORIGIN_MAX_RATIO * read.get(id(cell), r.n_samples) + ORIGIN_SMALL)):
+                cell.keeps_json and cell.n_samples <= ORIGIN_MAX_RATIO * read[id(cell)] + ORIGIN_SMALL)):
             return _MEMOS.of(cell), r.origin[1]
     return _MEMOS.of(r), r.offsets[:-1]
 

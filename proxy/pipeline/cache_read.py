@@ -39,9 +39,9 @@ log = logging.getLogger("promaccel.cache")
 # Cached payloads of one lookup above this many bytes are decoded in a worker thread.
 DECODE_IN_THREAD_BYTES = 256 * 1024
 # Decoded cells kept for the next lookup of the same payload, at most this many samples in
-# all by default (cache.decoded_max_samples sets it): a dashboard's refresh reads the same
-# cells again.
-DECODED_MAX_SAMPLES = 1_000_000
+# all (cache.decoded_max_samples's default; the reader takes the configured value): a
+# dashboard's refresh reads the same cells again.
+DECODED_MAX_SAMPLES = 2_500_000
 # Room above 24 bytes a sample for a kept cell's payload (its labels, Arrow's framing).
 MEMO_SLACK_BYTES = 1 << 20
 # Cells this process stored, kept after they left the landing zone for the first read of

@@ -90,8 +90,8 @@ class Fetch(Timed):
     # The route of its units (all have the same id), read by `RouteAnswer`.
     routed: Route | None = field(default=None, compare=False, repr=False)
     # The times of the pieces it answers, when narrower than its span (a unit widened to its
-    # whole cache cell): what the merge keeps of an answer not cut into its units, cropped as
-    # the answer arrives (`Fetcher.parts`), set by Coalesce.
+    # whole cache cell): what the merge keeps of the answer (or of its first and last cells),
+    # cropped as the answer arrives (`Fetcher.parts`), set by Coalesce.
     keep: tuple[int, int] | None = field(default=None, compare=False, repr=False)
 
 

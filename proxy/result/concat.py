@@ -358,7 +358,7 @@ class Concatenation(LazySamples):
     @property
     def gathered(self) -> bool:
         """Whether its samples were gathered (and its pieces let go)."""
-        return self._samples is not None
+        return self.loaded
 
     def _load(self) -> tuple[I64, F64]:
         assert self._parts is not None

@@ -163,15 +163,11 @@ def _cut_points(offsets, t, starts, ends, lo, hi):  # type: ignore[no-untyped-de
     search in each series (timestamps increase within a series). False, and nothing
     meaningful written, if some series' timestamps do not increase."""
     for s in range(len(offsets) - 1):
-        a = offsets[s]
-        b = offsets[s + 1]
-        for i in range(a + 1, b):
+        for i in range(offsets[s] + 1, offsets[s + 1]):
             if t[i] <= t[i - 1]:
                 return False
-        seg = t[a:b]
-        for j in range(len(starts)):
-            lo[j, s] = a + np.searchsorted(seg, starts[j], side="left")
-            hi[j, s] = a + np.searchsorted(seg, ends[j], side="right")
+    for j in range(len(starts)):
+        _cut_points_in_order(offsets, t, starts[j], ends[j], lo[j], hi[j])
     return True
 
 
