@@ -18,6 +18,7 @@ from starlette.responses import Response
 from .. import __version__
 from ..backends import Backend
 from ..backends.tenancy import Tenancy
+from ..codec.deflate import FRAGMENT_SHARE, keep_fragments_at_most
 from ..codec.json_splice import keep_at_most
 from ..config import Config
 from ..errors import PromError
@@ -44,6 +45,7 @@ def create_app(config: Config, *, trace_exporter: Any = None) -> FastAPI:
     whatever the config says."""
     tune_malloc()
     keep_at_most(config.cache.json_memo_bytes)  # a process-wide memo, as malloc's tuning
+    keep_fragments_at_most(config.cache.json_memo_bytes // FRAGMENT_SHARE)
     t = config.tracing
     # Before the pipeline is built: its stages are wrapped in spans only when tracing is on.
     tracing.configure(t.otlp_endpoint, t.service_name, t.sample_ratio, exporter=trace_exporter)

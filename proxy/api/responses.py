@@ -16,12 +16,13 @@ from starlette.types import Receive, Scope, Send
 
 from ..backends import BackendReply
 from ..codec.arrow import encode_arrow_stream
+from ..codec.deflate import gzip_spliced
 from ..codec.json_encode import encode_prometheus_json, iter_prometheus_json
-from ..codec.json_splice import splice_prometheus_json, spliceable, spliced
+from ..codec.json_splice import splice_prometheus_json, spliceable, spliced_runs
 from ..errors import PromError
 from ..pipeline.values import Answer
 from ..result import QueryResult
-from .compress import MINIMUM_SIZE, gzip_bytes
+from .compress import MINIMUM_SIZE
 
 JSON = "application/json"
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
@@ -57,18 +58,19 @@ def _held(response: _Body | _Stream, release: Callable[[], None] | None) -> Resp
 
 def _spliced_body(result: QueryResult, gzip_ok: bool) -> tuple[bytes, bool] | None:
     """A warm answer written from its cells' encoded samples (codec/json_splice.py), gzipped
-    here when the client takes gzip (one pass from the spliced bytes, in a reused buffer; the
-    middleware passes an encoded body through): (body, whether gzipped), or None if the
-    result is not made of cells the cache reader keeps."""
+    here when the client takes gzip (from the spliced bytes, in a reused buffer, and the kept
+    deflate fragments of their runs: codec/deflate.py; the middleware passes an encoded body
+    through): (body, whether gzipped), or None if the result is not made of cells the cache
+    reader keeps."""
     if not gzip_ok:
         body = splice_prometheus_json(result)
         return None if body is None else (body, False)
-    with spliced(result) as view:
-        if view is None:
+    with spliced_runs(result) as sp:
+        if sp is None:
             return None
-        if len(view) >= MINIMUM_SIZE:
-            return gzip_bytes(view), True
-        return bytes(view), False
+        if len(sp.body) >= MINIMUM_SIZE:
+            return gzip_spliced(sp), True
+        return sp.body.tobytes(), False
 
 
 def json_response(result: QueryResult, headers: dict[str, str], release: Callable[[], None] | None = None,

@@ -42,8 +42,8 @@ from proxy.result.concat import Concatenation
 
 from .json_encode import encode_samples, head_tail
 
-__all__ = ["MEMO_MAX_BYTES", "SPLICE_MAX_SAMPLES", "SampleJSON", "keep_at_most", "memo_bytes", "splice_prometheus_json", "spliceable",
-           "spliced"]
+__all__ = ["MEMO_MAX_BYTES", "SPLICE_MAX_SAMPLES", "SampleJSON", "Source", "Spliced", "keep_at_most", "memo_bytes",
+           "splice_prometheus_json", "spliceable", "spliced", "spliced_runs"]
 
 I64 = npt.NDArray[np.int64]
 U8 = npt.NDArray[np.uint8]
@@ -66,7 +66,7 @@ _W_VALUES = np.frombuffer(b',"values":[', dtype=np.uint8)
 _HEAD = len(_W_METRIC) + len(_W_VALUES)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class SampleJSON:
     """A result's samples as encoded bytes: sample k is buf[at[k]:at[k + 1]], `,[t,"v"]`."""
 
@@ -76,6 +76,28 @@ class SampleJSON:
     @property
     def nbytes(self) -> int:
         return int(self.buf.nbytes + self.at.nbytes)
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """The runs an answer copied from one source's bytes: memo.buf[a[j]:a[j] + n[j]] went to
+    the answer's bytes at dest[j]. `kept`: the memo lives on (a cell's), not made for this
+    answer alone."""
+
+    memo: SampleJSON
+    kept: bool
+    a: I64
+    n: I64
+    dest: I64
+
+
+@dataclass(frozen=True, slots=True)
+class Spliced:
+    """A spliced answer's bytes (`body`, valid inside `spliced_runs` only) and where its
+    sample runs came from (codec/gzip_splice.py compresses the runs it has seen before once)."""
+
+    body: U8
+    sources: list[Source]
 
 
 class _Memos:
@@ -310,15 +332,23 @@ def splice_prometheus_json(result: QueryResult) -> bytes | None:
     """The answer as `json_encode.encode_prometheus_json` writes it, spliced from its cells'
     encoded samples; None when it is not a matrix of such cells (encode it then)."""
     out = _splice(result, _fresh)
-    return None if out is None else out.tobytes()
+    return None if out is None else out.body.tobytes()
 
 
 @contextmanager
 def spliced(result: QueryResult) -> Iterator[memoryview | None]:
     """`splice_prometheus_json`'s bytes in a buffer kept between answers (valid inside the
-    `with` only: copy or compress them there). Every buffer of a megabyte or more that the
-    process allocates is mapped fresh (memory.tune_malloc's fixed mmap threshold) and first
-    written page by page: a fresh 3 MB answer cost ~1.5 ms in page faults alone."""
+    `with` only: copy or compress them there)."""
+    with spliced_runs(result) as sp:
+        yield None if sp is None else memoryview(sp.body)  # type: ignore[arg-type]
+
+
+@contextmanager
+def spliced_runs(result: QueryResult) -> Iterator[Spliced | None]:
+    """The spliced answer and its runs, its bytes in a buffer kept between answers (valid
+    inside the `with` only: copy or compress them there). Every buffer of a megabyte or more
+    that the process allocates is mapped fresh (memory.tune_malloc's fixed mmap threshold) and
+    first written page by page: a fresh 3 MB answer cost ~1.5 ms in page faults alone."""
     buf = _BUFFERS.take()
     box: list[U8 | None] = [buf]
 
@@ -329,8 +359,7 @@ def spliced(result: QueryResult) -> Iterator[memoryview | None]:
         return got
 
     try:
-        out = _splice(result, alloc)
-        yield None if out is None else memoryview(out)  # type: ignore[arg-type]
+        yield _splice(result, alloc)
     finally:
         _BUFFERS.give(box[0])
 
@@ -364,7 +393,7 @@ class _Buffers:
 _BUFFERS = _Buffers()
 
 
-def _splice(result: QueryResult, alloc: Callable[[int], U8]) -> U8 | None:
+def _splice(result: QueryResult, alloc: Callable[[int], U8]) -> Spliced | None:
     if not spliceable(result):
         return None
     runs = _runs(result)
@@ -410,8 +439,13 @@ def _splice(result: QueryResult, alloc: Callable[[int], U8]) -> U8 | None:
     out[:len(head)] = np.frombuffer(head, dtype=np.uint8)
     out[total - len(tail):] = np.frombuffer(tail, dtype=np.uint8)
     _skeleton(out, series_at, np.frombuffer(raw, dtype=np.uint8), lab_s, lab_e, payload, _W_METRIC, _W_VALUES)
-    for p, src in enumerate(sources):
+    used = []
+    for p, (r, src) in enumerate(zip(pieces, sources)):
         mine = by_piece[bounds[p]:bounds[p + 1]]
         if len(mine):
-            copy_runs(out, dest[mine], src[0].buf, a[mine], nb[mine])
-    return out
+            memo = src[0]
+            copy_runs(out, dest[mine], memo.buf, a[mine], nb[mine])
+            cell = r.origin[0]() if r.origin is not None else None
+            kept = memo is r.sample_json or (cell is not None and memo is cell.sample_json)
+            used.append(Source(memo, kept, a[mine], nb[mine], dest[mine]))
+    return Spliced(out, used)

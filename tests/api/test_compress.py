@@ -1,6 +1,6 @@
-"""proxy/api/compress.py: `gzip_bytes` writes one standard gzip member (in two halves at once
-from PARALLEL_ABOVE bytes up), `compressor` a streaming one, and `FastGZipMiddleware` gzips
-answers of MINIMUM_SIZE bytes or more for clients that ask, and nothing else.
+"""proxy/api/compress.py: `compressor` (codec/deflate.py) writes a streaming gzip member, and
+`FastGZipMiddleware` gzips answers of MINIMUM_SIZE bytes or more for clients that ask, and
+nothing else (whole bodies: tests/codec/test_deflate.py).
 
 Every body is checked by decompressing it with Python's own gzip/zlib (what any client uses),
 never against bytes written by the module itself."""
@@ -8,10 +8,6 @@ never against bytes written by the module itself."""
 from __future__ import annotations
 
 import asyncio
-import gzip
-import random
-import struct
-import zlib
 
 import httpx
 import pytest
@@ -22,75 +18,26 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from proxy.api import compress
-from proxy.api.compress import MINIMUM_SIZE, PARALLEL_ABOVE, FastGZipMiddleware, compressor, gzip_bytes
+from proxy.api.compress import MINIMUM_SIZE, FastGZipMiddleware, compressor
 
-
-def _json_like(n: int, seed: int = 1) -> bytes:
-    """`n` bytes shaped like a matrix answer (compressible, but not trivially)."""
-    rng = random.Random(seed)
-    out = bytearray(b'{"status":"success","data":{"resultType":"matrix","result":[')
-    while len(out) < n:
-        out += b'[%d,"%.3f"],' % (1_793_404_800 + rng.randrange(10_000) * 30, rng.random() * 100)
-    return bytes(out[:n])
-
-
-def _one_member(body: bytes) -> bytes:
-    """The data of `body`, which must be exactly one gzip member (nothing after it)."""
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    data = d.decompress(body) + d.flush()
-    assert d.eof and d.unused_data == b"", "not exactly one gzip member"
-    return data
-
-
-# --- gzip_bytes ---------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("size", [0, 1, MINIMUM_SIZE, PARALLEL_ABOVE - 1, PARALLEL_ABOVE, PARALLEL_ABOVE + 1,
-                                  3 * PARALLEL_ABOVE + 7])
-def test_gzip_bytes_is_one_member_of_the_data_on_both_sides_of_the_parallel_threshold(size: int) -> None:
-    data = _json_like(size)
-    body = gzip_bytes(data)
-    assert body[:3] == b"\x1f\x8b\x08"  # gzip magic, deflate (RFC 1952)
-    assert _one_member(body) == data
-    assert gzip.decompress(body) == data
-    # The trailer: CRC-32 and size mod 2**32 of the whole input, whichever path wrote it.
-    crc, isize = struct.unpack("<II", body[-8:])
-    assert crc == zlib.crc32(data) and isize == size
-    if size >= MINIMUM_SIZE:
-        assert len(body) < size / 2  # compressed, not stored
-
-
-def test_gzip_bytes_takes_memoryviews_of_any_shape() -> None:
-    """The splice path hands a memoryview of a reused buffer (responses.py): a view of a
-    typed buffer is compressed as its bytes."""
-    data = _json_like(PARALLEL_ABOVE + 4096)
-    words = memoryview(bytearray(data)).cast("B").cast("I", (len(data) // 4,))
-    assert _one_member(gzip_bytes(words)) == data[: len(data) // 4 * 4]
-    assert _one_member(gzip_bytes(memoryview(data[:5000]))) == data[:5000]
-
-
-def test_incompressible_data_survives_both_paths() -> None:
-    rng = random.Random(7)
-    for size in (5000, PARALLEL_ABOVE + 3):
-        data = rng.randbytes(size)
-        assert _one_member(gzip_bytes(data)) == data
+from ..codec.test_deflate import json_like, one_member
 
 
 def test_streaming_compressor_writes_one_member_from_chunks() -> None:
-    data = _json_like(300_000)
+    data = json_like(300_000)
     c = compressor()
     body = b"".join(c.compress(data[i:i + 70_001]) for i in range(0, len(data), 70_001)) + c.flush()
-    assert _one_member(body) == data
+    assert one_member(body) == data
     # A fresh object each call: two streams never share state.
     a, b = compressor(), compressor()
     assert a is not b
-    assert _one_member(a.compress(b"x" * 100) + a.flush()) == b"x" * 100
-    assert _one_member(b.compress(b"y" * 100) + b.flush()) == b"y" * 100
+    assert one_member(a.compress(b"x" * 100) + a.flush()) == b"x" * 100
+    assert one_member(b.compress(b"y" * 100) + b.flush()) == b"y" * 100
 
 
 # --- the middleware -----------------------------------------------------------------------------
 
-BIG = _json_like(200_000, seed=3)
+BIG = json_like(200_000, seed=3)
 
 
 def _app() -> Starlette:

@@ -207,20 +207,6 @@ def test_packed_cells_are_spliced_and_stay_packed() -> None:
             assert c.sample_json is not None
 
 
-@pytest.mark.parametrize("size", [0, 1000, (1 << 20) - 1, 1 << 20, 3_000_001])
-def test_gzip_in_halves_is_one_member_every_reader_reads(size: int) -> None:
-    from proxy.api.compress import gzip_bytes
-
-    rng = random.Random(size)
-    data = bytes(rng.choice(b'0123456789[],"{}abcdef.') for _ in range(size))
-    body = gzip_bytes(memoryview(bytearray(data)))
-    assert gzip.decompress(body) == data
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    assert d.decompress(body) + d.flush() == data and d.eof and not d.unused_data  # one member
-    decoded = httpx.Response(200, headers={"Content-Encoding": "gzip"}, content=body)
-    assert decoded.read() == data
-
-
 def test_cells_made_for_one_answer_are_encoded() -> None:
     """A cold answer's fetched cells (not kept by the cache reader): the encoder writes it,
     nothing is kept."""
