@@ -79,7 +79,9 @@ class SlotMaker:
         cc = self.config.cache
         interval = self.split_interval_ms
         slots: list[Slot] = []
-        days: dict[Span, Unit | None] = {}
+        # A day's unit for each of the plan's pieces in that day: by the piece's query, shard
+        # and role as well (each shard's pieces are answered by that shard's day cell).
+        days: dict[tuple[Span, str, int, str | None], Unit | None] = {}
         for p in plan.pieces:
             span = p.span
             exact = self.unit(p, span, ctx, router)
@@ -90,12 +92,13 @@ class SlotMaker:
                 continue
             day = None
             if day_span is not None:
-                if day_span not in days:
+                which = (day_span, p.query, p.shard.index if p.shard else -1, p.role)
+                if which not in days:
                     try:
-                        days[day_span] = self.unit(p, day_span, ctx, router)
+                        days[which] = self.unit(p, day_span, ctx, router)
                     except PromError:
-                        days[day_span] = None
-                day = days[day_span]
+                        days[which] = None
+                day = days[which]
                 if day is not None and not day.storable:
                     day = None
             cell = None

@@ -21,6 +21,7 @@ import orjson
 import pytest
 
 from loadtests.compare import diff_answers
+from proxy.pipeline.landing import LANDING_GRACE_S
 from tests.corpus import QUERIES
 from tests.servers import Promaccel
 
@@ -133,6 +134,29 @@ def test_warm_whole_days_make_no_backend_call(prom: Any, proxy: Promaccel) -> No
             problems, r = _check(prom, proxy, form, client)
             assert problems == [] and r.headers["X-Cache"] == "HIT"
             assert _calls(proxy.url) == calls
+
+
+def test_a_window_sliding_inside_a_day_cell_is_prometheuss_answer(prom: Any, proxy: Promaccel) -> None:
+    """A window inside an old day whose day cell is cached reads the cell for each of its hour
+    pieces; warm, the pieces between its edges are one cut of the cell (pipeline/lookup.py)
+    and the answer is gzipped from that cut's kept deflate runs (codec/deflate.py) from the
+    second ask on. Sliding a step at a time and asked three times at each place (gzip, as
+    Grafana asks), every answer is Prometheus's."""
+    end = prom.end_s
+    query = "avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)"
+    with httpx.Client(timeout=120, headers={"Accept-Encoding": "gzip"}) as client:
+        whole = {"query": query, "start": str(end - 2 * DAY), "end": str(end + 600), "step": "60"}
+        assert _check(prom, proxy, whole, client)[0] == []  # Oct 31 fetched and stored as a day cell
+        time.sleep(LANDING_GRACE_S + 0.5)  # then read from the store, and kept decoded
+        calls = _calls(proxy.url)
+        for k in range(4):
+            form = {"query": query, "start": str(end - 5 * HOUR - 30 * 60 + k * 60),
+                    "end": str(end - HOUR - 25 * 60 + k * 60), "step": "60"}
+            for _ in range(3):
+                problems, r = _check(prom, proxy, form, client)
+                assert problems == [], problems[:3]
+                assert r.headers["X-Cache"] == "HIT" and r.headers.get("Content-Encoding") == "gzip"
+        assert _calls(proxy.url) == calls
 
 
 def test_a_day_cell_is_made_from_its_hour_cells(prom: Any, redis_server: Any, tmp_path: Path) -> None:

@@ -107,6 +107,23 @@ def test_old_days_are_answered_by_their_day_cell_first() -> None:
     assert all(s.day is None for s in got if s.piece.span.start_ms >= T0 + 2 * D)
 
 
+def test_each_shards_pieces_are_answered_by_that_shards_day_cell() -> None:
+    """A sharded query's pieces in a day held in part: each shard's are looked up in its own
+    day cell. (One day unit per day was once shared by all shards: every shard read shard 0's
+    cell, and the merge met the same samples four times.)"""
+    hosts = [f"gpu-node-{i:04d}" for i in range(8)]
+    p = plan(QueryRequest.range("avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)", T0 + 20 * H, T0 + D + 2 * H, 5 * M),
+             PlannerSettings(split_interval_ms=H, shards=4), {"Hostname": hosts}, day_cells_until_ms=T0 + D)
+    got = [s for s in slots(p) if s.piece.span.start_ms < T0 + D]
+    assert {s.piece.shard.index for s in got if s.piece.shard} == {0, 1, 2, 3}
+    for s in got:
+        assert s.day is not None and s.day.key is not None and s.piece.shard is not None
+        assert s.keys[0] == s.day.key
+        assert s.day.query == s.piece.query  # the day cell of this shard's query
+    by_shard = {s.piece.shard.index: s.day.key.digest for s in got if s.piece.shard and s.day and s.day.key}
+    assert len(set(by_shard.values())) == 4
+
+
 def test_a_query_the_cache_cannot_key_has_no_key() -> None:
     p = planned("sum(DCGM_FI_DEV_GPU_UTIL", T0, T0 + H - M)  # does not parse: forwarded as is
     assert all(s.unit.key is None and s.keys == () for s in slots(p))
