@@ -17,6 +17,7 @@ from ..config import Config
 from ..errors import PromError
 from ..observe.metrics import METRICS
 from ..result import QueryResult
+from ..result.pieces import TimeCut, slice_time
 from .cache_read import CacheReader
 from .context import RequestContext
 from .daycells import DayCells
@@ -120,9 +121,7 @@ class Coalesce:
         settled, shared = await self.next(Calls(w.q, fetches, [fut for _, fut in waits]))
         # Segments to merge: each cached or shared piece, and each fetched answer cut to
         # its pieces.
-        segments: list[Segment] = [
-            (s.order, s.unit.shard_index, s.piece.role, s.result) for s in w.slots if s.result is not None
-        ]
+        segments = cached_segments(w.slots)
         for (s, _), got in zip(waits, shared):
             segments.append((s.order, s.unit.shard_index, s.piece.role, fit(s, got)))
         for f, parts in zip(fetches, settled):
@@ -142,6 +141,65 @@ class Coalesce:
             return [(s.order, f.shard_index, f.role, fit(s, part)) for s, part in zip(covered, parts)]
         first = min(covered, key=lambda s: s.order)
         return [(first.order, f.shard_index, f.role, parts[0])]
+
+
+def cached_segments(slots: list[Slot]) -> list[Segment]:
+    """The segment of each piece answered before the calls (cache, landing zone). Consecutive
+    pieces cut lazily from one kept cell are one cut of it, as a call answering several
+    pieces is one segment: a day cell answering a window's hour pieces is then one run a
+    series to splice and gzip (codec/deflate.py), not 23. The query's first and last pieces
+    stay apart: a sliding window cuts its edges anew each time, and the cut between them is
+    then the same from one refresh to the next (its deflated runs are reused)."""
+    answered = sorted((s for s in slots if s.result is not None), key=lambda s: s.order)
+    if len(answered) < 3:
+        return [_segment(s) for s in answered]
+    first_ms = min(s.piece.span.start_ms for s in slots)
+    last_ms = max(s.piece.span.end_ms for s in slots)
+    out: list[Segment] = []
+    group: list[Slot] = []
+    for s in answered:
+        edge = s.piece.span.start_ms == first_ms or s.piece.span.end_ms == last_ms
+        if group and (edge or not _joins(group[-1], s)):
+            out.extend(_folded(group))
+            group = []
+        if edge or not _foldable(s):
+            out.append(_segment(s))
+        else:
+            group.append(s)
+    out.extend(_folded(group))
+    return out
+
+
+def _segment(s: Slot) -> Segment:
+    assert s.result is not None
+    return (s.order, s.unit.shard_index, s.piece.role, s.result)
+
+
+def _foldable(s: Slot) -> bool:
+    return isinstance(s.result, TimeCut) and s.answered_by is not None
+
+
+def _joins(prev: Slot, s: Slot) -> bool:
+    """Whether s is the piece right after prev, answered by the same cell."""
+    assert prev.result is not None and s.result is not None
+    step = prev.piece.span.step_ms
+    return (_foldable(s) and s.answered_by == prev.answered_by and s.order[:2] == prev.order[:2]
+            and step is not None and s.piece.span.step_ms == step
+            and s.piece.span.start_ms == prev.piece.span.end_ms + step
+            and s.result.origin is not None and prev.result.origin is not None
+            and s.result.origin[0]() is prev.result.origin[0]())
+
+
+def _folded(group: list[Slot]) -> list[Segment]:
+    if len(group) < 2:
+        return [_segment(s) for s in group]
+    first, last = group[0], group[-1]
+    assert first.result is not None and first.result.origin is not None
+    cell = first.result.origin[0]()
+    if cell is None:  # pragma: no cover -- held by each cut until it is read
+        return [_segment(s) for s in group]
+    cut = slice_time(cell, first.piece.span.start_ms, last.piece.span.end_ms, lazy=True)
+    return [(first.order, first.unit.shard_index, first.piece.role, cut)]
 
 
 def _keeping(f: Fetch, covered: list[Slot]) -> Fetch:

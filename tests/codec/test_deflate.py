@@ -69,6 +69,11 @@ def read_everywhere(body: bytes) -> bytes:
     return data
 
 
+def test_isal_is_used() -> None:
+    # isal is a dependency (pyproject.toml): its absence is a broken install, not a skip.
+    assert deflate._deflate is isal_zlib
+
+
 # --- gzip_bytes ---------------------------------------------------------------------------------
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from proxy.backends import BackendReply
+from proxy.codec.json_encode import encode_prometheus_json
 from proxy.config import load_config
 from proxy.errors import PromError
 from proxy.pipeline.answer_bytes import AnswerBytes, Reservation
@@ -33,6 +34,7 @@ from proxy.pipeline.lookup import (
     FanOut,
     Lookup,
     Work,
+    cached_segments,
     calls_for,
 )
 from proxy.pipeline.planning import Planner
@@ -40,6 +42,8 @@ from proxy.pipeline.slots import SlotMaker
 from proxy.pipeline.units import Fetch
 from proxy.pipeline.values import CacheCtx, PieceFailed, Query
 from proxy.result import QueryResult
+from proxy.result.merge import merge
+from proxy.result.pieces import TimeCut, slice_time
 from shardplanner.plan import Span
 from tests.pipeline.stage_helpers import T0, FakeBackend, H, Recorder, config, range_query, run, series
 
@@ -323,3 +327,66 @@ def test_fan_out_a_shared_call_is_not_cancelled_by_this_query_giving_up() -> Non
         return elsewhere.cancelled()
 
     assert run(main()) is False
+
+
+def _day_cell(hours: int, step: int = 60_000) -> QueryResult:
+    """A kept cell over `hours` hours (as a day cell is): three series, a point a step."""
+    times = range(T0, T0 + hours * H, step)
+    cell = QueryResult.from_series("matrix", [series({t: float(k * i) for i, t in enumerate(times)}, node=f"n{k}")
+                                              for k in range(3)])
+    cell.keeps_json = True
+    return cell
+
+
+def test_consecutive_cuts_of_one_cell_are_one_segment_between_the_edges() -> None:
+    """A day cell answering a window's hour pieces (each cut lazily by the lookup): the pieces
+    between the window's first and last are one cut of the cell; the edges stay apart; and
+    the merge of the segments is the same answer as the merge of the pieces."""
+    cfg = config(split_interval="1h")
+    planner, q = planned(cfg, 6)
+    assert q.plan is not None
+    slots = SlotMaker(cfg, planner.settings.split_interval_ms).slots(q.plan, None)
+    cell = _day_cell(6)
+    for s in slots:
+        s.result = slice_time(cell, s.piece.span.start_ms, s.piece.span.end_ms, lazy=True)
+        s.status, s.answered_by = "hit", "day-digest"
+    assert all(isinstance(s.result, TimeCut) for s in slots)
+    segments = cached_segments(slots)
+    assert len(segments) == 3
+    first, middle, last = (seg[3] for seg in segments)
+    assert first is slots[0].result and last is slots[-1].result
+    assert isinstance(middle, TimeCut) and middle.origin is not None and middle.origin[0]() is cell
+    assert middle.series_bounds() is not None
+    assert [int(b.min()) for b in middle.series_bounds()] == [T0 + H, T0 + 5 * H - 60_000]  # type: ignore[union-attr]
+    assert [seg[0] for seg in segments] == [slots[0].order, slots[1].order, slots[-1].order]
+    folded = merge([(None, seg[3]) for seg in segments], q.plan.merge, lazy=True)
+    apart = merge([(None, s.result) for s in slots if s.result is not None], q.plan.merge, lazy=True)
+    assert encode_prometheus_json(folded) == encode_prometheus_json(apart) == encode_prometheus_json(cell)
+
+
+def test_cuts_are_not_folded_across_cells_gaps_or_eager_pieces() -> None:
+    cfg = config(split_interval="1h")
+    planner, q = planned(cfg, 6)
+    assert q.plan is not None
+    slots = SlotMaker(cfg, planner.settings.split_interval_ms).slots(q.plan, None)
+    a, b = _day_cell(6), _day_cell(6)
+    cells = [a, a, b, b, a, a]  # hours 1-2 from one cell, 3-4 from another
+    for s, c in zip(slots, cells):
+        s.result = slice_time(c, s.piece.span.start_ms, s.piece.span.end_ms, lazy=True)
+        s.status, s.answered_by = "hit", f"digest-{id(c)}"
+    segments = cached_segments(slots)
+    # [edge][hour 1][hours 2-3 of b][hour 4][edge]: hour 1 and hour 4 have no neighbour of
+    # their own cell inside the edges.
+    assert len(segments) == 5
+    assert segments[2][3].origin[0]() is b  # type: ignore[union-attr]
+    # An eager cut (a cell not kept: landed) is never folded, nor is a piece with no answer.
+    for s in slots:
+        s.result = slice_time(a, s.piece.span.start_ms, s.piece.span.end_ms)
+        s.answered_by = "digest-a"
+    slots[3].result = None
+    assert len(cached_segments(slots)) == 5
+    lazy = [replace(s, result=slice_time(a, s.piece.span.start_ms, s.piece.span.end_ms, lazy=True)) for s in slots]
+    lazy[3].result = None
+    segments = cached_segments(lazy)
+    assert len(segments) == 4  # [edge][hours 1-2][hour 4][edge]
+    assert sum(seg[3].n_samples for seg in segments) == sum(s.result.n_samples for s in lazy if s.result is not None)

@@ -72,13 +72,6 @@ def test_no_gzip_when_not_asked_small_or_already_encoded() -> None:
     assert r.headers["content-encoding"] == "gzip" and r.content == BIG  # not compressed twice
 
 
-def test_isal_is_used() -> None:
-    # isal is a dependency (pyproject.toml): its absence is a broken install, not a skip.
-    from isal import isal_zlib
-
-    assert compress._deflate is isal_zlib
-
-
 def _result(n_series: int = 5, points: int = 7) -> QueryResult:
     labels = [{"__name__": "DCGM_FI_DEV_POWER_USAGE", "Hostname": f"gpu-node-{i:04d}"} for i in range(n_series)]
     t = np.tile(1_793_404_800_000 + np.arange(points, dtype=np.int64) * 30_000, n_series)
