@@ -12,7 +12,7 @@
     access_log.py     per-request metrics and access log
     responses.py      results and backend replies -> Starlette responses
     params.py, forms.py   parameters read and validated as Prometheus does
-    compress.py       gzip of answers with ISA-L
+    compress.py       the gzip middleware with ISA-L's compressor (codec/deflate.py)
     server_limits.py  uvicorn's protocol with header size and read deadlines
 
 Nothing is re-exported here: `proxy.config` imports `api.params`, and the app imports the
