@@ -81,11 +81,13 @@ class SampleJSON:
 @dataclass(frozen=True, slots=True)
 class Source:
     """The runs an answer copied from one source's bytes: memo.buf[a[j]:a[j] + n[j]] went to
-    the answer's bytes at dest[j]. `kept`: the memo lives on (a cell's), not made for this
-    answer alone."""
+    the answer's bytes at dest[j]. `steady`: the same runs are likely read again -- the memo
+    lives on (a cell's, not made for this answer alone), and the piece is a whole cell or
+    lies between the answer's first and last pieces (a sliding window cuts its edges anew
+    each time)."""
 
     memo: SampleJSON
-    kept: bool
+    steady: bool
     a: I64
     n: I64
     dest: I64
@@ -446,6 +448,7 @@ def _splice(result: QueryResult, alloc: Callable[[int], U8]) -> Spliced | None:
             memo = src[0]
             copy_runs(out, dest[mine], memo.buf, a[mine], nb[mine])
             cell = r.origin[0]() if r.origin is not None else None
-            kept = memo is r.sample_json or (cell is not None and memo is cell.sample_json)
-            used.append(Source(memo, kept, a[mine], nb[mine], dest[mine]))
+            whole = memo is r.sample_json
+            inside = 0 < p < len(pieces) - 1 and cell is not None and memo is cell.sample_json
+            used.append(Source(memo, whole or inside, a[mine], nb[mine], dest[mine]))
     return Spliced(out, used)
