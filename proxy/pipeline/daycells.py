@@ -36,6 +36,9 @@ from .values import CacheCtx
 
 log = logging.getLogger("promaccel.cache")
 
+# Partly asked-for days being stored at once: at most this many times edge_max_samples samples.
+STORING_EDGES = 2
+
 # Per day cell (key digest): its hour units and the cached answers found for them (None: missing).
 Hours = dict[str, list[tuple[Unit, QueryResult | None]]]
 
@@ -51,6 +54,12 @@ class DayCells:
         # heavy queries (issue 15); larger days wait for a query that asks for the whole day
         # (where the copy is that query's answer). `cache.day_cells_edge_max_samples`.
         self.edge_max_samples = edge_max_samples
+        # Such days being stored (in the landing zone until their put lands), by key digest:
+        # their samples. At most STORING_EDGES times edge_max_samples at once: under 20 heavy
+        # cold queries at once (scenario (e)), queries admitted after others had cached the
+        # same hours each made their day, and ~9 of them (5 MB each) waited to be stored at
+        # the burst's peak (tracemalloc: 47 of the 148 MiB over idle).
+        self._storing: dict[str, int] = {}
         self.slots = slots
         self.reader = reader
         self.writer = writer
@@ -122,7 +131,7 @@ class DayCells:
             parts = [r if r is not None and r.result_type == "matrix" else None for r in parts]
             asked_whole = any(s.piece.span == day.span for s in members)
             whole = None
-            if not asked_whole and sum(r.n_samples for r in parts if r is not None) > self.edge_max_samples:
+            if not asked_whole and not self._room_for(sum(r.n_samples for r in parts if r is not None)):
                 if request.explain is None:
                     METRICS.cache_day_cells_skipped.inc()
                 continue
@@ -137,11 +146,23 @@ class DayCells:
                 continue
             if request.explain is None:  # explain only reads: the query itself makes the cell
                 METRICS.cache_day_cells.inc()
-                self.writer.keep([day], [whole], read_at, {}, request)
+                stored = self.writer.keep([day], [whole], read_at, {}, request)
+                if not asked_whole and day.key is not None and day.key.digest in stored:
+                    self._storing[day.key.digest] = whole.n_samples
             for s in members:
                 if s.result is None and s.piece.span == day.span:
                     s.result, s.status, s.answered_by = whole, "hit", day.key.digest if day.key else None
         return partial
+
+    def _room_for(self, samples: int) -> bool:
+        """Whether a partly asked-for day of `samples` samples may be made now: it is at most
+        edge_max_samples, and with the ones still being stored at most STORING_EDGES times that."""
+        if samples > self.edge_max_samples:
+            return False
+        landing = self.reader.landing
+        for digest in [d for d in self._storing if landing.landed(d) is None]:
+            del self._storing[digest]  # stored (or given up): it left the landing zone
+        return sum(self._storing.values()) + samples <= STORING_EDGES * self.edge_max_samples
 
     def split(self, slots: Sequence[Slot], partial: Hours, target_calls: int) -> list[Slot]:
         """Missing whole days that are better fetched as their hours, replaced by hour slots:

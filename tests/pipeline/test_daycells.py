@@ -14,7 +14,7 @@ import pytest
 from proxy.cache import CacheKey
 from proxy.errors import PromError
 from proxy.pipeline.context import RequestContext
-from proxy.pipeline.daycells import DayCells
+from proxy.pipeline.daycells import STORING_EDGES, DayCells
 from proxy.pipeline.units import Slot, Unit
 from proxy.result import QueryResult
 from shardplanner.plan import Piece, Span
@@ -101,11 +101,22 @@ class FakeReader:
 
 @dataclass
 class FakeWriter:
+    """The cache writer: what it was given to keep, landed (as the real one does) until the
+    test says the put landed (`FakeLanding.results` cleared)."""
+
     revalidator: Any = None
     kept: list[tuple[list[Unit], list[QueryResult]]] = field(default_factory=list)
+    landing: FakeLanding | None = None
 
-    def keep(self, units: list[Unit], results: list[QueryResult], fetched_at_ms: int, *rest: Any) -> None:
+    def keep(self, units: list[Unit], results: list[QueryResult], fetched_at_ms: int, *rest: Any) -> set[str]:
         self.kept.append((list(units), list(results)))
+        digests = set()
+        for u, r in zip(units, results):
+            assert u.key is not None
+            digests.add(u.key.digest)
+            if self.landing is not None:
+                self.landing.results[u.key.digest] = r
+        return digests
 
 
 def cache_hours(d: int, hours: range | list[int], cached: dict[str, QueryResult] | None = None) -> dict[str, QueryResult]:
@@ -124,7 +135,8 @@ def whole_day_slot(d: int = 0) -> Slot:
 
 
 def made(cached: dict[str, QueryResult], slots: list[Slot], **kw: Any) -> tuple[DayCells, FakeReader, FakeWriter]:
-    reader, writer = FakeReader(cached), FakeWriter(**{k: v for k, v in kw.items() if k == "revalidator"})
+    reader = FakeReader(cached)
+    writer = FakeWriter(**{k: v for k, v in kw.items() if k == "revalidator"}, landing=reader.landing)
     cells = DayCells(kw.get("maker", FakeSlots()), reader, writer,  # type: ignore[arg-type]
                      edge_max_samples=kw.get("edge_max_samples", 524_288))
     return cells, reader, writer
@@ -283,6 +295,32 @@ def test_a_heavy_edge_day_is_not_copied() -> None:
     cells, _, writer = made(cache_hours(0, range(24)), [slot], edge_max_samples=1)
     assemble(cells, [slot])
     assert slot.result is not None and len(writer.kept) == 1
+
+
+def test_edge_days_being_stored_at_once_are_bounded() -> None:
+    """Partly asked-for days are made only to be stored: at most STORING_EDGES times
+    edge_max_samples of them wait for their puts at once (20 heavy cold queries at once each
+    made one, and ~9 sat in memory at the burst's peak); the next is made once one landed."""
+    samples = hour_answer(day_span()).n_samples
+    cached: dict[str, QueryResult] = {}
+    for d in range(STORING_EDGES + 1):
+        cache_hours(d, range(24), cached)
+    cells, reader, writer = made(cached, [], edge_max_samples=samples)
+
+    def edge_of(d: int) -> list[Slot]:
+        day = unit(day_span(d))
+        return [Slot(Piece(Q, hour_span(d, h)), unit(hour_span(d, h)), (), result=hour_answer(hour_span(d, h)),
+                     status="hit", day=day) for h in range(12, 24)]
+
+    for d in range(STORING_EDGES):
+        assemble(cells, edge_of(d))
+    assert len(writer.kept) == STORING_EDGES
+    assemble(cells, edge_of(STORING_EDGES))  # the others still being stored: not made now
+    assert len(writer.kept) == STORING_EDGES
+    reader.landing.results.pop(next(iter(reader.landing.results)))  # one put landed
+    assemble(cells, edge_of(STORING_EDGES))
+    assert len(writer.kept) == STORING_EDGES + 1
+    assert writer.kept[-1][1][0].to_pylist() == hour_answer(day_span(STORING_EDGES)).to_pylist()
 
 
 # --- split: missing days fetched as their hours --------------------------------------------------
