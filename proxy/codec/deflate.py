@@ -14,10 +14,11 @@ from parts:
   and last: `Source.steady`), is deflated once, on its own (it refers to nothing before it
   and ends on a byte boundary: a full flush), and the fragment is kept (`FRAGMENT_SHARE` of
   cache.json_memo_bytes, least recently used first out);
-- the bytes between those runs (labels, brackets, the edge pieces' runs) are deflated now,
-  each stretch ending with a full flush too, the last with the final block;
-- one gzip member: header, the parts in order, the CRC-32 of the spliced body and its length
-  (RFC 1952). A deflate stream is a sequence of blocks; blocks that start on a byte boundary
+- the bytes between those runs: a stretch under STORED_BELOW bytes (a series' labels and
+  brackets) is a stored block, a longer one (the edge pieces' runs) is deflated now, ending
+  with a full flush too;
+- one gzip member: header, the parts in order, an empty final block, the CRC-32 of the
+  spliced body and its length (RFC 1951, 1952). A deflate stream is a sequence of blocks; blocks that start on a byte boundary
   and whose back-references stay inside their own run can be concatenated (as pigz does).
 
 A piece seen once is not compressed ahead, nor a window's edge pieces: a sliding window cuts

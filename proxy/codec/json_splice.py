@@ -96,7 +96,7 @@ class Source:
 @dataclass(frozen=True, slots=True)
 class Spliced:
     """A spliced answer's bytes (`body`, valid inside `spliced_runs` only) and where its
-    sample runs came from (codec/gzip_splice.py compresses the runs it has seen before once)."""
+    sample runs came from (codec/deflate.py keeps the steady runs deflated)."""
 
     body: U8
     sources: list[Source]
