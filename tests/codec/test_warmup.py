@@ -52,6 +52,8 @@ def matrix(hosts, t0):
          "values": [[t0 + 30 * k, str(1 + (h * 8 + g) * k / 7)] for k in range(120)]}
         for h in hosts for g in range(8)]}})
 
+# A large backend body arrives as the bytearray it was read into (backends/transports.py).
+decode_prometheus_json(bytearray(matrix(range(0, 40), T)))
 a = decode_prometheus_json(matrix(range(0, 20), T))
 b = decode_prometheus_json(matrix(range(10, 30), T + 3600))
 # The cell read back from the cache: one record batch, or several (a cell over
@@ -78,6 +80,19 @@ for c in (cached, packed):
     cut = slice_time(c, (T + 3700) * 1000, (T + 4500) * 1000, lazy=True)
     splice_prometheus_json(merge([(None, edge), (None, cut)], MergeRecipe(kind="concat"), lazy=True))
     encode_prometheus_json(cut)
+# A warm answer of kept cells only, as the cache reader keeps them: spliced (its cells'
+# samples encoded and kept) and gzipped from its runs.
+from proxy.codec.deflate import gzip_spliced
+from proxy.codec.json_splice import spliced_runs
+kept = [arrow.from_ipc_bytes(arrow.to_ipc_bytes(r, "lz4")) for r in (a, b)]
+for c in kept:
+    c.keeps_json = True
+for _ in range(3):
+    warm = merge([(None, slice_time(kept[0], (T + 60) * 1000, (T + 3600) * 1000, lazy=True)), (None, kept[1])],
+                 MergeRecipe(kind="concat"), lazy=True)
+    with spliced_runs(warm) as sp:
+        assert sp is not None
+        gzip_spliced(sp)
 
 after = signatures()
 print(json.dumps({k: [warmed.get(k, 0), n] for k, n in after.items() if n != warmed.get(k, 0)}))
