@@ -201,14 +201,13 @@ def gzip_spliced(sp: Spliced) -> bytes:
     (see above), else as `gzip_bytes` writes it."""
     body = sp.body
     total = len(body)
+    steady = [(src, piece_bytes) for src in sp.sources if src.steady
+              for piece_bytes in (int(src.n.sum()),) if piece_bytes >= MIN_PIECE_BYTES]
+    if sum(b for _, b in steady) < MIN_COVERED * total:  # never worth its fragments: none noted or made
+        return gzip_bytes(memoryview(body))  # type: ignore[arg-type]
     batches: list[tuple[_Batch, I64, I64]] = []
     covered = 0
-    for src in sp.sources:
-        if not src.steady:
-            continue
-        piece_bytes = int(src.n.sum())
-        if piece_bytes < MIN_PIECE_BYTES:
-            continue
+    for src, piece_bytes in steady:
         batch = _FRAGMENTS.get(src.memo, src.a, src.n)
         if batch is not None:
             batches.append((batch, src.dest, src.n))

@@ -174,6 +174,24 @@ def test_a_windows_edge_pieces_are_never_deflated_ahead(fragments: deflate._Frag
     assert whole.calls == 3 and fragments.used == 0
 
 
+def test_steady_pieces_under_half_the_answer_are_not_deflated_ahead(fragments: deflate._Fragments,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three cells, the middle one whole but a small part of the window: its fragments could
+    never make up MIN_COVERED of the answer, so none are noted or made for it."""
+    rng = random.Random(6)
+    cells = cells_of(fleet(rng, 150, 90), 3, rng)
+    lo, hi = T0 + 2 * STEP, T0 + 88 * STEP
+    for _ in range(3):
+        answer = concat(window(cells, lo, hi, lazy=True), lazy=True)
+        with spliced_runs(answer) as sp:
+            assert sp is not None and any(src.steady for src in sp.sources)
+            with monkeypatch.context() as m:
+                m.setattr(deflate, "MIN_COVERED", 0.9)
+                gz = gzip_spliced(sp)
+            assert read_everywhere(gz) == sp.body.tobytes()
+    assert fragments.used == 0 and not fragments._lru
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 10_000), st.integers(1, 7), st.integers(0, 59), st.integers(0, 59), st.booleans())
 def test_every_mix_of_fragments_and_stretches_reads_back(seed: int, n_cells: int, a: int, b: int,
