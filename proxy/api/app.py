@@ -18,11 +18,12 @@ from starlette.responses import Response
 from .. import __version__
 from ..backends import Backend
 from ..backends.tenancy import Tenancy
-from ..codec.deflate import FRAGMENT_SHARE, keep_fragments_at_most
-from ..codec.json_splice import keep_at_most
+from ..codec.deflate import FRAGMENT_SHARE, fragment_bytes, keep_fragments_at_most
+from ..codec.json_splice import keep_at_most, memo_bytes
 from ..config import Config
 from ..errors import PromError
 from ..observe import tracing
+from ..observe.metrics import METRICS
 from ..pipeline import QueryService
 from ..runtime.memory import tune_malloc
 from .access_log import AccessLog
@@ -46,6 +47,8 @@ def create_app(config: Config, *, trace_exporter: Any = None) -> FastAPI:
     tune_malloc()
     keep_at_most(config.cache.json_memo_bytes)  # a process-wide memo, as malloc's tuning
     keep_fragments_at_most(config.cache.json_memo_bytes // FRAGMENT_SHARE)
+    METRICS.warm_memo_bytes.labels("json").set_function(memo_bytes)
+    METRICS.warm_memo_bytes.labels("deflate").set_function(fragment_bytes)
     t = config.tracing
     # Before the pipeline is built: its stages are wrapped in spans only when tracing is on.
     tracing.configure(t.otlp_endpoint, t.service_name, t.sample_ratio, exporter=trace_exporter)

@@ -185,6 +185,13 @@ class _Metrics:
         self.cache_memory_entries = Gauge(
             "promaccel_cache_memory_entries", "Entries held by the in-process piece store", registry=r
         )
+        # The warm path's kept bytes (cache.json_memo_bytes): cells' samples as encoded JSON
+        # (codec/json_splice.py) and their steady runs deflated (codec/deflate.py).
+        self.warm_memo_bytes = Gauge(
+            "promaccel_warm_memo_bytes",
+            "Bytes kept for warm answers: cells' encoded JSON (json) and their runs deflated for gzip (deflate)",
+            ["memo"], registry=r,
+        )
         # Fetch leases (proxy/pipeline/leases.py), per piece: won (this process fetches it),
         # landed (another process fetched it; read from Redis), released (its lease went
         # without a stored piece: fetched here), timeout (waited half the query's deadline:

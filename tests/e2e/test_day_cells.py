@@ -157,6 +157,9 @@ def test_a_window_sliding_inside_a_day_cell_is_prometheuss_answer(prom: Any, pro
                 assert problems == [], problems[:3]
                 assert r.headers["X-Cache"] == "HIT" and r.headers.get("Content-Encoding") == "gzip"
         assert _calls(proxy.url) == calls
+    # The cells' JSON and the folded cut's deflated runs were kept (and are told to operators).
+    memo = r'^promaccel_warm_memo_bytes\{memo="%s"\} ([0-9.e+]+)$'
+    assert _metric(proxy.url, memo % "json") > 0 and _metric(proxy.url, memo % "deflate") > 0
 
 
 def test_a_day_cell_is_made_from_its_hour_cells(prom: Any, redis_server: Any, tmp_path: Path) -> None:
