@@ -139,15 +139,13 @@ class _Fragments:
         key = (id(memo), a.tobytes() + n.tobytes())
         with self._lock:
             entry = self._lru.get(key)
-            if entry is not None and entry[0]() is memo:
-                self._lru.move_to_end(key)
-                if entry[1] is not None:
-                    return entry[1]
-            elif self.max_bytes > 0:
-                self._put(key, (weakref.ref(memo), None, len(key[1])))
+            if entry is None or entry[0]() is not memo:  # first seen (or another memo's id)
+                if self.max_bytes > 0:
+                    self._put(key, (weakref.ref(memo), None, len(key[1])))
                 return None
-            else:
-                return None
+            self._lru.move_to_end(key)
+            if entry[1] is not None:
+                return entry[1]
         batch = _deflate_runs(memo.buf, a, n)  # seen before: compress, outside the lock
         with self._lock:
             self._put(key, (weakref.ref(memo), batch, batch.nbytes + len(key[1])))
@@ -201,8 +199,11 @@ def gzip_spliced(sp: Spliced) -> bytes:
     (see above), else as `gzip_bytes` writes it."""
     body = sp.body
     total = len(body)
-    steady = [(src, piece_bytes) for src in sp.sources if src.steady
-              for piece_bytes in (int(src.n.sum()),) if piece_bytes >= MIN_PIECE_BYTES]
+    steady = []
+    for src in sp.sources:
+        piece_bytes = int(src.n.sum()) if src.steady else 0
+        if piece_bytes >= MIN_PIECE_BYTES:
+            steady.append((src, piece_bytes))
     if sum(b for _, b in steady) < MIN_COVERED * total:  # never worth its fragments: none noted or made
         return gzip_bytes(memoryview(body))  # type: ignore[arg-type]
     batches: list[tuple[_Batch, I64, I64]] = []
@@ -273,7 +274,7 @@ def _assemble(body: U8, batches: list[tuple[_Batch, I64, I64]]) -> bytes:
     first = 0
     for batch, d, _ in batches:
         k = len(d)
-        copy_runs(out, frag_pos[first:first + k], batch.buf, batch.at[:-1], np.diff(batch.at))
+        copy_runs(out, frag_pos[first:first + k], batch.buf, batch.at[:-1], frag_len[first:first + k])
         first += k
     out[size:size + len(_LAST_BLOCK)] = np.frombuffer(_LAST_BLOCK, dtype=np.uint8)
     out[size + len(_LAST_BLOCK):] = np.frombuffer(_trailer(body), dtype=np.uint8)

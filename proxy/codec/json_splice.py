@@ -43,7 +43,7 @@ from proxy.result.concat import Concatenation
 from .json_encode import encode_samples, head_tail
 
 __all__ = ["MEMO_MAX_BYTES", "SPLICE_MAX_SAMPLES", "SampleJSON", "Source", "Spliced", "keep_at_most", "memo_bytes",
-           "splice_prometheus_json", "spliceable", "spliced", "spliced_runs"]
+           "splice_prometheus_json", "spliceable", "spliced_runs"]
 
 I64 = npt.NDArray[np.int64]
 U8 = npt.NDArray[np.uint8]
@@ -335,14 +335,6 @@ def splice_prometheus_json(result: QueryResult) -> bytes | None:
     encoded samples; None when it is not a matrix of such cells (encode it then)."""
     out = _splice(result, _fresh)
     return None if out is None else out.body.tobytes()
-
-
-@contextmanager
-def spliced(result: QueryResult) -> Iterator[memoryview | None]:
-    """`splice_prometheus_json`'s bytes in a buffer kept between answers (valid inside the
-    `with` only: copy or compress them there)."""
-    with spliced_runs(result) as sp:
-        yield None if sp is None else memoryview(sp.body)  # type: ignore[arg-type]
 
 
 @contextmanager

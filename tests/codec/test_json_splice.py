@@ -14,7 +14,7 @@ from proxy.codec.json_splice import (
     memo_bytes,
     splice_prometheus_json,
     spliceable,
-    spliced,
+    spliced_runs,
 )
 from proxy.result import QueryResult
 from proxy.result.concat import concat
@@ -56,8 +56,8 @@ def test_a_window_over_two_cells_is_the_encoders_bytes_in_the_reused_buffer() ->
         answer = concat([slice_time(c, lo, hi) for c in cells], lazy=True)  # as merging asks
         want = encode_prometheus_json(concat([slice_time(c, lo, hi) for c in [cell(0, kept=False),
                                                                               cell(1, kept=False)]]))
-        with spliced(answer) as view:
-            assert view is not None and bytes(view) == want
+        with spliced_runs(answer) as sp:
+            assert sp is not None and sp.body.tobytes() == want
         assert splice_prometheus_json(answer) == want
     assert memo_bytes() > 0 and all(c.sample_json is not None for c in cells)  # kept on the cells
     assert np.array_equal(cells[0].sample_json.buf[:2], np.frombuffer(b",[", dtype=np.uint8))

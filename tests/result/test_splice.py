@@ -26,7 +26,7 @@ from proxy.api.compress import FastGZipMiddleware
 from proxy.api.responses import json_response
 from proxy.codec import arrow, json_splice
 from proxy.codec.json_encode import encode_prometheus_json
-from proxy.codec.json_splice import memo_bytes, splice_prometheus_json, spliced
+from proxy.codec.json_splice import memo_bytes, splice_prometheus_json, spliced_runs
 from proxy.result import QueryResult
 from proxy.result.concat import Concatenation, concat
 from proxy.result.pieces import slice_time, split_time
@@ -64,8 +64,8 @@ def test_spliced_equals_encoded(seed: int, n_cells: int, a: int, b: int) -> None
             assert splice_prometheus_json(answer) is None
         elif isinstance(answer, Concatenation):
             assert splice_prometheus_json(answer) == want
-            with spliced(answer) as view:
-                assert view is not None and bytes(view) == want
+            with spliced_runs(answer) as sp:
+                assert sp is not None and sp.body.tobytes() == want
         else:  # one cell: its own samples, spliced once they are kept
             got = splice_prometheus_json(answer)
             assert got is None or got == want
