@@ -235,15 +235,9 @@ def _assemble(body: U8, batches: list[tuple[_Batch, I64, I64]]) -> bytes:
     stored = (seg_n > 0) & (seg_n < STORED_BELOW)
     squeezed = np.flatnonzero(seg_n >= STORED_BELOW)
     live_len = np.where(stored, seg_n + _STORED_HEAD, 0)
-    parts: list[bytes] = []
-    if len(squeezed):
-        c = _deflate.compressobj(LEVEL, _deflate.DEFLATED, RAW)
-        view = memoryview(body)  # type: ignore[arg-type]
-        full = _deflate.Z_FULL_FLUSH
-        for k, s, e in zip(squeezed.tolist(), seg_s[squeezed].tolist(), seg_e[squeezed].tolist()):
-            part = c.compress(view[s:e]) + c.flush(full)
-            parts.append(part)
-            live_len[k] = len(part)
+    now = _deflate_runs(body, seg_s[squeezed], seg_n[squeezed]) if len(squeezed) else None
+    if now is not None:
+        live_len[squeezed] = np.diff(now.at)
     # Sizes in stream order: stretch 0, fragment 0, stretch 1, ..., stretch m.
     m = len(d_sorted)
     sizes = np.empty(2 * m + 1, dtype=np.int64)
@@ -264,11 +258,8 @@ def _assemble(body: U8, batches: list[tuple[_Batch, I64, I64]]) -> bytes:
     out[at + 1], out[at + 2] = length & 0xFF, length >> 8
     out[at + 3], out[at + 4] = ~length & 0xFF, (~length >> 8) & 0xFF
     copy_runs(out, at + _STORED_HEAD, body, seg_s[stored], length)
-    if parts:
-        lens = live_len[squeezed]
-        starts = np.zeros(len(parts), dtype=np.int64)
-        np.cumsum(lens[:-1], out=starts[1:])
-        copy_runs(out, seg_pos[squeezed], np.frombuffer(bytearray(b"".join(parts)), dtype=np.uint8), starts, lens)
+    if now is not None:
+        copy_runs(out, seg_pos[squeezed], now.buf, now.at[:-1], live_len[squeezed])
     frag_pos = np.empty(m, dtype=np.int64)
     frag_pos[order] = pos[1::2]  # back in the batches' order
     first = 0
