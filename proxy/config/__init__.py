@@ -308,8 +308,11 @@ class LimitsConfig(StrictModel):
     # answer's transient copies cost ~3x that in RSS): each query reserves its estimated
     # answer before fetching, waits (in order, at most queue_timeout and its deadline, then
     # 429) while the budget is taken, and gives it back once the response is sent. A query
-    # larger than the budget runs alone. 0: no limit.
-    max_inflight_answer_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
+    # larger than the budget runs alone. 0: no limit. 32 MiB (was 64): 20 heavy 24 h queries
+    # at once (scenario (e)) peaked at +103-138 MiB over idle with 64 and +98-108 with 32,
+    # no slower (docs/BENCHMARKS.md, seventh session); a 24 h raw panel of 2,048 GPUs
+    # (~46 MiB reserved) now runs alone.
+    max_inflight_answer_bytes: int = Field(default=32 * 1024 * 1024, ge=0)
 
 
 # Headers promaccel sets itself or that describe the connection, never forwarded.
