@@ -18,7 +18,7 @@ from loadtests.services import Promaccel, RedisServer, stop, wait_http
 # Re-exported for the suite: one implementation of the ports and the servers for the harness and
 # the tests (loadtests/ports.py, loadtests/services.py).
 __all__ = ["PORTS_FROM", "Promaccel", "ProxyPool", "RedisServer", "free_port", "port_bindable", "port_block",
-           "stop", "wait_http", "require", "built_tsdb", "serving_copy"]
+           "stop", "wait_http", "require", "built_tsdb", "serving_copy", "metric_sum"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,6 +39,17 @@ def require(binary: str) -> str:
         pytest.fail(f"{binary} is missing: run `make test`, which installs Debian's "
                     f"{'redis-server' if binary.startswith('redis') else 'prometheus'} package")
     return path
+
+
+def metric_sum(url: str, sample: str, **labels: str) -> float:
+    """The sum of a server's /metrics samples named `sample` (a counter's with `_total`)
+    whose labels include `labels`."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()))
 
 
 def built_tsdb(spec: Any, data_dir: Path, **kw: Any) -> dict[str, Any]:

@@ -54,6 +54,7 @@ def create_app(config: Config, *, trace_exporter: Any = None) -> FastAPI:
     tracing.configure(t.otlp_endpoint, t.service_name, t.sample_ratio, exporter=trace_exporter)
     backends = [Backend(b) for b in config.backends]
     executor = QueryService(config, backends)
+    METRICS.warm_memo_bytes.labels("answer").set_function(lambda: executor.parts.memo.used)
     tenancy = Tenancy(config.tenancy.forward_headers, config.tenancy.hash_key(),
                       pins=config.auth.pins() if config.auth.enabled else None)  # auth on: tenants' own values
     views = Views(config, executor, backends)  # auth on: a service per tenant (tenants.py)

@@ -9,6 +9,7 @@ its response has been sent, or the client went away.
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import Callable
 
 from starlette.responses import Response, StreamingResponse
@@ -16,10 +17,11 @@ from starlette.types import Receive, Scope, Send
 
 from ..backends import BackendReply
 from ..codec.arrow import encode_arrow_stream
-from ..codec.deflate import gzip_spliced
+from ..codec.deflate import gzip_bytes, gzip_spliced
 from ..codec.json_encode import encode_prometheus_json, iter_prometheus_json
 from ..codec.json_splice import splice_prometheus_json, spliceable, spliced_runs
 from ..errors import PromError
+from ..pipeline.answer_memo import Ticket
 from ..pipeline.values import Answer
 from ..result import QueryResult
 from .compress import MINIMUM_SIZE
@@ -74,8 +76,9 @@ def _spliced_body(result: QueryResult, gzip_ok: bool) -> tuple[bytes, bool] | No
 
 
 def json_response(result: QueryResult, headers: dict[str, str], release: Callable[[], None] | None = None,
-                  gzip_ok: bool = False) -> Response:
-    """A result as Prometheus JSON, streamed when large. `gzip_ok`: the client takes gzip.
+                  gzip_ok: bool = False, ticket: Ticket | None = None) -> Response:
+    """A result as Prometheus JSON, streamed when large. `gzip_ok`: the client takes gzip;
+    `ticket`: a spliced body is kept under it for the same window asked again (answer_memo.py).
     Written here and now, so that the result goes before the body is sent: deferred to the
     send (in a worker thread), answers of 20 heavy queries at once stayed alive across the
     wait and scenario (e)'s peak went from +95 to +125-140 MiB over idle (bound: +116)."""
@@ -83,8 +86,21 @@ def json_response(result: QueryResult, headers: dict[str, str], release: Callabl
         return _held(_Stream(iter_prometheus_json(result), media_type=JSON, headers=headers), release)
     written = _spliced_body(result, gzip_ok) if spliceable(result) else None
     if written is None:
-        return _held(_Body(encode_prometheus_json(result), media_type=JSON, headers=headers), release)
+        body = encode_prometheus_json(result)
+        if ticket is None:
+            return _held(_Body(body, media_type=JSON, headers=headers), release)
+        # Kept (its cells not spliced yet: read from the landing zone): gzipped here, as the
+        # middleware would, so that the bytes kept are the bytes sent.
+        written = (gzip_bytes(body), True) if gzip_ok and len(body) >= MINIMUM_SIZE else (body, False)
     body, gzipped = written
+    if ticket is not None:
+        ticket.keep(body, gzipped)
+    return encoded_response(body, gzipped, headers, release)
+
+
+def encoded_response(body: bytes, gzipped: bool, headers: dict[str, str],
+                     release: Callable[[], None] | None = None) -> Response:
+    """An answer's JSON written already (gzip when `gzipped`)."""
     if gzipped:
         headers = {**headers, "Content-Encoding": "gzip", "Vary": "Accept-Encoding"}
     return _held(_Body(body, media_type=JSON, headers=headers), release)
@@ -127,10 +143,15 @@ def response_of(answer: Answer, gzip_ok: bool = False) -> Response:
     try:
         if answer.reply is not None:
             return relay(answer.reply, answer.headers, answer.release)
+        if answer.encoded is not None:
+            body, gzipped = answer.encoded.body, answer.encoded.gzipped
+            if gzipped and not gzip_ok:  # kept for a client that takes gzip; not this one
+                body, gzipped = gzip.decompress(body), False
+            return encoded_response(body, gzipped, answer.headers, answer.release)
         assert answer.result is not None
         if answer.arrow:
             return arrow_response(answer.result, answer.headers, answer.release)
-        return json_response(answer.result, answer.headers, answer.release, gzip_ok)
+        return json_response(answer.result, answer.headers, answer.release, gzip_ok, answer.ticket)
     except BaseException:
         if answer.release is not None:
             answer.release()

@@ -48,6 +48,10 @@ class CacheConfig(StrictModel):
     # Nothing is kept for cold answers; 0: nothing kept.
     decoded_max_samples: int = Field(default=2_500_000, ge=0)
     json_memo_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
+    # Whole answers made of cached cells, kept as the bytes sent (gzip) for the same window
+    # asked again (viewers of one dashboard, a panel re-rendered): sent as they are while the
+    # cache still finds the same cells (pipeline/answer_memo.py). 0: none.
+    answer_memo_bytes: int = Field(default=32 * 1024 * 1024, ge=0)
     max_freshness: DurationMs = 600_000
     recent_ttl: DurationMs = 0
     ttl: DurationMs = 7 * 86_400_000

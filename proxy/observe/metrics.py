@@ -186,11 +186,19 @@ class _Metrics:
             "promaccel_cache_memory_entries", "Entries held by the in-process piece store", registry=r
         )
         # The warm path's kept bytes (cache.json_memo_bytes): cells' samples as encoded JSON
-        # (codec/json_splice.py) and their steady runs deflated (codec/deflate.py).
+        # (codec/json_splice.py) and their steady runs deflated (codec/deflate.py); whole
+        # answers (cache.answer_memo_bytes, pipeline/answer_memo.py).
         self.warm_memo_bytes = Gauge(
             "promaccel_warm_memo_bytes",
-            "Bytes kept for warm answers: cells' encoded JSON (json) and their runs deflated for gzip (deflate)",
+            "Bytes kept for warm answers: cells' encoded JSON (json), their runs deflated for gzip (deflate), "
+            "whole answers (answer)",
             ["memo"], registry=r,
+        )
+        # Whole answers kept (pipeline/answer_memo.py): kept (an answer's bytes stored), hit (a
+        # request answered with them).
+        self.answer_memo = Counter(
+            "promaccel_answer_memo_total", "Whole answers kept (kept) and requests answered with one (hit)",
+            ["result"], registry=r,
         )
         # Fetch leases (proxy/pipeline/leases.py), per piece: won (this process fetches it),
         # landed (another process fetched it; read from Redis), released (its lease went

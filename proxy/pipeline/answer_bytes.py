@@ -164,9 +164,12 @@ class AnswerBytes:
 
 
 def answer_size(answer: Answer) -> int:
-    """The bytes an answer holds: a relayed body, or a decoded result (16 a sample + labels)."""
+    """The bytes an answer holds: a relayed or kept body, or a decoded result (16 a sample +
+    labels)."""
     if answer.reply is not None:
         return len(answer.reply.body)
+    if answer.encoded is not None:
+        return len(answer.encoded.body)
     r = answer.result
     if r is None:
         return 0

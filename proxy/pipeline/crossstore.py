@@ -374,7 +374,8 @@ class CrossStore:
         return dict(zip(subs, values[:len(subs)])), dict(zip(raws, values[len(subs):]))
 
     async def _subquery(self, sub: Sub, q: Query) -> tuple[QueryResult, str]:
-        answer = await self.run(replace(q, req=sub.req, plan=sub.plan, whole=None,
+        # gzip off: the subquery's answer is a result to evaluate over, never bytes kept whole.
+        answer = await self.run(replace(q, req=sub.req, plan=sub.plan, whole=None, gzip=False,
                                         router=router_for(self.backends, sub.req, sub.plan, sub.extra)))
         assert answer.result is not None
         return answer.result, answer.headers.get("X-Cache", "MISS")

@@ -18,6 +18,7 @@ from ..errors import PromError
 from ..observe.metrics import METRICS
 from ..result import QueryResult
 from ..result.pieces import TimeCut, slice_time
+from .answer_memo import AnswerMemo, Encoded, Ticket
 from .cache_read import CacheReader
 from .context import RequestContext
 from .daycells import DayCells
@@ -36,6 +37,10 @@ Segment = tuple[tuple[int, str, int], int, str | None, QueryResult]
 class Pieces:
     segments: list[Segment]
     status: str  # X-Cache: HIT | PARTIAL | MISS
+    # Every piece found in the cache: the answer kept for the same cells (answer_memo.py),
+    # or the ticket to keep this one under once it is written.
+    encoded: Encoded | None = None
+    ticket: Ticket | None = None
 
 
 @dataclass(frozen=True)
@@ -55,12 +60,13 @@ class Lookup:
     """Stage: each piece's cache unit and its cached answer."""
 
     def __init__(self, config: Config, slots: SlotMaker, reader: CacheReader, days: DayCells,
-                 next: Stage[Work, list[Segment]]) -> None:
+                 next: Stage[Work, list[Segment]], memo: AnswerMemo | None = None) -> None:
         self.config = config
         self.slots = slots
         self.reader = reader
         self.days = days
         self.next = next
+        self.memo = memo
 
     async def __call__(self, q: Query) -> Pieces:
         assert q.plan is not None
@@ -75,10 +81,15 @@ class Lookup:
             q.ctx.explain.looked_up(slots)
         if q.cache is not None and self.config.cache.reuse_finer_steps:
             await self.reader.lookup_finer(slots, q.cache, q.router)
+        ticket = self.memo.ticket(q, slots) if self.memo is not None else None
+        if ticket is not None:
+            kept = ticket.memo.get(ticket)
+            if kept is not None:
+                return Pieces([], self.reader.count(slots, q.ctx.caller.record), encoded=kept)
         segments = await self.next(Work(q, slots))
         if q.ctx.explain is not None:  # not a lookup of the cache's statistics
             return Pieces(segments, "MISS")
-        return Pieces(segments, self.reader.count(slots, q.ctx.caller.record))
+        return Pieces(segments, self.reader.count(slots, q.ctx.caller.record), ticket=ticket)
 
 
 class Coalesce:

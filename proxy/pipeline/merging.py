@@ -61,7 +61,11 @@ class Merge:
         plan = q.plan
         assert plan is not None
         pieces = await self.next(q)
-        segments = pieces.segments
+        headers = {"X-Promaccel-Pieces": str(len(plan.pieces)), "X-Cache": pieces.status}
+        if pieces.encoded is not None:
+            return Answer(encoded=pieces.encoded, headers=headers)
+        segments, ticket = pieces.segments, pieces.ticket
+        del pieces  # the segments go once merged (a lazy merge keeps what it reads)
         if plan.sharded and plan.merge.kind == "aggregate" and plan.merge.op in ("topk", "bottomk") and topk_ambiguous(
                 [(shard, r) for _, shard, _, r in segments], plan.merge):
             raise AmbiguousTies()
@@ -70,7 +74,5 @@ class Merge:
         # is never held twice (pieces + merged copy).
         merged = merge([(role, r) for _, _, role, r in segments], plan.merge, time_ms=plan.request.time_ms,
                        lazy=True)
-        status = pieces.status
-        del segments, pieces
-        return Answer(result=merged, headers={"X-Promaccel-Pieces": str(len(plan.pieces)), "X-Cache": status},
-                      arrow=q.want_arrow)
+        del segments
+        return Answer(result=merged, headers=headers, arrow=q.want_arrow, ticket=ticket)

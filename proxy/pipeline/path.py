@@ -15,7 +15,8 @@ first, each made with the stage after it (`chain`): nothing is patched in afterw
     Fallback   a piece's backend error is the answer; shapes the merge cannot model go to Relay
     -- the planned path --
     Merge      concat / re-aggregate in one order; a topk tie at the k-th place reruns unsharded
-    Lookup     each piece's cache unit and cached answer (landing zone, store, finer steps)
+    Lookup     each piece's cache unit and cached answer (landing zone, store, finer steps);
+               every piece found as the same cells as before: the answer kept whole then
     Coalesce   pieces in flight elsewhere are awaited; the rest grouped into backend calls
     FanOut     the calls in parallel under the query's one deadline (the planned path's leaf)
 
@@ -42,6 +43,7 @@ from ..cache import PieceStore
 from ..config import Config
 from .admission import Admission, Admit
 from .answer_bytes import AnswerBytes, Reserve
+from .answer_memo import AnswerMemo
 from .ask import Asker
 from .cache_read import CacheReader
 from .cache_write import CacheWriter
@@ -79,6 +81,7 @@ class Parts:
     cross_store: CrossStore
     answers: AnswerBytes
     admission: Admission  # shared by the pipelines of every tenant
+    memo: AnswerMemo  # answers kept whole, shared too
     revalidator: Revalidator | None  # cache.revalidate_interval: started with the service
 
 
@@ -96,9 +99,10 @@ def chain(*stages: Make, leaf: Stage[Any, Any]) -> Stage[Any, Any]:
 
 def build(config: Config, backends: Sequence[Backend], store: Callable[[], PieceStore],
           admission: Admission | None = None, answers: AnswerBytes | None = None,
-          invalidate: Invalidate | None = None) -> tuple[Stage[Query, Answer], Parts]:
-    """The stages over `backends` (backends[0] the primary); `admission` and the answer-bytes
-    budget `answers` shared with other pipelines (one per tenant) when given; `invalidate`
+          invalidate: Invalidate | None = None, memo: AnswerMemo | None = None) -> tuple[Stage[Query, Answer], Parts]:
+    """The stages over `backends` (backends[0] the primary); `admission`, the answer-bytes
+    budget `answers` and the kept answers `memo` shared with other pipelines (one per tenant)
+    when given; `invalidate`
     (the service's) for revalidation, which runs only when it is configured and given."""
     primary = backends[0]
     by_name = {b.name: b for b in backends}
@@ -127,12 +131,13 @@ def build(config: Config, backends: Sequence[Backend], store: Callable[[], Piece
                                        limits.max_queued, limits.queue_timeout / 1000)
     window_bound = min((n for n in (limits.max_window_samples, limits.max_samples) if n), default=0)
     raw_cache = RawCache(config, store, writer) if cache_on else None
+    memo = memo or AnswerMemo(cc.answer_memo_bytes if cache_on else 0)
 
     # The planned path: a query's pieces (or a cross-store query's subquery's), merged.
     planned = chain(
         lambda next: Merge(planner, next),
         lambda next: Lookup(config, slots, reader, DayCells(slots, reader, writer, primary.cfg.max_parallel,
-                                                            cc.day_cells_edge_max_samples), next),
+                                                            cc.day_cells_edge_max_samples), next, memo),
         lambda next: Coalesce(config, primary.cfg.max_parallel, landing, next, planner.settings.split_interval_ms),
         leaf=traced(FanOut(fetcher)),
     )
@@ -150,4 +155,4 @@ def build(config: Config, backends: Sequence[Backend], store: Callable[[], Piece
         leaf=planned,
     )
     return path, Parts(planner, slots, landing, reader, writer, leases, fetcher, cross_store, answers, admission,
-                       revalidator)
+                       memo, revalidator)

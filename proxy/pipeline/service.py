@@ -61,7 +61,8 @@ class QueryService:
         self.run, self.parts = build(config, backends, self.store,
                                      self.root.parts.admission if shared is not None else None,
                                      self.root.parts.answers if shared is not None else None,
-                                     invalidate=self.invalidate)
+                                     invalidate=self.invalidate,
+                                     memo=self.root.parts.memo if shared is not None else None)
         if shared is not None:
             self.root.children.append(self)
 
@@ -118,7 +119,8 @@ class QueryService:
         (tenancy.forward_headers) when there is one, else by its address."""
         path = "/api/v1/query_range" if req.is_range else "/api/v1/query"
         q = Query(req=req, pairs=pairs, path=path, timeout_s=ctx.timeout_s, headers=headers,
-                  client=ctx.scope or client, want_arrow=ARROW_STREAM in headers.get("accept", ""), ctx=ctx)
+                  client=ctx.scope or client, want_arrow=ARROW_STREAM in headers.get("accept", ""),
+                  gzip="gzip" in headers.get("accept-encoding", ""), ctx=ctx)
         return await self.run(q)
 
     async def explain(self, req: QueryRequest, headers: Mapping[str, str] | None = None,
@@ -147,6 +149,7 @@ class QueryService:
         for s in self._family():
             s.parts.landing.forget_all()
             s.parts.reader.decoded.clear()
+        self.root.parts.memo.clear()
         return await self.store().invalidate(metric_names, start_ms, end_ms)
 
     async def bump_generation(self) -> int:
@@ -157,6 +160,7 @@ class QueryService:
             s.parts.reader.decoded.clear()
             if s.revalidator is not None:
                 s.revalidator.forget_all()
+        self.root.parts.memo.clear()
         return await self.store().bump_generation()
 
     def cache_stats(self) -> dict[str, Any]:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from shardplanner.routing import Route
 
     from ..result import QueryResult
+    from .answer_memo import Encoded, Ticket
     from .hybrid.router import Router
 
 # A request's parameters in the order sent (the query string and the form body merged).
@@ -53,6 +54,9 @@ class Query:
     headers: Mapping[str, str] = field(default_factory=dict)
     client: str = ""  # who asks (admission): the client's address
     want_arrow: bool = False
+    # The client takes gzip (the answer's bytes may be kept: answer_memo.py); never set on a
+    # cross-store subquery, whose answer is a result to evaluate over.
+    gzip: bool = False
     plan: Plan | None = None  # set by the Plan stage
     cache: CacheCtx | None = None  # set by the Plan stage when the cache applies
     router: Router | None = None  # hybrid fleets: set by the Route stage
@@ -72,10 +76,15 @@ class Query:
 
 @dataclass
 class Answer:
-    """A query's answer: a merged result, or a backend's reply relayed as it is."""
+    """A query's answer: a merged result, a backend's reply relayed as it is, or the bytes of
+    an answer kept whole."""
 
     result: QueryResult | None = None
     reply: BackendReply | None = None
+    # The bytes of an answer kept whole (answer_memo.py), sent as they are.
+    encoded: Encoded | None = None
+    # The result's bytes are kept under this once written (responses.py).
+    ticket: Ticket | None = None
     headers: dict[str, str] = field(default_factory=dict)
     arrow: bool = False  # encode `result` as an Arrow IPC stream
     # For the access log: the plan's shape (pieces, sharded, split, why not).

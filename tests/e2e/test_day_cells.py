@@ -10,7 +10,6 @@ data's last day with day_cells_after."""
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +22,7 @@ import pytest
 from loadtests.compare import diff_answers
 from proxy.pipeline.landing import LANDING_GRACE_S
 from tests.corpus import QUERIES
-from tests.servers import Promaccel
+from tests.servers import Promaccel, metric_sum
 
 pytestmark = pytest.mark.prom
 
@@ -47,17 +46,12 @@ def _server(prom: Any, redis_server: Any, workdir: Path, db: int, *args: str, af
     return Promaccel.start(prom.url, ("--split-interval", "1h", *args), workdir, config=config)
 
 
-def _metric(url: str, pattern: str) -> float:
-    text = httpx.get(url + "/metrics", timeout=10).text
-    return sum(float(v) for v in re.findall(pattern, text, re.M))
-
-
 def _calls(url: str) -> float:
-    return _metric(url, r'^promaccel_backend_requests_total\{[^}]*endpoint="/api/v1/query_range"[^}]*\} ([0-9.e+]+)$')
+    return metric_sum(url, "promaccel_backend_requests_total", endpoint="/api/v1/query_range")
 
 
 def _assembled(url: str) -> float:
-    return _metric(url, r"^promaccel_cache_day_cells_assembled_total ([0-9.e+]+)$")
+    return metric_sum(url, "promaccel_cache_day_cells_assembled_total")
 
 
 def _explain(url: str, form: dict[str, str]) -> dict[str, Any]:
@@ -140,8 +134,9 @@ def test_a_window_sliding_inside_a_day_cell_is_prometheuss_answer(prom: Any, pro
     """A window inside an old day whose day cell is cached reads the cell for each of its hour
     pieces; warm, the pieces between its edges are one cut of the cell (pipeline/lookup.py)
     and the answer is gzipped from that cut's kept deflate runs (codec/deflate.py) from the
-    second ask on. Sliding a step at a time and asked three times at each place (gzip, as
-    Grafana asks), every answer is Prometheus's."""
+    second ask on; asked again, the window's answer is the bytes kept whole. Sliding a step at a
+    time and asked three times at each place (gzip, as Grafana asks), every answer is
+    Prometheus's."""
     end = prom.end_s
     query = "avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)"
     with httpx.Client(timeout=120, headers={"Accept-Encoding": "gzip"}) as client:
@@ -158,8 +153,13 @@ def test_a_window_sliding_inside_a_day_cell_is_prometheuss_answer(prom: Any, pro
                 assert r.headers["X-Cache"] == "HIT" and r.headers.get("Content-Encoding") == "gzip"
         assert _calls(proxy.url) == calls
     # The cells' JSON and the folded cut's deflated runs were kept (and are told to operators).
-    memo = r'^promaccel_warm_memo_bytes\{memo="%s"\} ([0-9.e+]+)$'
-    assert _metric(proxy.url, memo % "json") > 0 and _metric(proxy.url, memo % "deflate") > 0
+    def kept(memo: str) -> float:
+        return metric_sum(proxy.url, "promaccel_warm_memo_bytes", memo=memo)
+
+    assert kept("json") > 0 and kept("deflate") > 0
+    # A window asked again was answered with the bytes kept whole (pipeline/answer_memo.py):
+    # those are the answers compared above too.
+    assert kept("answer") > 0 and metric_sum(proxy.url, "promaccel_answer_memo_total", result="hit") >= 4
 
 
 def test_a_day_cell_is_made_from_its_hour_cells(prom: Any, redis_server: Any, tmp_path: Path) -> None:
@@ -203,7 +203,7 @@ def test_a_partly_asked_for_day_is_assembled_only_when_small(prom: Any, redis_se
     try:
         end = prom.end_s
         query = "sum by (namespace) (DCGM_FI_DEV_FB_USED)"
-        skipped = r"^promaccel_cache_day_cells_skipped_total ([0-9.e+]+)$"
+        skipped = "promaccel_cache_day_cells_skipped_total"
         with httpx.Client(timeout=120) as client:
             # Cold: Oct 31's 24 hours fetched and stored by two queries that each hold part of it.
             edge = {"query": query, "start": str(end - DAY - 2 * HOUR), "end": str(end - 11 * HOUR), "step": "60"}
@@ -212,13 +212,13 @@ def test_a_partly_asked_for_day_is_assembled_only_when_small(prom: Any, redis_se
             deadline = time.monotonic() + 10
             while _explain(p.url, edge)["cache"]["misses"] and time.monotonic() < deadline:
                 time.sleep(0.1)
-            made, skips = _assembled(p.url), _metric(p.url, skipped)
+            made, skips = _assembled(p.url), metric_sum(p.url, skipped)
             problems, r = _check(prom, p, edge, client)  # warm: every hour of it cached
             assert problems == [] and r.headers["X-Cache"] == "HIT"
             if edge_max is None:
-                assert (_assembled(p.url), _metric(p.url, skipped)) == (made + 1, skips)
+                assert (_assembled(p.url), metric_sum(p.url, skipped)) == (made + 1, skips)
             else:
-                assert (_assembled(p.url), _metric(p.url, skipped)) == (made, skips + 1)
+                assert (_assembled(p.url), metric_sum(p.url, skipped)) == (made, skips + 1)
                 # A query that holds the whole day makes its cell from the same cached hours.
                 whole = {"query": query, "start": str(end - DAY - HOUR), "end": str(end + 1200), "step": "60"}
                 problems, r = _check(prom, p, whole, client)

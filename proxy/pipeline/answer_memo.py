@@ -1,0 +1,140 @@
+"""Whole answers kept as the bytes sent, for a window asked again (issue 28).
+
+Grafana aligns a panel's range to its step, so everyone looking at one dashboard asks the same
+windows, and a panel re-rendered asks its window again. Such an ask finds every piece in the
+cache and would merge, splice and gzip the same bytes again (~2.5 ms of a 2 MB panel's ~4).
+So the body of an answer made of cached cells is kept, keyed by the request, with the cells
+it was made from; a later ask whose lookup found *the same cell objects* for the same pieces
+is answered with those bytes.
+
+Why that is exact: the body is a function of the request and the cells' contents, and a
+cell object stands for its content. A lookup hands out a cell decoded earlier only after
+the store said its tag is unchanged (`CacheReader.read`: what another process wrote again
+or invalidated is read anew, a new object), and the landing zone's cells are the ones being
+stored. Any other answer of a piece is a new object (a cut of a cell not kept, a fetch), so
+an entry is used only when every piece of the plan is the same object as then; the entry
+holds the cells weakly, and a cell gone from memory takes its entries' use with it. Nothing
+is kept for cold answers (their pieces come from the backends) or for a query the cache
+does not apply to; only the gzip-able JSON of the planned path (not Arrow, not a cross-store
+subquery, not explain). At most `cache.answer_memo_bytes`, least recently used first out.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..observe.metrics import METRICS
+from ..result import QueryResult
+from .units import Slot
+from .values import Query
+
+# One entry may take at most this share of the bound (a larger answer is not kept).
+ENTRY_SHARE = 8
+
+# Per planned piece: its merge order, its span, the key digest it was read from, its cell.
+_Part = tuple[tuple[int, str, int], object, str, QueryResult]
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """An answer as sent: its body, and whether that is gzip (else the JSON itself)."""
+
+    body: bytes
+    gzipped: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """A query whose pieces were all found in the cache: what its answer is kept under once
+    it is written (`keep`), or was kept under (`AnswerMemo.get`)."""
+
+    memo: AnswerMemo
+    key: tuple[object, ...]
+    parts: tuple[_Part, ...]
+
+    def keep(self, body: bytes, gzipped: bool) -> None:
+        self.memo.put(self, Encoded(body, gzipped))
+
+
+class _Entry:
+    __slots__ = ("cells", "encoded", "size")
+
+    def __init__(self, parts: Sequence[_Part], encoded: Encoded) -> None:
+        self.cells = tuple((order, span, digest, weakref.ref(cell)) for order, span, digest, cell in parts)
+        self.encoded = encoded
+        self.size = len(encoded.body) + 200 * len(parts)
+
+    def made_of(self, parts: Sequence[_Part]) -> bool:
+        if len(parts) != len(self.cells):
+            return False
+        for (order, span, digest, cell), (o, s, d, ref) in zip(parts, self.cells):
+            if order != o or digest != d or span != s or ref() is not cell:
+                return False
+        return True
+
+
+class AnswerMemo:
+    """The kept answers, at most `max_bytes` (0: none), least recently used first out. Shared
+    by the pipelines of every tenant (their requests' keys differ by tenant)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.used = 0
+        self._lru: OrderedDict[tuple[object, ...], _Entry] = OrderedDict()
+        self._lock = threading.Lock()  # put runs where the body is written (the loop's thread, or not)
+
+    def ticket(self, q: Query, slots: Sequence[Slot]) -> Ticket | None:
+        """The ticket of a query whose every piece was found in the cache, else None (also for
+        a query whose answer is not kept: no gzip asked, Arrow, explain, no cache)."""
+        if not self.max_bytes or not q.gzip or q.want_arrow or q.cache is None or q.ctx.explain is not None:
+            return None
+        parts = []
+        for s in slots:
+            r = s.result
+            if r is None or s.answered_by is None:
+                return None
+            origin = r.origin[0]() if r.origin is not None else r  # a lazy cut: its cell
+            if origin is None:
+                return None
+            parts.append((s.order, s.piece.span, s.answered_by, origin))
+        c = q.cache
+        key = (q.path, q.req, tuple(q.extra), c.tenant, c.route, c.lookback_ms)
+        return Ticket(self, key, tuple(parts))
+
+    def get(self, t: Ticket) -> Encoded | None:
+        """The answer kept for `t`'s request when it was made of the same cells."""
+        with self._lock:
+            entry = self._lru.get(t.key)
+            if entry is None:
+                return None
+            if not entry.made_of(t.parts):  # left for the LRU: a rerun unsharded may match it
+                return None
+            self._lru.move_to_end(t.key)
+        METRICS.answer_memo.labels("hit").inc()
+        return entry.encoded
+
+    def put(self, t: Ticket, encoded: Encoded) -> None:
+        entry = _Entry(t.parts, encoded)
+        if entry.size > self.max_bytes // ENTRY_SHARE:
+            return
+        with self._lock:
+            self._drop(t.key)
+            self._lru[t.key] = entry
+            self.used += entry.size
+            while self.used > self.max_bytes:
+                self._drop(next(iter(self._lru)))
+        METRICS.answer_memo.labels("kept").inc()
+
+    def _drop(self, key: tuple[object, ...]) -> None:
+        entry = self._lru.pop(key, None)
+        if entry is not None:
+            self.used -= entry.size
+
+    def clear(self) -> None:
+        with self._lock:
+            self._lru.clear()
+            self.used = 0
