@@ -14,7 +14,10 @@ Every request asks for gzip, as Grafana does, and is timed until its last byte i
 (aiohttp, loopback); the body is decompressed and compared after the timer stops.
 
 Measurements, each warm: every window a timed ask uses was asked once, untimed, before (the
-miss that fills the cache), and the windows slide 30 s per request as a refreshing panel does:
+miss that fills the cache), and the windows slide 30 s per request as a refreshing panel does;
+a window asked again is answered with the bytes kept whole (pipeline/answer_memo.py), so (1)
+and (2) are also measured on windows never asked, their cells warm (", new window": windows
+ending 1 s off the others, the untimed asks NEW_SHIFT s earlier):
 
 1. large: `avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)` and `max by (Hostname)
    (DCGM_FI_DEV_POWER_USAGE)`, 1 h at a 10 s step (256 series x 361 points, about 2 MB of
@@ -72,6 +75,10 @@ LARGE = {
 TINY_QUERY = 'up{job="node-exporter",instance="gpu-node-0000:9100"}'
 TINY, VECTOR1 = "tiny: 1-series panel", "tiny: vector(1) instant"
 MISS = "after a miss"
+# The same measures on windows never asked before, ending 1 s off the others (their cells warm:
+# every hour cell was read by the windows asked untimed, NEW_SHIFT s earlier): no whole answer
+# kept for them.
+NEW, NEW_SHIFT = ", new window", 5
 VERSIONS = ("before", "after")
 MODES = ("before", "after", "direct")
 MISS_ASKS = 10
@@ -238,13 +245,16 @@ class Bench:
         if problems:
             self.mismatches.append(f"{what}: {problems[:2]}")
 
-    async def warm(self, measure: str, path: str, forms: list[dict[str, str]]) -> None:
-        """Rounds over `forms` (len rounds x reps), each asked untimed by each promaccel first."""
+    async def warm(self, measure: str, path: str, forms: list[dict[str, str]],
+                   timed: list[dict[str, str]] | None = None) -> None:
+        """Rounds over `forms` (len rounds x reps), each asked untimed by each promaccel first;
+        `timed`: the windows asked in the rounds instead (others than those asked untimed)."""
         for form in forms:
             for v in VERSIONS:
                 await self.ask(v, path, form)
         await self.ask("direct", path, forms[0])  # connection, page cache
         await asyncio.sleep(0.5)  # background work of the misses (cache writes) done
+        forms = timed or forms
         for k in range(self.rounds):
             replies: dict[tuple[str, int], Reply] = {}
             for mode in rotated(MODES, k):
@@ -295,8 +305,16 @@ async def run_asks(args: argparse.Namespace, urls: dict[str, str], pids: dict[st
         for label, query in LARGE.items():
             await bench.warm(label, "/api/v1/query_range", [range_form(query, e) for e in sliding_ends(END, n)])
             progress(label)
+        for label, query in LARGE.items():  # cells warm, the window itself never asked
+            await bench.warm(f"{label}{NEW}", "/api/v1/query_range",
+                             [range_form(query, e) for e in sliding_ends(END - NEW_SHIFT, n)],
+                             [range_form(query, e) for e in sliding_ends(END - 1, n)])
+            progress(f"{label}{NEW}")
         # The tiny panel slides over an hour of its own (the large panels' windows are other queries).
         await bench.warm(TINY, "/api/v1/query_range", [range_form(TINY_QUERY, e) for e in sliding_ends(END, n)])
+        await bench.warm(f"{TINY}{NEW}", "/api/v1/query_range",
+                         [range_form(TINY_QUERY, e) for e in sliding_ends(END - NEW_SHIFT, n)],
+                         [range_form(TINY_QUERY, e) for e in sliding_ends(END - 1, n)])
         await bench.warm(VECTOR1, "/api/v1/query", [{"query": "vector(1)", "time": str(e)}
                                                     for e in sliding_ends(END, n)])
         progress("tiny")
@@ -363,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print("\n".join(table(bench.results)))
         print()
-        for measure in (*LARGE, TINY):
+        for measure in (*LARGE, *(f"{m}{NEW}" for m in LARGE), TINY, f"{TINY}{NEW}"):
             print(f"X-Cache of the timed asks, {measure}: " + "; ".join(
                 f"{v} {x_cache_counts(bench.results[(measure, v)])}" for v in VERSIONS))
         for v in VERSIONS:
