@@ -195,9 +195,11 @@ class _Metrics:
             ["memo"], registry=r,
         )
         # Whole answers kept (pipeline/answer_memo.py): kept (an answer's bytes stored), hit (a
-        # request answered with them).
+        # request answered with them after its lookup), recalled (before planning: its cells'
+        # tags unchanged in the store).
         self.answer_memo = Counter(
-            "promaccel_answer_memo_total", "Whole answers kept (kept) and requests answered with one (hit)",
+            "promaccel_answer_memo_total",
+            "Whole answers kept (kept) and requests answered with one after their lookup (hit) or before planning (recalled)",
             ["result"], registry=r,
         )
         # Fetch leases (proxy/pipeline/leases.py), per piece: won (this process fetches it),

@@ -24,19 +24,33 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
+from ..cache import CacheKey, PieceStore
+from ..observe.activity import ACTIVITY
 from ..observe.metrics import METRICS
 from ..result import QueryResult
+from .stage import Stage
 from .units import Slot
-from .values import Query
+from .values import Answer, Query
 
 # One entry may take at most this share of the bound (a larger answer is not kept).
 ENTRY_SHARE = 8
 
 # Per planned piece: its merge order, its span, the key digest it was read from, its cell.
 _Part = tuple[tuple[int, str, int], object, str, QueryResult]
+# The cell a reader keeps decoded for a key digest, with its frame's tag (CacheReader.decoded).
+Tagged = Callable[[str], "tuple[bytes, QueryResult] | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class Deps:
+    """The store entries an answer was made of and their frames' tags, when every piece was a
+    cell kept with its tag: the answer is still right while each entry is still that frame."""
+
+    keys: tuple[CacheKey, ...]
+    tags: tuple[bytes, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,18 +69,22 @@ class Ticket:
     memo: AnswerMemo
     key: tuple[object, ...]
     parts: tuple[_Part, ...]
+    deps: Deps | None = None
+    headers: dict[str, str] = field(default_factory=dict)
 
     def keep(self, body: bytes, gzipped: bool) -> None:
         self.memo.put(self, Encoded(body, gzipped))
 
 
 class _Entry:
-    __slots__ = ("cells", "encoded", "size")
+    __slots__ = ("cells", "encoded", "size", "deps", "headers")
 
-    def __init__(self, parts: Sequence[_Part], encoded: Encoded) -> None:
-        self.cells = tuple((order, span, digest, weakref.ref(cell)) for order, span, digest, cell in parts)
+    def __init__(self, t: Ticket, encoded: Encoded) -> None:
+        self.cells = tuple((order, span, digest, weakref.ref(cell)) for order, span, digest, cell in t.parts)
         self.encoded = encoded
-        self.size = len(encoded.body) + 200 * len(parts)
+        self.deps = t.deps
+        self.headers = t.headers
+        self.size = len(encoded.body) + 200 * len(t.parts)
 
     def made_of(self, parts: Sequence[_Part]) -> bool:
         if len(parts) != len(self.cells):
@@ -87,12 +105,16 @@ class AnswerMemo:
         self._lru: OrderedDict[tuple[object, ...], _Entry] = OrderedDict()
         self._lock = threading.Lock()  # put runs where the body is written (the loop's thread, or not)
 
-    def ticket(self, q: Query, slots: Sequence[Slot]) -> Ticket | None:
+    def ticket(self, q: Query, slots: Sequence[Slot], tagged: Tagged | None = None) -> Ticket | None:
         """The ticket of a query whose every piece was found in the cache, else None (also for
-        a query whose answer is not kept: no gzip asked, Arrow, explain, no cache)."""
-        if not self.max_bytes or not q.gzip or q.want_arrow or q.cache is None or q.ctx.explain is not None:
+        a query whose answer is not kept: no gzip asked, Arrow, explain, no cache). `tagged`:
+        the reader's kept cells, for the entries' tags (`Deps`; not for a sharded plan, whose
+        pieces follow the shard-label values discovered, nor for a cell kept without a tag)."""
+        if not self.max_bytes or not eligible(q) or q.cache is None or q.plan is None:
             return None
         parts = []
+        keys: list[CacheKey] | None = [] if tagged is not None and not q.plan.sharded else None
+        tags: list[bytes] = []
         for s in slots:
             r = s.result
             if r is None or s.answered_by is None:
@@ -101,9 +123,17 @@ class AnswerMemo:
             if origin is None:
                 return None
             parts.append((s.order, s.piece.span, s.answered_by, origin))
-        c = q.cache
-        key = (q.path, q.req, tuple(q.extra), c.tenant, c.route, c.lookback_ms)
-        return Ticket(self, key, tuple(parts))
+            if keys is not None and tagged is not None:
+                held = tagged(s.answered_by)
+                key = next((k for k in s.keys if k.digest == s.answered_by), None)
+                if held is None or held[1] is not origin or key is None:
+                    keys = None
+                else:
+                    keys.append(key)
+                    tags.append(held[0])
+        deps = Deps(tuple(keys), tuple(tags)) if keys else None
+        return Ticket(self, memo_key(q, q.cache.route[0]), tuple(parts), deps,
+                      {"X-Promaccel-Pieces": str(len(q.plan.pieces)), "X-Cache": "HIT"})
 
     def get(self, t: Ticket) -> Encoded | None:
         """The answer kept for `t`'s request when it was made of the same cells."""
@@ -114,11 +144,22 @@ class AnswerMemo:
             if not entry.made_of(t.parts):  # left for the LRU: a rerun unsharded may match it
                 return None
             self._lru.move_to_end(t.key)
+            if entry.deps is None:  # kept from landing-zone cells: now kept with their tags
+                entry.deps = t.deps
         METRICS.answer_memo.labels("hit").inc()
         return entry.encoded
 
+    def recallable(self, key: tuple[object, ...]) -> _Entry | None:
+        """The entry of `key` if it can be checked by its tags alone (`Recall`)."""
+        with self._lock:
+            entry = self._lru.get(key)
+            if entry is None or entry.deps is None:
+                return None
+            self._lru.move_to_end(key)
+            return entry
+
     def put(self, t: Ticket, encoded: Encoded) -> None:
-        entry = _Entry(t.parts, encoded)
+        entry = _Entry(t, encoded)
         if entry.size > self.max_bytes // ENTRY_SHARE:
             return
         with self._lock:
@@ -138,3 +179,45 @@ class AnswerMemo:
         with self._lock:
             self._lru.clear()
             self.used = 0
+
+
+def eligible(q: Query) -> bool:
+    """Whether `q`'s answer may be kept whole or answered from one kept: JSON for a client
+    that takes gzip, not explain (a cross-store subquery is asked with gzip off)."""
+    return q.gzip and not q.want_arrow and q.ctx.explain is None and not q.unmergeable
+
+
+def memo_key(q: Query, ident: str) -> tuple[object, ...]:
+    """What an answer is kept under, known before planning: the path, the request (query,
+    times, lookback), the client's other parameters, the tenant's scope, the primary backend."""
+    return (q.path, q.req, tuple(q.extra), q.ctx.scope, ident)
+
+
+class Recall:
+    """Stage: a request answered before with bytes kept whole, whose every piece was a cell
+    kept with its frame's tag (`Deps`), and every such entry still that frame in the store
+    (one read of their 32-byte tags, as a warm lookup makes): those bytes, before planning,
+    reserving or merging anything. Anything else (no entry, an entry changed or gone, the
+    store failing) goes down the path as if nothing were kept."""
+
+    def __init__(self, memo: AnswerMemo, store: Callable[[], PieceStore], ident: str,
+                 next: Stage[Query, Answer]) -> None:
+        self.memo = memo
+        self.store = store
+        self.ident = ident
+        self.next = next
+
+    async def __call__(self, q: Query) -> Answer:
+        if not self.memo.max_bytes or not eligible(q):
+            return await self.next(q)
+        entry = self.memo.recallable(memo_key(q, self.ident))
+        if entry is None or entry.deps is None:
+            return await self.next(q)
+        deps, encoded = entry.deps, entry.encoded
+        reads = await self.store().get_tagged(deps.keys, deps.tags)
+        if not all(t.payload is None and t.tag == tag for t, tag in zip(reads, deps.tags)):
+            return await self.next(q)
+        METRICS.answer_memo.labels("recalled").inc()
+        METRICS.cache.labels("hit").inc()
+        ACTIVITY.pieces_looked_up(len(deps.keys), 0, q.ctx.caller.record)
+        return Answer(encoded=encoded, headers=dict(entry.headers), info={"answer_memo": "recalled"})

@@ -81,7 +81,7 @@ class Lookup:
             q.ctx.explain.looked_up(slots)
         if q.cache is not None and self.config.cache.reuse_finer_steps:
             await self.reader.lookup_finer(slots, q.cache, q.router)
-        ticket = self.memo.ticket(q, slots) if self.memo is not None else None
+        ticket = self.memo.ticket(q, slots, self.reader.decoded.tagged) if self.memo is not None else None
         if ticket is not None:
             kept = ticket.memo.get(ticket)
             if kept is not None:

@@ -6,6 +6,8 @@ answer up. `build` makes the components once, then the stages in one list each, 
 first, each made with the stage after it (`chain`): nothing is patched in afterwards.
 
     Admit      admission (in flight, a bounded wait); the answer says what the query cost
+    Recall     a request answered before with bytes kept whole, every cell it was made of
+               unchanged in the store (one read of their tags): those bytes
     Plan       parse once (cached by text), shard-label values, the plan, the cache context
     Reserve    the answer's estimated bytes from the process's budget (a bounded wait), given
                back once the response is sent
@@ -43,7 +45,7 @@ from ..cache import PieceStore
 from ..config import Config
 from .admission import Admission, Admit
 from .answer_bytes import AnswerBytes, Reserve
-from .answer_memo import AnswerMemo
+from .answer_memo import AnswerMemo, Recall
 from .ask import Asker
 from .cache_read import CacheReader
 from .cache_write import CacheWriter
@@ -132,6 +134,8 @@ def build(config: Config, backends: Sequence[Backend], store: Callable[[], Piece
     window_bound = min((n for n in (limits.max_window_samples, limits.max_samples) if n), default=0)
     raw_cache = RawCache(config, store, writer) if cache_on else None
     memo = memo or AnswerMemo(cc.answer_memo_bytes if cache_on else 0)
+    # Hybrid fleets route by time and holdings: their answers are recalled only through Lookup.
+    recall = cache_on and len(backends) == 1 and primary.cfg.holds is None
 
     # The planned path: a query's pieces (or a cross-store query's subquery's), merged.
     planned = chain(
@@ -147,6 +151,7 @@ def build(config: Config, backends: Sequence[Backend], store: Callable[[], Piece
     # The request path, as a query flows.
     path = chain(
         lambda next: Admit(limits, next, admission),
+        *([lambda next: Recall(memo, store, primary.cfg.ident, next)] if recall else []),
         lambda next: Plan(planner, primary, cache_on, next),
         lambda next: Reserve(answers, planner, next),
         lambda next: Route(backends, next, traced(cross_store)),

@@ -19,20 +19,23 @@ import redis
 import yaml
 
 from loadtests.compare import diff_answers
-from proxy.pipeline.answer_memo import ENTRY_SHARE, AnswerMemo, Encoded
+from proxy.backends.tenancy import Caller, Tenant
+from proxy.cache.store import Tagged
+from proxy.pipeline.answer_memo import ENTRY_SHARE, AnswerMemo, Encoded, Recall
 from proxy.pipeline.context import RequestContext
 from proxy.pipeline.explain import Explanation
 from proxy.pipeline.landing import LANDING_GRACE_S
 from proxy.pipeline.values import CacheCtx, Query
 from proxy.result import QueryResult
-from tests.pipeline.stage_helpers import T0, H, range_query
+from tests.pipeline.stage_helpers import T0, H, Recorder, range_query, run
 from tests.servers import Promaccel, metric_sum
 
 CTX = CacheCtx(tenant="", route=("default",), now_ms=T0 + 30 * H, lookback_ms=300_000)
 
 
 def _query(query: str = "avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)", hours: int = 2, **kw: Any) -> Query:
-    return replace(range_query(query, hours=hours), **{"gzip": True, "cache": CTX, **kw})
+    plan = SimpleNamespace(sharded=False, pieces=[1, 2])
+    return replace(range_query(query, hours=hours), **{"gzip": True, "cache": CTX, "plan": plan, **kw})
 
 
 def _cell() -> QueryResult:
@@ -60,8 +63,8 @@ def test_the_same_cells_get_the_kept_bytes_and_other_cells_do_not() -> None:
     assert memo.get(memo.ticket(_query(), _slots([b, a]))) is None  # type: ignore[arg-type]
     # Another request (window, tenant) never gets it.
     assert memo.get(memo.ticket(_query(hours=3), _slots([a, b]))) is None  # type: ignore[arg-type]
-    tenant = CacheCtx(tenant="t2", route=CTX.route, now_ms=CTX.now_ms, lookback_ms=CTX.lookback_ms)
-    assert memo.get(memo.ticket(_query(cache=tenant), _slots([a, b]))) is None  # type: ignore[arg-type]
+    tenant = RequestContext(caller=Caller(Tenant((), "t2")))
+    assert memo.get(memo.ticket(_query(ctx=tenant), _slots([a, b]))) is None  # type: ignore[arg-type]
     # Still there for the right cells.
     assert memo.get(memo.ticket(_query(), _slots([a, b]))) is not None  # type: ignore[arg-type]
 
@@ -114,6 +117,77 @@ def test_the_bound_drops_the_least_recently_used_and_never_keeps_a_huge_answer()
     assert memo.used == 0 and memo.get(tickets[0]) is None
 
 
+class FakeStore:
+    """get_tagged answering each key with `reply(known tag)`; records what it was asked."""
+
+    def __init__(self, reply: Any) -> None:
+        self.reply = reply
+        self.asked: list[tuple[Any, Any]] = []
+
+    async def get_tagged(self, keys: Any, known: Any) -> list[Tagged]:
+        self.asked.append((list(keys), list(known)))
+        return [self.reply(t) for t in known]
+
+
+def _kept_with_tags(memo: AnswerMemo) -> tuple[list[QueryResult], Query]:
+    """An answer kept whole whose two cells were kept decoded with their tags."""
+    cells = [_cell(), _cell()]
+    held = {"a": (b"tag-a", cells[0]), "b": (b"tag-b", cells[1])}
+    slots = _slots(cells)
+    for s in slots:
+        s.keys = (SimpleNamespace(digest=s.answered_by),)
+    q = _query()
+    t = memo.ticket(q, slots, held.get)
+    assert t is not None and t.deps is not None and t.deps.tags == (b"tag-a", b"tag-b")
+    t.keep(b"gz", True)
+    return cells, q
+
+
+def test_recall_answers_before_planning_while_every_cells_tag_is_unchanged() -> None:
+    memo = AnswerMemo(1 << 20)
+    cells, q = _kept_with_tags(memo)
+    same = FakeStore(lambda tag: Tagged(None, tag))
+    nxt = Recorder()
+    answer = run(Recall(memo, lambda: same, "default", nxt)(replace(q, plan=None, cache=None)))
+    assert answer.encoded == Encoded(b"gz", True) and answer.headers["X-Cache"] == "HIT" and nxt.got == []
+    assert same.asked == [([k for k in same.asked[0][0]], [b"tag-a", b"tag-b"])]
+    # A cell written again (another tag), gone (a miss), or the store failing: down the path.
+    for store in (FakeStore(lambda tag: Tagged(b"payload", b"other")), FakeStore(lambda tag: Tagged(None, None))):
+        nxt = Recorder()
+        answer = run(Recall(memo, lambda: store, "default", nxt)(replace(q, plan=None, cache=None)))  # noqa: B023
+        assert answer.encoded is None and len(nxt.got) == 1
+    # Not for another backend, a client without gzip, or explain.
+    for other, ident in ((q, "elsewhere"), (replace(q, gzip=False), "default"),
+                         (replace(q, ctx=RequestContext(explain=Explanation(True))), "default")):
+        nxt = Recorder()
+        run(Recall(memo, lambda: same, ident, nxt)(other))
+        assert len(nxt.got) == 1
+
+
+def test_recall_needs_every_cell_kept_with_its_tag_and_an_unsharded_plan() -> None:
+    memo = AnswerMemo(1 << 20)
+    cells = [_cell(), _cell()]
+    slots = _slots(cells)
+    for s in slots:
+        s.keys = (SimpleNamespace(digest=s.answered_by),)
+    q = _query()
+    only_a = {"a": (b"tag-a", cells[0])}
+    assert memo.ticket(q, slots, only_a.get).deps is None  # type: ignore[union-attr]
+    other_object = {"a": (b"tag-a", cells[0]), "b": (b"tag-b", _cell())}
+    assert memo.ticket(q, slots, other_object.get).deps is None  # type: ignore[union-attr]
+    both = {"a": (b"tag-a", cells[0]), "b": (b"tag-b", cells[1])}
+    sharded = _query(plan=SimpleNamespace(sharded=True, pieces=[1, 2]))
+    assert memo.ticket(sharded, slots, both.get).deps is None  # type: ignore[union-attr]
+    # Kept from landing-zone cells (no tags yet), then found again with tags: recallable from then on.
+    t = memo.ticket(q, slots, only_a.get)
+    assert t is not None
+    t.keep(b"gz", True)
+    key = t.key
+    assert memo.recallable(key) is None
+    assert memo.get(memo.ticket(q, slots, both.get)) is not None  # type: ignore[arg-type]
+    assert memo.recallable(key) is not None
+
+
 # --- against real Prometheus and Redis ----------------------------------------------------
 
 QUERY = "avg by (Hostname) (DCGM_FI_DEV_GPU_UTIL)"
@@ -123,12 +197,22 @@ ADMIN = "memo-admin-token"
 def _start(prom: Any, redis_url: str, workdir: Path, name: str) -> Promaccel:
     path = workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump({"backends": [{"url": prom.url}],
-                                    "cache": {"redis_url": redis_url, "admin_token": ADMIN}}))
+                                    "cache": {"redis_url": redis_url, "admin_token": ADMIN,
+                                              "generation_refresh": "200ms"}}))
     return Promaccel.start(None, ("--split-interval", "1h"), workdir, config=path)
 
 
 def _hits(url: str) -> float:
     return metric_sum(url, "promaccel_answer_memo_total", result="hit")
+
+
+def _recalled(url: str) -> float:
+    return metric_sum(url, "promaccel_answer_memo_total", result="recalled")
+
+
+def _served(url: str) -> float:
+    """Asks answered with kept bytes: after their lookup (hit) or before planning (recalled)."""
+    return _hits(url) + _recalled(url)
 
 
 def _calls(url: str) -> float:
@@ -161,14 +245,16 @@ def test_a_window_asked_again_is_answered_with_the_kept_bytes_until_a_cell_chang
                 bodies.append(r.content)
             assert _hits(a.url) == 1 and bodies[1] == bodies[2]
             # Once stored, the cells are checked against Redis (the landed objects kept decoded
-            # with their tags, or read again: then the answer is made again and kept).
+            # with their tags, or read again: then the answer is made again and kept); the
+            # answer is then recalled before planning, its cells' tags read from Redis.
             time.sleep(LANDING_GRACE_S + 0.5)
             for _ in range(3):
                 r, doc = _ask(client, a.url, form)
                 assert diff_answers(direct, doc) == []
                 bodies.append(r.content)
             assert r.headers["X-Cache"] == "HIT" and r.headers.get("Content-Encoding") == "gzip"
-            assert _hits(a.url) >= 3, "a window asked again was not answered with the kept bytes"
+            assert _served(a.url) >= 3, "a window asked again was not answered with the kept bytes"
+            assert _recalled(a.url) >= 1
             assert bodies[-1] == bodies[-2]  # the same bytes sent again
             assert metric_sum(a.url, "promaccel_warm_memo_bytes", memo="answer") > 0
             # Without gzip the client gets the JSON (not the kept gzip bytes).
@@ -176,16 +262,33 @@ def test_a_window_asked_again_is_answered_with_the_kept_bytes_until_a_cell_chang
                                timeout=60)
             assert plain.headers.get("Content-Encoding") is None
             assert diff_answers(direct, orjson.loads(plain.content)) == []
-            # The other replica drops the cells from Redis: this one must read them again,
-            # not answer from the bytes it kept.
-            dropped = client.post(b.url + "/api/v1/admin/cache/invalidate", data={"match[]": "DCGM_FI_DEV_GPU_UTIL"},
-                                  headers={"Authorization": f"Bearer {ADMIN}"})
-            assert dropped.status_code == 200 and dropped.json()["data"]["dropped"] > 0
-            calls = _calls(a.url)
-            hits = _hits(a.url)
-            r, doc = _ask(client, a.url, form)
-            assert diff_answers(direct, doc) == []
-            assert _hits(a.url) == hits and _calls(a.url) > calls
+            # The other replica drops the cells from Redis, or moves the cache to a new
+            # generation: this one must read them again, not answer from the bytes it kept.
+            # (Pieces this process fetched itself are served from its landing zone for
+            # LANDING_GRACE_S whatever the store says, kept bytes or not: waited out.)
+            admin = {"Authorization": f"Bearer {ADMIN}"}
+            for what in ("invalidate", "generation"):
+                if what == "invalidate":
+                    done = client.post(b.url + "/api/v1/admin/cache/invalidate",
+                                       data={"match[]": "DCGM_FI_DEV_GPU_UTIL"}, headers=admin)
+                    assert done.status_code == 200 and done.json()["data"]["dropped"] > 0
+                else:
+                    assert client.post(b.url + "/api/v1/admin/cache/generation", headers=admin).status_code == 200
+                time.sleep(LANDING_GRACE_S + 0.5)  # and the generation read again (every 200 ms)
+                calls, served = _calls(a.url), _served(a.url)
+                r, doc = _ask(client, a.url, form)
+                assert diff_answers(direct, doc) == [], what
+                assert _served(a.url) == served and _calls(a.url) > calls, what
+                # Stored again, read back with their tags: recalled again.
+                recalled = _recalled(a.url)
+                for _ in range(4):
+                    time.sleep(LANDING_GRACE_S + 0.5)
+                    for _ in range(2):
+                        r, doc = _ask(client, a.url, form)
+                        assert diff_answers(direct, doc) == [], what
+                    if _recalled(a.url) > recalled:
+                        break
+                assert _recalled(a.url) > recalled, what
     finally:
         a.stop()
         b.stop()

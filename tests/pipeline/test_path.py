@@ -19,7 +19,7 @@ from proxy.pipeline.path import build, chain
 from proxy.pipeline.traced import Traced
 from tests.pipeline.stage_helpers import RecordingBackend, run
 
-ORDER = ["Admit", "Plan", "Reserve", "Route", "Forward", "Fallback", "Merge", "Lookup", "Coalesce", "FanOut"]
+ORDER = ["Admit", "Recall", "Plan", "Reserve", "Route", "Forward", "Fallback", "Merge", "Lookup", "Coalesce", "FanOut"]
 
 
 def bare(stage: Any) -> Any:
@@ -97,6 +97,15 @@ def test_build_gives_the_stages_in_the_order_a_query_flows() -> None:
     config = cfg()
     path, _ = build(config, [RecordingBackend()], lambda: make_store(config.cache))
     assert names(path) == ORDER
+
+
+def test_recall_is_left_out_without_a_cache_and_for_hybrid_fleets() -> None:
+    config = cfg(enabled=False)
+    path, _ = build(config, [RecordingBackend()], lambda: make_store(config.cache))
+    assert names(path) == [n for n in ORDER if n != "Recall"]
+    two = load_config(None, backends=["http://127.0.0.1:1", "http://127.0.0.1:2"])
+    path, _ = build(two, [RecordingBackend(), RecordingBackend("b")], lambda: make_store(two.cache))
+    assert "Recall" not in names(path)
 
 
 def test_build_with_tracing_on_gives_the_same_order_each_in_its_span(traced_on: None) -> None:

@@ -24,7 +24,7 @@ from proxy.observe import tracing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SECRETS = ("s3cret-backend-pw-777", "client-bearer-token-555", "tenant-orgid-999")
-CHAIN = ["POST /api/v1/query_range", "Admit", "Plan", "Reserve", "Route", "Forward", "Fallback", "Merge", "Lookup", "Coalesce",
+CHAIN = ["POST /api/v1/query_range", "Admit", "Recall", "Plan", "Reserve", "Route", "Forward", "Fallback", "Merge", "Lookup", "Coalesce",
          "FanOut", "backend /api/v1/query_range"]
 
 
@@ -127,7 +127,8 @@ async def run():
             assert r.status_code in (502, 503), r.status_code
 asyncio.run(run())
 run = app.state.executor.run
-assert type(run).__name__ == "Admit" and type(run.next).__name__ == "Plan", (run, run.next)
+assert type(run).__name__ == "Admit" and type(run.next).__name__ == "Recall", (run, run.next)
+assert type(run.next.next).__name__ == "Plan", run.next.next
 assert not tracing.enabled() and tracing._state == {"tracer": None, "provider": None}
 loaded = sorted(m for m in sys.modules if m.startswith(("opentelemetry.sdk.trace", "opentelemetry.exporter")))
 assert not loaded, loaded
