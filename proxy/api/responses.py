@@ -21,8 +21,7 @@ from ..codec.deflate import gzip_bytes, gzip_spliced
 from ..codec.json_encode import encode_prometheus_json, iter_prometheus_json
 from ..codec.json_splice import splice_prometheus_json, spliceable, spliced_runs
 from ..errors import PromError
-from ..pipeline.answer_memo import Ticket
-from ..pipeline.values import Answer
+from ..pipeline.values import Answer, Keeps
 from ..result import QueryResult
 from .compress import MINIMUM_SIZE
 
@@ -76,7 +75,7 @@ def _spliced_body(result: QueryResult, gzip_ok: bool) -> tuple[bytes, bool] | No
 
 
 def json_response(result: QueryResult, headers: dict[str, str], release: Callable[[], None] | None = None,
-                  gzip_ok: bool = False, ticket: Ticket | None = None) -> Response:
+                  gzip_ok: bool = False, ticket: Keeps | None = None) -> Response:
     """A result as Prometheus JSON, streamed when large. `gzip_ok`: the client takes gzip;
     `ticket`: a spliced body is kept under it for the same window asked again (answer_memo.py).
     Written here and now, so that the result goes before the body is sent: deferred to the

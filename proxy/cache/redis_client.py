@@ -15,7 +15,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-__all__ = ["connect", "redact_url"]
+__all__ = ["connect", "raw_connection", "redact_url"]
 
 
 def connect(url: str, connect_timeout_s: float, max_connections: int = 64,
@@ -71,6 +71,21 @@ def connect(url: str, connect_timeout_s: float, max_connections: int = 64,
     raise ValueError(
         f"cache.redis_url {redact_url(url)!r}: expected redis://, rediss://, unix://, redis+cluster:// or rediss+cluster://"
     )
+
+
+async def raw_connection(client: Any) -> tuple[Any, Any, Any]:
+    """A new connection to `client`'s server, set up as its pool sets up its own (TLS, unix
+    socket, AUTH, SELECT, client name), for a reader of its own: (asyncio StreamReader,
+    StreamWriter, an async callable that closes it). Used by cache/tracking.py, whose
+    subscription redis-py's parsers do not hand back."""
+    pool = client.connection_pool
+    conn = pool.connection_class(**pool.connection_kwargs)
+    await conn.connect()
+    reader, writer = getattr(conn, "_reader", None), getattr(conn, "_writer", None)
+    if reader is None or writer is None:  # another redis-py: no streams to read ourselves
+        await conn.disconnect()
+        raise RuntimeError("this redis-py's connection has no streams to read")
+    return reader, writer, conn.disconnect
 
 
 def redact_url(url: str) -> str:

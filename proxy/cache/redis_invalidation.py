@@ -61,6 +61,10 @@ class RedisInvalidation:
         self._read_at = time.monotonic()
         return self.known, raw is None and self.known > 0
 
+    def stale(self) -> None:
+        """Read the generation again on the next `current` (Redis said its key changed)."""
+        self._read_at = None
+
     async def current(self) -> int:
         """The current generation, re-read at most every `generation_refresh_ms`."""
         read_at = self._read_at

@@ -37,11 +37,12 @@ from .deadline import idle_timeout
 from .frame import DEFAULT_KEY, MAC_SIZE, encode_value, frame_mac
 from .keys import CacheItem, CacheKey, Payload
 from .leases import RedisLeases
-from .redis_client import connect, redact_url
+from .redis_client import connect, raw_connection, redact_url
 from .redis_invalidation import RedisInvalidation
 from .redis_reads import Probe, fetch_probes, flight_of
 from .shared_reads import SharedReads
 from .store import PieceStore, Tagged, describe
+from .tracking import TagWatch
 
 __all__ = ["RedisStore"]
 
@@ -104,6 +105,7 @@ class RedisStore(PieceStore):
         mac_key: bytes = DEFAULT_KEY,
         limits: PayloadLimits | None = None,
         password: str | None = None,
+        tracking: bool = False,
     ) -> None:
         super().__init__(log_interval_s)
         self.url = url
@@ -128,6 +130,9 @@ class RedisStore(PieceStore):
         self._ping: tuple[float, dict[str, Any]] | None = None  # (monotonic, health's ping result)
         self._last_error: dict[str, Any] | None = None
         self.leases = RedisLeases(self)
+        # Tags Redis's invalidation messages keep trusted (`unchanged`; one server only).
+        self._watch = (TagWatch(lambda: raw_connection(self._client), reset=self._index.stale)
+                       if tracking and not self.cluster else None)
 
     # What the lease commands use (leases.LeaseHost) -------------------------------------
 
@@ -299,7 +304,29 @@ class RedisStore(PieceStore):
     async def bump_generation(self) -> int:
         return await self._admin("bump", self._index.bump)
 
+    async def unchanged(self, keys: Sequence[CacheKey], tags: Sequence[bytes]) -> bool:
+        """Whether every entry of `keys` still is the frame of its tag: with no I/O when Redis's
+        invalidations keep each one trusted (tracking.py), else one read of their tags
+        (`get_tagged`), whose verdict is then trusted if no invalidation came meanwhile."""
+        watch = self._watch
+        if watch is None:
+            return await super().unchanged(keys, tags)
+        watch.start()
+        gen = self._index.known
+        skeys = [k.redis_key(gen).encode() for k in keys]
+        if all(watch.trusted(sk, t) for sk, t in zip(skeys, tags)):
+            METRICS.cache_tag_checks.labels("trusted").inc()
+            return True
+        epoch = watch.epoch()
+        METRICS.cache_tag_checks.labels("asked").inc()
+        same = await super().unchanged(keys, tags)
+        if same and self._index.known == gen:  # the keys read were these (no new generation)
+            watch.trust(epoch, list(zip(skeys, tags)))
+        return same
+
     async def aclose(self) -> None:
+        if self._watch is not None:
+            await self._watch.aclose()
         self._reads.cancel()
         try:
             await self._client.aclose()

@@ -136,6 +136,12 @@ class PieceStore(ABC):
         payloads are not authenticated: the reader tells them apart by their bytes)."""
         return [Tagged(p) for p in await self.get_many(keys)]
 
+    async def unchanged(self, keys: Sequence[CacheKey], tags: Sequence[bytes]) -> bool:
+        """Whether every entry of `keys` still is the frame of its tag (`get_tagged`); a store
+        that watches its entries may answer without reading them (RedisStore)."""
+        reads = await self.get_tagged(keys, tags)
+        return len(reads) == len(tags) and all(t.payload is None and t.tag == tag for t, tag in zip(reads, tags))
+
     @abstractmethod
     async def put_many(self, items: Sequence[CacheItem]) -> None:
         """Store pieces (pipelined). Never raises: meant to run as a background task."""

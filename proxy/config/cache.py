@@ -52,6 +52,11 @@ class CacheConfig(StrictModel):
     # asked again (viewers of one dashboard, a panel re-rendered): sent as they are while the
     # cache still finds the same cells (pipeline/answer_memo.py). 0: none.
     answer_memo_bytes: int = Field(default=32 * 1024 * 1024, ge=0)
+    # Redis's invalidation messages (CLIENT TRACKING, broadcasting, on one connection of
+    # each process) keep the tags of entries found unchanged trusted, so that an answer kept
+    # whole is sent with no round trip until one of its cells is written, deleted or expires
+    # (cache/tracking.py; at most 30 s without asking again). Not for Redis Cluster.
+    redis_tracking: bool = True
     max_freshness: DurationMs = 600_000
     recent_ttl: DurationMs = 0
     ttl: DurationMs = 7 * 86_400_000

@@ -194,6 +194,13 @@ class _Metrics:
             "whole answers (answer)",
             ["memo"], registry=r,
         )
+        # Checks that cached entries are unchanged (an answer kept whole, recalled): trusted
+        # (Redis's invalidations said nothing: no round trip, cache/tracking.py) or asked.
+        self.cache_tag_checks = Counter(
+            "promaccel_cache_tag_checks_total",
+            "Checks that an answer's cached cells are unchanged: trusted (no round trip) or asked (one read)",
+            ["how"], registry=r,
+        )
         # Whole answers kept (pipeline/answer_memo.py): kept (an answer's bytes stored), hit (a
         # request answered with them after its lookup), recalled (before planning: its cells'
         # tags unchanged in the store).

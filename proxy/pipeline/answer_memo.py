@@ -33,7 +33,7 @@ from ..observe.metrics import METRICS
 from ..result import QueryResult
 from .stage import Stage
 from .units import Slot
-from .values import Answer, Query
+from .values import Answer, Encoded, Query
 
 # One entry may take at most this share of the bound (a larger answer is not kept).
 ENTRY_SHARE = 8
@@ -54,14 +54,6 @@ class Deps:
 
 
 @dataclass(frozen=True, slots=True)
-class Encoded:
-    """An answer as sent: its body, and whether that is gzip (else the JSON itself)."""
-
-    body: bytes
-    gzipped: bool
-
-
-@dataclass(frozen=True, slots=True)
 class Ticket:
     """A query whose pieces were all found in the cache: what its answer is kept under once
     it is written (`keep`), or was kept under (`AnswerMemo.get`)."""
@@ -71,19 +63,21 @@ class Ticket:
     parts: tuple[_Part, ...]
     deps: Deps | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    keys: tuple[CacheKey, ...] | None = None  # the store keys of its pieces (unsharded plans)
 
     def keep(self, body: bytes, gzipped: bool) -> None:
         self.memo.put(self, Encoded(body, gzipped))
 
 
 class _Entry:
-    __slots__ = ("cells", "encoded", "size", "deps", "headers")
+    __slots__ = ("cells", "encoded", "size", "deps", "headers", "keys")
 
     def __init__(self, t: Ticket, encoded: Encoded) -> None:
         self.cells = tuple((order, span, digest, weakref.ref(cell)) for order, span, digest, cell in t.parts)
         self.encoded = encoded
         self.deps = t.deps
         self.headers = t.headers
+        self.keys = t.keys
         self.size = len(encoded.body) + 200 * len(t.parts)
 
     def made_of(self, parts: Sequence[_Part]) -> bool:
@@ -113,8 +107,7 @@ class AnswerMemo:
         if not self.max_bytes or not eligible(q) or q.cache is None or q.plan is None:
             return None
         parts = []
-        keys: list[CacheKey] | None = [] if tagged is not None and not q.plan.sharded else None
-        tags: list[bytes] = []
+        keys: list[CacheKey] | None = [] if not q.plan.sharded else None
         for s in slots:
             r = s.result
             if r is None or s.answered_by is None:
@@ -123,17 +116,15 @@ class AnswerMemo:
             if origin is None:
                 return None
             parts.append((s.order, s.piece.span, s.answered_by, origin))
-            if keys is not None and tagged is not None:
-                held = tagged(s.answered_by)
-                key = next((k for k in s.keys if k.digest == s.answered_by), None)
-                if held is None or held[1] is not origin or key is None:
-                    keys = None
-                else:
-                    keys.append(key)
-                    tags.append(held[0])
-        deps = Deps(tuple(keys), tuple(tags)) if keys else None
+            key = next((k for k in s.keys if k.digest == s.answered_by), None)
+            if keys is not None and key is not None:
+                keys.append(key)
+            else:
+                keys = None
+        store_keys = tuple(keys) if keys else None
+        deps = _deps(store_keys, parts, tagged) if tagged is not None else None
         return Ticket(self, memo_key(q, q.cache.route[0]), tuple(parts), deps,
-                      {"X-Promaccel-Pieces": str(len(q.plan.pieces)), "X-Cache": "HIT"})
+                      {"X-Promaccel-Pieces": str(len(q.plan.pieces)), "X-Cache": "HIT"}, store_keys)
 
     def get(self, t: Ticket) -> Encoded | None:
         """The answer kept for `t`'s request when it was made of the same cells."""
@@ -149,11 +140,17 @@ class AnswerMemo:
         METRICS.answer_memo.labels("hit").inc()
         return entry.encoded
 
-    def recallable(self, key: tuple[object, ...]) -> _Entry | None:
-        """The entry of `key` if it can be checked by its tags alone (`Recall`)."""
+    def recallable(self, key: tuple[object, ...], tagged: Tagged | None = None) -> _Entry | None:
+        """The entry of `key` if it can be checked by its tags alone (`Recall`): kept with
+        them, or (kept from landing-zone cells) its cells now kept by the reader with tags."""
         with self._lock:
             entry = self._lru.get(key)
-            if entry is None or entry.deps is None:
+            if entry is None:
+                return None
+            if entry.deps is None and tagged is not None:
+                parts = [(o, s, d, ref()) for o, s, d, ref in entry.cells]
+                entry.deps = _deps(entry.keys, parts, tagged)
+            if entry.deps is None:
                 return None
             self._lru.move_to_end(key)
             return entry
@@ -181,6 +178,21 @@ class AnswerMemo:
             self.used = 0
 
 
+def _deps(keys: tuple[CacheKey, ...] | None, parts: Sequence[tuple[object, object, str, QueryResult | None]],
+          tagged: Tagged) -> Deps | None:
+    """The pieces' store keys and tags, when the reader keeps each piece's very cell with
+    its frame's tag (else None: a cell from the landing zone not yet read back, or gone)."""
+    if keys is None or len(keys) != len(parts):
+        return None
+    tags = []
+    for (_, _, digest, cell), key in zip(parts, keys):
+        held = tagged(digest)
+        if cell is None or held is None or held[1] is not cell or key.digest != digest:
+            return None
+        tags.append(held[0])
+    return Deps(keys, tuple(tags))
+
+
 def eligible(q: Query) -> bool:
     """Whether `q`'s answer may be kept whole or answered from one kept: JSON for a client
     that takes gzip, not explain (a cross-store subquery is asked with gzip off)."""
@@ -201,21 +213,21 @@ class Recall:
     store failing) goes down the path as if nothing were kept."""
 
     def __init__(self, memo: AnswerMemo, store: Callable[[], PieceStore], ident: str,
-                 next: Stage[Query, Answer]) -> None:
+                 next: Stage[Query, Answer], tagged: Tagged | None = None) -> None:
         self.memo = memo
         self.store = store
         self.ident = ident
         self.next = next
+        self.tagged = tagged  # the reader's kept cells (CacheReader.decoded.tagged)
 
     async def __call__(self, q: Query) -> Answer:
         if not self.memo.max_bytes or not eligible(q):
             return await self.next(q)
-        entry = self.memo.recallable(memo_key(q, self.ident))
+        entry = self.memo.recallable(memo_key(q, self.ident), self.tagged)
         if entry is None or entry.deps is None:
             return await self.next(q)
         deps, encoded = entry.deps, entry.encoded
-        reads = await self.store().get_tagged(deps.keys, deps.tags)
-        if not all(t.payload is None and t.tag == tag for t, tag in zip(reads, deps.tags)):
+        if not await self.store().unchanged(deps.keys, deps.tags):
             return await self.next(q)
         METRICS.answer_memo.labels("recalled").inc()
         METRICS.cache.labels("hit").inc()

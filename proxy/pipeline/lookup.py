@@ -18,7 +18,7 @@ from ..errors import PromError
 from ..observe.metrics import METRICS
 from ..result import QueryResult
 from ..result.pieces import TimeCut, slice_time
-from .answer_memo import AnswerMemo, Encoded, Ticket
+from .answer_memo import AnswerMemo, Ticket
 from .cache_read import CacheReader
 from .context import RequestContext
 from .daycells import DayCells
@@ -27,7 +27,7 @@ from .landing import Landing
 from .slots import SlotMaker
 from .stage import Stage
 from .units import Fetch, Slot, coalesce_units, fit
-from .values import PieceFailed, Query
+from .values import Encoded, PieceFailed, Query
 
 # (merge order, shard index, role, answer) of one piece
 Segment = tuple[tuple[int, str, int], int, str | None, QueryResult]

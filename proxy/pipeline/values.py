@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from shardplanner.plan import Plan, QueryRequest
 
@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from shardplanner.routing import Route
 
     from ..result import QueryResult
-    from .answer_memo import Encoded, Ticket
     from .hybrid.router import Router
 
 # A request's parameters in the order sent (the query string and the form body merged).
@@ -74,6 +73,20 @@ class Query:
         return any(k in UNMERGEABLE_PARAMS for k, _ in self.pairs)
 
 
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """An answer as sent: its body, and whether that is gzip (else the JSON itself)."""
+
+    body: bytes
+    gzipped: bool
+
+
+class Keeps(Protocol):
+    """Where a result's bytes are kept once written (pipeline/answer_memo.Ticket)."""
+
+    def keep(self, body: bytes, gzipped: bool) -> None: ...
+
+
 @dataclass
 class Answer:
     """A query's answer: a merged result, a backend's reply relayed as it is, or the bytes of
@@ -84,7 +97,7 @@ class Answer:
     # The bytes of an answer kept whole (answer_memo.py), sent as they are.
     encoded: Encoded | None = None
     # The result's bytes are kept under this once written (responses.py).
-    ticket: Ticket | None = None
+    ticket: Keeps | None = None
     headers: dict[str, str] = field(default_factory=dict)
     arrow: bool = False  # encode `result` as an Arrow IPC stream
     # For the access log: the plan's shape (pieces, sharded, split, why not).

@@ -20,12 +20,12 @@ import yaml
 
 from loadtests.compare import diff_answers
 from proxy.backends.tenancy import Caller, Tenant
-from proxy.cache.store import Tagged
-from proxy.pipeline.answer_memo import ENTRY_SHARE, AnswerMemo, Encoded, Recall
+from proxy.cache.store import PieceStore, Tagged
+from proxy.pipeline.answer_memo import ENTRY_SHARE, AnswerMemo, Recall
 from proxy.pipeline.context import RequestContext
 from proxy.pipeline.explain import Explanation
 from proxy.pipeline.landing import LANDING_GRACE_S
-from proxy.pipeline.values import CacheCtx, Query
+from proxy.pipeline.values import CacheCtx, Encoded, Query
 from proxy.result import QueryResult
 from tests.pipeline.stage_helpers import T0, H, Recorder, range_query, run
 from tests.servers import Promaccel, metric_sum
@@ -44,7 +44,7 @@ def _cell() -> QueryResult:
 
 def _slots(cells: list[QueryResult | None], digests: tuple[str, ...] = ("a", "b")) -> list[Any]:
     return [SimpleNamespace(result=c, answered_by=d if c is not None else None, order=(-1, "", T0 + i * H),
-                            piece=SimpleNamespace(span=("span", i)))
+                            piece=SimpleNamespace(span=("span", i)), keys=(SimpleNamespace(digest=d),))
             for i, (c, d) in enumerate(zip(cells, digests))]
 
 
@@ -128,14 +128,15 @@ class FakeStore:
         self.asked.append((list(keys), list(known)))
         return [self.reply(t) for t in known]
 
+    # PieceStore.unchanged, as the stores without tracking answer it.
+    unchanged = PieceStore.unchanged
+
 
 def _kept_with_tags(memo: AnswerMemo) -> tuple[list[QueryResult], Query]:
     """An answer kept whole whose two cells were kept decoded with their tags."""
     cells = [_cell(), _cell()]
     held = {"a": (b"tag-a", cells[0]), "b": (b"tag-b", cells[1])}
     slots = _slots(cells)
-    for s in slots:
-        s.keys = (SimpleNamespace(digest=s.answered_by),)
     q = _query()
     t = memo.ticket(q, slots, held.get)
     assert t is not None and t.deps is not None and t.deps.tags == (b"tag-a", b"tag-b")
@@ -168,8 +169,6 @@ def test_recall_needs_every_cell_kept_with_its_tag_and_an_unsharded_plan() -> No
     memo = AnswerMemo(1 << 20)
     cells = [_cell(), _cell()]
     slots = _slots(cells)
-    for s in slots:
-        s.keys = (SimpleNamespace(digest=s.answered_by),)
     q = _query()
     only_a = {"a": (b"tag-a", cells[0])}
     assert memo.ticket(q, slots, only_a.get).deps is None  # type: ignore[union-attr]
@@ -183,9 +182,16 @@ def test_recall_needs_every_cell_kept_with_its_tag_and_an_unsharded_plan() -> No
     assert t is not None
     t.keep(b"gz", True)
     key = t.key
-    assert memo.recallable(key) is None
-    assert memo.get(memo.ticket(q, slots, both.get)) is not None  # type: ignore[arg-type]
-    assert memo.recallable(key) is not None
+    assert memo.recallable(key) is None and memo.recallable(key, only_a.get) is None
+    # Recall finds its cells kept with tags by the reader (read back once stored) ...
+    assert memo.recallable(key, both.get) is not None
+    # ... as does a lookup that finds the same cells.
+    t = memo.ticket(_query("up"), slots, only_a.get)
+    assert t is not None
+    t.keep(b"gz", True)
+    assert memo.recallable(t.key) is None
+    assert memo.get(memo.ticket(_query("up"), slots, both.get)) is not None  # type: ignore[arg-type]
+    assert memo.recallable(t.key) is not None
 
 
 # --- against real Prometheus and Redis ----------------------------------------------------
