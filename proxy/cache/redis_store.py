@@ -254,17 +254,21 @@ class RedisStore(PieceStore):
 
     # Writes -----------------------------------------------------------------------------
 
-    async def put_many(self, items: Sequence[CacheItem]) -> None:
+    async def put_many(self, items: Sequence[CacheItem]) -> dict[str, bytes]:
+        """Stores `items`; answers the tags of the frames stored, by key digest (none of those
+        unlinked again for racing an invalidation, none when the write failed)."""
         keep = [it for it in items if it.ttl_ms is not None and it.ttl_ms > 0]
         self._count_put("not_cached", len(items) - len(keep))
         fit = [it for it in keep if self._fits(it)]
         self._count_put("too_large", len(keep) - len(fit))
         keep = fit
-        if keep:
-            await self._guarded("put", self._put_timeout_s, lambda: self._put(keep), idle_deadline=True,
-                                max_wall_s=max(self._max_wait_s, 5 * self._put_timeout_s))
+        if not keep:
+            return {}
+        tags = await self._guarded("put", self._put_timeout_s, lambda: self._put(keep), idle_deadline=True,
+                                   max_wall_s=max(self._max_wait_s, 5 * self._put_timeout_s))
+        return {} if tags is _FAILED else tags
 
-    async def _put(self, items: list[CacheItem]) -> None:
+    async def _put(self, items: list[CacheItem]) -> dict[str, bytes]:
         """One round trip: [GET marker, index updates, SETs, GET marker]; what raced an
         invalidation is unlinked again (`RedisInvalidation.raced`)."""
         gen = await self._index.current()
@@ -272,11 +276,13 @@ class RedisStore(PieceStore):
         pipe = self._client.pipeline(transaction=False)
         self._index.write_indexes(pipe, gen, items)
         written = 0
+        tags: dict[str, bytes] = {}
         for it in items:
             skey = it.key.redis_key(gen)
             value = encode_value(it.key, it.payload, mac_key=self.mac_key, skey=skey)
             pipe.set(skey, value, px=it.ttl_ms)
             skeys.append(skey)
+            tags[skey] = frame_mac(value)
             written += len(value)
         self._index.read_marker(pipe)
         replies = await pipe.execute()
@@ -287,6 +293,8 @@ class RedisStore(PieceStore):
         stored = len(items) - len(doomed)
         if stored:
             self._count_put("stored", stored, written * stored // len(items))
+        gone = set(doomed)
+        return {it.key.digest: tags[s] for it, s in zip(items, skeys) if s not in gone}
 
     # Admin ------------------------------------------------------------------------------
 

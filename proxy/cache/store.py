@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from ..observe.metrics import METRICS
@@ -143,8 +143,9 @@ class PieceStore(ABC):
         return len(reads) == len(tags) and all(t.payload is None and t.tag == tag for t, tag in zip(reads, tags))
 
     @abstractmethod
-    async def put_many(self, items: Sequence[CacheItem]) -> None:
-        """Store pieces (pipelined). Never raises: meant to run as a background task."""
+    async def put_many(self, items: Sequence[CacheItem]) -> Mapping[str, bytes] | None:
+        """Store pieces (pipelined). Never raises: meant to run as a background task. A store
+        that tags frames says which it stored, with their tags (by key digest)."""
 
     @abstractmethod
     async def invalidate(

@@ -117,8 +117,14 @@ class CacheWriter:
                     items = await asyncio.to_thread(encode_items, group, fetched_at_ms, compression)
                 else:  # a thread hop costs more than encoding a few thousand samples
                     items = encode_items(group, fetched_at_ms, compression)
-                await self.store().put_many(items)
+                stored = await self.store().put_many(items)
                 del items
+                if stored and self.landing.on_stored is not None:
+                    for u, r, _ in group:
+                        digest = u.key.digest if u.key is not None else None
+                        tag = stored.get(digest) if digest is not None else None
+                        if digest is not None and tag is not None:
+                            self.landing.on_stored(digest, tag, r)
             if self.revalidator is not None:
                 for u, _, baseline in entries:
                     fp = u.footprint

@@ -54,6 +54,8 @@ class Landing:
         self._grace_bytes = 0  # of the units kept for the grace after their put landed
         # Told of each unit leaving the landing zone (the cache reader's decoded cells adopt it).
         self.on_unland: Callable[[str, QueryResult], None] | None = None
+        # Told of each unit stored, with its frame's tag (the reader keeps it as that frame's cell).
+        self.on_stored: Callable[[str, bytes, QueryResult], None] | None = None
 
     def landed(self, digest: str | None) -> QueryResult | None:
         """A unit fetched by this process whose put has not landed yet (or just did)."""

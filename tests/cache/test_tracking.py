@@ -183,8 +183,11 @@ def test_without_tracking_every_check_asks(server: RedisNode, r: redis.Redis) ->
     async def main() -> None:
         store = RedisStore(server.url, tracking=False)
         try:
-            await store.put_many([item(k1, b"payload-1")])
+            stored = await store.put_many([item(k1, b"payload-1")])
             tags = [t.tag for t in await store.get_tagged([k1], [None])]
+            # put_many says what it stored with the tags a read finds (the reader keeps the
+            # cells it stored as those frames: pipeline/cache_read.py `_stored`).
+            assert stored == {k1.digest: tags[0]}
             for _ in range(3):
                 before = _getranges(r)
                 assert await store.unchanged([k1], tags)  # type: ignore[arg-type]
