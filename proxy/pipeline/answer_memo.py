@@ -26,13 +26,15 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
+
+from shardplanner.plan import Piece
 
 from ..cache import CacheKey, PieceStore
 from ..observe.activity import ACTIVITY
 from ..observe.metrics import METRICS
 from ..result import QueryResult
 from .stage import Stage
-from .units import Slot
 from .values import Answer, Encoded, Query
 
 # One entry may take at most this share of the bound (a larger answer is not kept).
@@ -42,6 +44,22 @@ ENTRY_SHARE = 8
 _Part = tuple[tuple[int, str, int], object, str, QueryResult]
 # The cell a reader keeps decoded for a key digest, with its frame's tag (CacheReader.decoded).
 Tagged = Callable[[str], "tuple[bytes, QueryResult] | None"]
+
+
+class Answered(Protocol):
+    """A planned piece and the cell that answers it (units.Slot, or one as the next lookup
+    will find it: pipeline/lookup.py)."""
+
+    @property
+    def piece(self) -> Piece: ...
+    @property
+    def keys(self) -> tuple[CacheKey, ...]: ...
+    @property
+    def order(self) -> tuple[int, str, int]: ...
+    @property
+    def result(self) -> QueryResult | None: ...
+    @property
+    def answered_by(self) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +117,7 @@ class AnswerMemo:
         self._lru: OrderedDict[tuple[object, ...], _Entry] = OrderedDict()
         self._lock = threading.Lock()  # put runs where the body is written (the loop's thread, or not)
 
-    def ticket(self, q: Query, slots: Sequence[Slot], tagged: Tagged | None = None) -> Ticket | None:
+    def ticket(self, q: Query, slots: Sequence[Answered], tagged: Tagged | None = None) -> Ticket | None:
         """The ticket of a query whose every piece was found in the cache, else None (also for
         a query whose answer is not kept: no gzip asked, Arrow, explain, no cache). `tagged`:
         the reader's kept cells, for the entries' tags (`Deps`; not for a sharded plan, whose
@@ -218,7 +236,7 @@ class Recall:
         self.store = store
         self.ident = ident
         self.next = next
-        self.tagged = tagged  # the reader's kept cells (CacheReader.decoded.tagged)
+        self.tagged = tagged  # the cells the reader holds with tags (CacheReader.tagged)
 
     async def __call__(self, q: Query) -> Answer:
         if not self.memo.max_bytes or not eligible(q):

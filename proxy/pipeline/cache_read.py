@@ -180,18 +180,11 @@ class CacheReader:
         # process stored are not decoded at all (`DecodedCells.adopt`).
         self.decoded = DecodedCells(config.cache.decoded_max_samples)
         landing.on_unland = self._adopt
-        landing.on_stored = self._stored
 
-    def _stored(self, digest: str, tag: bytes, result: QueryResult) -> None:
-        """A cell this process fetched was stored as the frame of `tag`: kept as that frame's
-        cell at once (a later read checks the tag, as for any kept cell), so that an answer
-        made of it can be recalled by its tags (pipeline/answer_memo.py) without its first
-        read back."""
-        pack_from = self.config.cache.pack_min_samples
-        if (pack_from and result.n_samples >= pack_from) or result.result_type != "matrix":
-            return  # read back packed (cache.pack_min_samples), as before
-        if self.landing.landed(digest) is result:  # not invalidated meanwhile
-            self.decoded.put(digest, tag, result)
+    def tagged(self, digest: str) -> tuple[bytes, QueryResult] | None:
+        """The cell this process holds for `digest` with its frame's tag: kept decoded, or
+        landed and stored (the landing zone knows the tag the store wrote)."""
+        return self.decoded.tagged(digest) or self.landing.tagged(digest)
 
     def _adopt(self, digest: str, result: QueryResult) -> None:
         pack_from = self.config.cache.pack_min_samples

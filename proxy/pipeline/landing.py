@@ -54,8 +54,9 @@ class Landing:
         self._grace_bytes = 0  # of the units kept for the grace after their put landed
         # Told of each unit leaving the landing zone (the cache reader's decoded cells adopt it).
         self.on_unland: Callable[[str, QueryResult], None] | None = None
-        # Told of each unit stored, with its frame's tag (the reader keeps it as that frame's cell).
-        self.on_stored: Callable[[str, bytes, QueryResult], None] | None = None
+        # The frames' tags of landed units stored (RedisStore.put_many): what an answer made
+        # of them is recalled by (pipeline/answer_memo.py) before they are read back.
+        self._tags: dict[str, bytes] = {}
 
     def landed(self, digest: str | None) -> QueryResult | None:
         """A unit fetched by this process whose put has not landed yet (or just did)."""
@@ -66,6 +67,18 @@ class Landing:
 
     def land(self, digest: str, result: QueryResult, fetched_at_ms: int) -> None:
         self.landing[digest] = (result, fetched_at_ms)
+        self._tags.pop(digest, None)
+
+    def stored(self, digest: str, tag: bytes, result: QueryResult) -> None:
+        """`result`, landed under `digest`, was stored as the frame of `tag`."""
+        if self.landed(digest) is result:
+            self._tags[digest] = tag
+
+    def tagged(self, digest: str) -> tuple[bytes, QueryResult] | None:
+        """A landed unit stored as the frame of a known tag: (tag, unit)."""
+        tag = self._tags.get(digest)
+        landed = self.landed(digest) if tag is not None else None
+        return (tag, landed) if tag is not None and landed is not None else None
 
     def unland_later(self, landed: list[tuple[str, QueryResult]]) -> None:
         """Units whose put landed: they leave after the grace, large ones (and any beyond
@@ -92,6 +105,7 @@ class Landing:
             entry = self.landing.get(digest)
             if entry is not None and entry[0] is r:
                 del self.landing[digest]
+                self._tags.pop(digest, None)
                 if self.on_unland is not None and entry[1] >= self.invalidated_at_ms:
                     self.on_unland(digest, r)
 
@@ -149,5 +163,6 @@ class Landing:
         """An invalidation: nothing fetched before now is served or stored any more."""
         self.invalidated_at_ms = wall_ms()
         self.landing.clear()
+        self._tags.clear()
         self._recent.clear()
         self._recent_bytes = 0

@@ -12,6 +12,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, replace
 
+from shardplanner.plan import Piece
+
+from ..cache import CacheKey
 from ..codec.errors import Undecodable
 from ..config import Config
 from ..errors import PromError
@@ -81,7 +84,7 @@ class Lookup:
             q.ctx.explain.looked_up(slots)
         if q.cache is not None and self.config.cache.reuse_finer_steps:
             await self.reader.lookup_finer(slots, q.cache, q.router)
-        ticket = self.memo.ticket(q, slots, self.reader.decoded.tagged) if self.memo is not None else None
+        ticket = self.memo.ticket(q, slots, self.reader.tagged) if self.memo is not None else None
         if ticket is not None:
             kept = ticket.memo.get(ticket)
             if kept is not None:
@@ -89,7 +92,33 @@ class Lookup:
         segments = await self.next(Work(q, slots))
         if q.ctx.explain is not None:  # not a lookup of the cache's statistics
             return Pieces(segments, "MISS")
+        if ticket is None and self.memo is not None:
+            # Fetched now: kept under the cells the next lookup finds (the landing zone's).
+            ticket = self.memo.ticket(q, _as_found(slots, self.reader.landing), self.reader.tagged)
         return Pieces(segments, self.reader.count(slots, q.ctx.caller.record), ticket=ticket)
+
+
+@dataclass
+class _Found:
+    """A slot as the next lookup will find it: answered by the first of its keys that the
+    landing zone holds (CacheReader.lookup's rule), with that cell."""
+
+    piece: Piece
+    keys: tuple[CacheKey, ...]
+    order: tuple[int, str, int]
+    result: QueryResult | None
+    answered_by: str | None
+
+
+def _as_found(slots: list[Slot], landing: Landing) -> list[_Found]:
+    out = []
+    for s in slots:
+        if s.result is not None and s.answered_by is not None:
+            out.append(_Found(s.piece, s.keys, s.order, s.result, s.answered_by))
+            continue
+        hit = next(((k.digest, r) for k in s.keys if (r := landing.landed(k.digest)) is not None), None)
+        out.append(_Found(s.piece, s.keys, s.order, hit[1] if hit else None, hit[0] if hit else None))
+    return out
 
 
 class Coalesce:

@@ -151,7 +151,7 @@ def build(config: Config, backends: Sequence[Backend], store: Callable[[], Piece
     # The request path, as a query flows.
     path = chain(
         lambda next: Admit(limits, next, admission),
-        *([lambda next: Recall(memo, store, primary.cfg.ident, next, reader.decoded.tagged)] if recall else []),
+        *([lambda next: Recall(memo, store, primary.cfg.ident, next, reader.tagged)] if recall else []),
         lambda next: Plan(planner, primary, cache_on, next),
         lambda next: Reserve(answers, planner, next),
         lambda next: Route(backends, next, traced(cross_store)),

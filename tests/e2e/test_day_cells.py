@@ -35,13 +35,15 @@ SUBSET = ["util_by_namespace", "power_total", "temp_top10", "net_rx_by_instance"
 
 
 def _server(prom: Any, redis_server: Any, workdir: Path, db: int, *args: str, after_s: int | None = None,
-            edge_max: int | None = None) -> Promaccel:
+            edge_max: int | None = None, memo: bool = True) -> Promaccel:
     config = workdir / f"day-cells-{db}.yaml"
     lines = ["cache:", f"  redis_url: {redis_server.url.rsplit('/', 1)[0]}/{db}"]
     if after_s is not None:
         lines.append(f"  day_cells_after: {after_s}s")
     if edge_max is not None:
         lines.append(f"  day_cells_edge_max_samples: {edge_max}")
+    if not memo:  # a window asked again runs the lookup (not answered with the bytes kept whole)
+        lines.append("  answer_memo_bytes: 0")
     config.write_text("\n".join(lines) + "\n")
     return Promaccel.start(prom.url, ("--split-interval", "1h", *args), workdir, config=config)
 
@@ -200,7 +202,7 @@ def test_a_partly_asked_for_day_is_assembled_only_when_small(prom: Any, redis_se
     made from the hours on the side (to be stored); above cache.day_cells_edge_max_samples
     (0 here) it is not (a heavy panel's day would be a second copy beside its answer), and
     the query that asks for the whole day makes it. Answers equal Prometheus's either way."""
-    p = _server(prom, redis_server, tmp_path, 10 if edge_max is None else 11, edge_max=edge_max)
+    p = _server(prom, redis_server, tmp_path, 10 if edge_max is None else 11, edge_max=edge_max, memo=False)
     try:
         end = prom.end_s
         query = "sum by (namespace) (DCGM_FI_DEV_FB_USED)"

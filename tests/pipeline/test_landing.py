@@ -166,3 +166,29 @@ def test_a_call_whose_cells_all_just_landed_is_answered_from_them() -> None:
         assert await fetcher.fetch(one, q) is cells[1]
 
     asyncio.run(scenario())
+
+
+def test_a_stored_unit_is_told_with_its_frames_tag_while_it_is_landed() -> None:
+    """The tag the store wrote a landed unit under (RedisStore.put_many) is what an answer made
+    of it is recalled by (pipeline/answer_memo.py); it goes with the unit, a new fetch of the
+    same digest, or an invalidation."""
+    import numpy as np
+
+    from proxy.result import QueryResult
+
+    def piece() -> QueryResult:
+        return QueryResult("matrix", [{"a": "b"}], np.array([0, 1]), np.arange(1, dtype=np.int64), np.zeros(1))
+
+    zone = Landing()
+    a, other = piece(), piece()
+    zone.land("a", a, 0)
+    assert zone.tagged("a") is None
+    zone.stored("a", b"tag-a", other)  # not the unit landed under that digest: ignored
+    assert zone.tagged("a") is None
+    zone.stored("a", b"tag-a", a)
+    assert zone.tagged("a") == (b"tag-a", a)
+    zone.land("a", other, 0)  # fetched again: its tag is not known yet
+    assert zone.tagged("a") is None
+    zone.stored("a", b"tag-b", other)
+    zone.forget_all()
+    assert zone.tagged("a") is None
