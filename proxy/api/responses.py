@@ -29,6 +29,11 @@ JSON = "application/json"
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 # Answers above this many samples are streamed in chunks (loadtests/codec_bench.py).
 STREAM_ABOVE_SAMPLES = 200_000
+# An answer written without splicing (a cold one, its cells from the landing zone) is kept
+# whole only below this many bytes of JSON: it is gzipped here, on the event loop, where the
+# middleware gzips bodies this large in a worker thread (Starlette's thread_minimum_size).
+# A larger one is kept at its next ask, spliced.
+KEEP_UNSPLICED_BELOW = 128 << 10
 
 
 class _Releasing:
@@ -86,7 +91,7 @@ def json_response(result: QueryResult, headers: dict[str, str], release: Callabl
     written = _spliced_body(result, gzip_ok) if spliceable(result) else None
     if written is None:
         body = encode_prometheus_json(result)
-        if ticket is None:
+        if ticket is None or len(body) >= KEEP_UNSPLICED_BELOW:
             return _held(_Body(body, media_type=JSON, headers=headers), release)
         # Kept (its cells not spliced yet: read from the landing zone): gzipped here, as the
         # middleware would, so that the bytes kept are the bytes sent.

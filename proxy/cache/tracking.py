@@ -112,7 +112,6 @@ class TagWatch:
         self.listening = False
         self._seq = 0
         self._task: asyncio.Task[None] | None = None
-        self.messages = 0
 
     # --- what the store asks --------------------------------------------------------------
 
@@ -168,7 +167,6 @@ class TagWatch:
 
     def invalidated(self, keys: object) -> None:
         """One message's payload: the keys changed, or None (a flush: everything)."""
-        self.messages += 1
         self._seq += 1
         if not isinstance(keys, list):
             self.forget_all()

@@ -119,11 +119,10 @@ class CacheWriter:
                     items = encode_items(group, fetched_at_ms, compression)
                 stored = await self.store().put_many(items)
                 del items
-                for u, r, _ in group if stored else ():
-                    digest = u.key.digest if u.key is not None else None
-                    tag = stored.get(digest) if stored is not None and digest is not None else None
-                    if digest is not None and tag is not None:
-                        self.landing.stored(digest, tag, r)
+                for u, r, _ in group:
+                    tag = stored.get(u.key.digest) if stored and u.key is not None else None
+                    if u.key is not None and tag is not None:
+                        self.landing.stored(u.key.digest, tag, r)
             if self.revalidator is not None:
                 for u, _, baseline in entries:
                     fp = u.footprint
