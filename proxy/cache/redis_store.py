@@ -42,7 +42,7 @@ from .redis_invalidation import RedisInvalidation
 from .redis_reads import Probe, fetch_probes, flight_of
 from .shared_reads import SharedReads
 from .store import PieceStore, Tagged, describe
-from .tracking import TagWatch
+from .tracking import ABSENT, TagWatch
 
 __all__ = ["RedisStore"]
 
@@ -51,6 +51,9 @@ log = logging.getLogger("promaccel.cache")
 _T = TypeVar("_T")
 _FAILED: Any = object()
 _MISS = Tagged(None)
+# A read that failed (timeout, breaker open, a caller gone): a miss too, but not an absence
+# that tracking may trust (an equal tuple, told apart by identity).
+_UNREAD = Tagged(None)
 
 
 class RedisStore(PieceStore):
@@ -120,7 +123,7 @@ class RedisStore(PieceStore):
         self._per_key_s = timeout_per_key_ms / 1000
         self._max_wait_s = max(max_wait_ms, timeout_ms) / 1000
         # A lookup for a key that another lookup is reading right now waits for that read.
-        self._reads: SharedReads[Probe, Tagged] = SharedReads(self._read, flight_of, _MISS)
+        self._reads: SharedReads[Probe, Tagged] = SharedReads(self._read, flight_of, _UNREAD)
         self._put_timeout_s = put_timeout_ms / 1000
         self._admin_timeout_s = admin_timeout_ms / 1000
         self._index = RedisInvalidation(self._client, generation_refresh_ms=generation_refresh_ms,
@@ -217,29 +220,64 @@ class RedisStore(PieceStore):
         is that frame (the MAC covers the storage key -- generation included --, the
         canonical key and the payload), an entry that is gone (invalidated, evicted,
         expired, another generation) reads an empty range, and one that changed (another
-        process wrote it again) is read whole in a second round trip and checked as any."""
+        process wrote it again) is read whole in a second round trip and checked as any.
+        With tracking, a known tag that Redis's invalidations keep trusted (tracking.py) is
+        not read at all, nor a key trusted absent; what a read found unchanged or absent is
+        trusted from then on if no invalidation came meanwhile."""
         if not keys:
             return []
-        out = await self._reads.get_many([Probe(k, t) for k, t in zip(keys, known)])
+        watch = self._watch
+        if watch is None:
+            out = await self._reads.get_many([Probe(k, t) for k, t in zip(keys, known)])
+        else:
+            out = await self._tracked(watch, keys, known)
         hits = sum(1 for t in out if t.payload is not None or t.same)
         self._count_lookups(hits, len(out) - hits, sum(len(t.payload) if t.payload is not None
                                                        else MAC_SIZE if t.same else 0 for t in out))
         return out
 
+    async def _tracked(self, watch: TagWatch, keys: Sequence[CacheKey], known: Sequence[bytes | None]) -> list[Tagged]:
+        """`get_tagged` with what tracking trusts answered without a read: a known tag still
+        that frame, a key found absent still absent (tracking.ABSENT)."""
+        watch.start()
+        gen = self._index.known
+        skeys = [k.redis_key(gen).encode() for k in keys]
+        ask = [i for i, (sk, t) in enumerate(zip(skeys, known)) if not watch.trusted(sk, ABSENT if t is None else t)]
+        asked = sum(1 for i in ask if known[i] is not None)
+        trusted = sum(1 for t in known if t is not None) - asked
+        if trusted:
+            METRICS.cache_tag_checks.labels("trusted").inc(trusted)
+        out = [_MISS if t is None else Tagged(None, t) for t in known]
+        if not ask:
+            return out
+        if asked:
+            METRICS.cache_tag_checks.labels("asked").inc(asked)
+        read = await self._reads.get_many([Probe(keys[i], known[i]) for i in ask])
+        for i, t in zip(ask, read):
+            out[i] = t
+        return out
+
     async def _read(self, probes: list[Probe]) -> list[Tagged]:
         """One batched read, checked (`verify`); misses for every key on any failure. Bad
-        entries are unlinked in the background."""
+        entries are unlinked in the background. With tracking, what it found (a frame's tag,
+        an absence) is trusted if no invalidation arrived between its send and its reply --
+        by this read itself, so that a lookup that joined it later trusts nothing older."""
         deadline_s = self._timeout_s + self._per_key_s * len(probes)
+        epoch = self._watch.epoch() if self._watch is not None else None
         fetched = await self._guarded("get", deadline_s, lambda: self._fetch(probes), idle_deadline=True)
         if fetched is _FAILED:
-            return [_MISS] * len(probes)
+            return [_UNREAD] * len(probes)
         skeys, values, same = fetched
         payloads, bad = self.verify([p.key for p in probes], skeys, values)
         if bad:
             self._reads.spawn(self._guarded("delete", self._timeout_s, lambda: self._unlink(bad)))
-        return [Tagged(None, p.known) if unchanged else _MISS if payload is None or value is None
-                else Tagged(payload, frame_mac(value))
-                for p, unchanged, payload, value in zip(probes, same, payloads, values)]
+        out = [Tagged(None, p.known) if unchanged else _MISS if payload is None or value is None
+               else Tagged(payload, frame_mac(value))
+               for p, unchanged, payload, value in zip(probes, same, payloads, values)]
+        if epoch is not None and self._watch is not None:
+            self._watch.trust(epoch, [(sk.encode(), ABSENT if t.tag is None else t.tag)
+                                      for sk, t in zip(skeys, out) if t.tag is not None or t is _MISS])
+        return out
 
     async def _fetch(self, probes: Sequence[Probe]) -> tuple[list[str], list[bytes | None], list[bool]]:
         gen = await self._index.current()
@@ -311,26 +349,6 @@ class RedisStore(PieceStore):
 
     async def bump_generation(self) -> int:
         return await self._admin("bump", self._index.bump)
-
-    async def unchanged(self, keys: Sequence[CacheKey], tags: Sequence[bytes]) -> bool:
-        """Whether every entry of `keys` still is the frame of its tag: with no I/O when Redis's
-        invalidations keep each one trusted (tracking.py), else one read of their tags
-        (`get_tagged`), whose verdict is then trusted if no invalidation came meanwhile."""
-        watch = self._watch
-        if watch is None:
-            return await super().unchanged(keys, tags)
-        watch.start()
-        gen = self._index.known
-        skeys = [k.redis_key(gen).encode() for k in keys]
-        if all(watch.trusted(sk, t) for sk, t in zip(skeys, tags)):
-            METRICS.cache_tag_checks.labels("trusted").inc()
-            return True
-        epoch = watch.epoch()
-        METRICS.cache_tag_checks.labels("asked").inc()
-        same = await super().unchanged(keys, tags)
-        if same and self._index.known == gen:  # the keys read were these (no new generation)
-            watch.trust(epoch, list(zip(skeys, tags)))
-        return same
 
     async def aclose(self) -> None:
         if self._watch is not None:

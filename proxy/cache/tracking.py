@@ -18,7 +18,11 @@ read), when the connection is lost (until it is back and subscribed), and after 
 any case (a message lost in a way nobody noticed, a key
 expired lazily). A probe establishes trust only if no message at all arrived between its
 send and its reply (`epoch`): an invalidation racing the read could otherwise be applied
-before the old value is trusted. Messages only take trust away, so a hostile or confused
+before the old value is trusted. A key a probe found absent is trusted absent the same way
+(`ABSENT`): a lookup's exact-window pieces and wider cells that nobody stored are then not
+asked for on every request; being wrong about an absence (a message still on its way)
+costs a fetch, never a wrong answer, and the fetch's lease reads the key once more
+(pipeline/leases.py). Messages only take trust away, so a hostile or confused
 Redis can only make promaccel ask more (it could replay old genuine frames anyway).
 
 The wire is read by a small RESP2 reader of our own (`read_reply`): redis-py's parsers treat
@@ -36,7 +40,7 @@ from collections.abc import Awaitable, Callable
 
 from .redis_invalidation import GENERATION_KEY, INVALIDATED_AT_KEY
 
-__all__ = ["CHANNEL", "MAX_AGE_S", "RespError", "TagWatch", "read_reply"]
+__all__ = ["ABSENT", "CHANNEL", "MAX_AGE_S", "RespError", "TagWatch", "read_reply"]
 
 log = logging.getLogger("promaccel.cache")
 
@@ -44,6 +48,8 @@ CHANNEL = b"__redis__:invalidate"
 # Keys whose change takes all trust away: a new generation, an invalidation's marker.
 _WHOLESALE = frozenset({GENERATION_KEY.encode(), INVALIDATED_AT_KEY.encode()})
 PREFIX = "promaccel:"
+# The tag trusted for a key that a probe found absent (no frame has an empty tag).
+ABSENT = b""
 # Trust lasts at most this long without a new probe.
 MAX_AGE_S = 30.0
 # At most this many keys trusted (least recently trusted dropped first: a dict keeps order).

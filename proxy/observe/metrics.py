@@ -194,11 +194,12 @@ class _Metrics:
             "whole answers (answer)",
             ["memo"], registry=r,
         )
-        # Checks that cached entries are unchanged (an answer kept whole, recalled): trusted
-        # (Redis's invalidations said nothing: no round trip, cache/tracking.py) or asked.
+        # Cached cells checked to be unchanged (a kept cell found by a lookup, an answer kept
+        # whole recalled), one per cell: trusted (Redis's invalidations said nothing: no round
+        # trip, cache/tracking.py) or asked (its 32 tag bytes read).
         self.cache_tag_checks = Counter(
             "promaccel_cache_tag_checks_total",
-            "Checks that an answer's cached cells are unchanged: trusted (no round trip) or asked (one read)",
+            "Cached cells checked to be unchanged, per cell: trusted (no round trip) or asked (their tag read)",
             ["how"], registry=r,
         )
         # Whole answers kept (pipeline/answer_memo.py): kept (an answer's bytes stored), hit (a

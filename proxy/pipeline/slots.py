@@ -118,10 +118,13 @@ class SlotMaker:
                 # stretch of steps that ends inside the cell): cached as itself.
                 slots.append(Slot(p, exact, (exact.key,) if exact.storable and exact.key else ()))
                 continue
-            keys = (*first, *(u.key for u in (whole, exact) if u.storable and u.key))
             old = whole.footprint is not None and whole.footprint.end_ms <= ctx.now_ms - cc.max_freshness
             # Never extend past what one backend call may ask for (Prometheus: 11,000 steps).
             small = cell.points <= self.config.limits.max_points
             extend = whole.storable and old and small and cc.extend_partial and plan.time_split
+            # A piece fetched as its whole cell is stored as that cell, never as itself: its own
+            # key is not looked up (a sliding window's edge pieces are new keys every refresh,
+            # each a read of Redis for nothing).
+            keys = (*first, *(u.key for u in ((whole,) if extend else (whole, exact)) if u.storable and u.key))
             slots.append(Slot(p, whole if extend else exact, keys, day=day))
         return slots

@@ -196,3 +196,61 @@ def test_without_tracking_every_check_asks(server: RedisNode, r: redis.Redis) ->
             await store.aclose()
 
     run(main())
+
+
+def _reads(r: redis.Redis) -> int:
+    stats = r.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("get", "mget", "getrange"))
+
+
+@pytest.mark.redis
+def test_a_lookup_trusts_kept_cells_and_absent_keys_until_redis_says_otherwise(
+        server: RedisNode, r: redis.Redis) -> None:
+    """A lookup (get_tagged) answers a kept cell's known tag and a key found absent without a
+    round trip while tracking trusts them; a write by another client is read at once after
+    Redis's message, as is an absence once the key is there."""
+    k1, k2 = key(11), key(12)
+
+    async def main() -> None:
+        store = RedisStore(server.url, tracking=True, generation_refresh_ms=60_000)
+        try:
+            await store.put_many([item(k1, b"payload-1")])
+            tag = (await store.get_tagged([k1], [None]))[0].tag  # starts the watch
+            watch = store._watch
+            assert watch is not None and tag
+            await _until(lambda: watch.listening)
+
+            async def lookup() -> tuple[list[Any], int]:
+                before = _reads(r)
+                got = await store.get_tagged([k1, k2], [tag, None])
+                return got, _reads(r) - before
+
+            got, n = await lookup()  # asked: k1 unchanged, k2 absent -- both trusted now
+            assert got[0].same and got[0].tag == tag and got[1].payload is None and not got[1].same and n > 0
+            got, n = await lookup()
+            assert got[0].same and got[1].payload is None and n == 0
+            # Another client writes k2: Redis says so, and the lookup reads it.
+            gen = await store.generation()
+            other = RedisStore(server.url, tracking=False, generation_refresh_ms=60_000)
+            try:
+                await other.put_many([item(k2, b"payload-2")])
+            finally:
+                await other.aclose()
+            await _until(lambda: not watch.trusted(k2.redis_key(gen).encode(), b""))
+            got, n = await lookup()
+            assert got[0].same and got[1].payload is not None and bytes(got[1].payload) == b"payload-2" and n > 0
+            # ... and trusts what it read: k2's frame, with no round trip next time.
+            tag2 = got[1].tag
+            got = await store.get_tagged([k1, k2], [tag, tag2])
+            assert all(t.same for t in got)
+            before = _reads(r)
+            assert all(t.same for t in await store.get_tagged([k1, k2], [tag, tag2])) and _reads(r) == before
+            # k1 unlinked by someone else: a miss after the message, not the kept cell.
+            r.delete(k1.redis_key(gen))
+            await _until(lambda: not watch.trusted(k1.redis_key(gen).encode(), tag))
+            got, _ = await lookup()
+            assert got[0].payload is None and not got[0].same
+        finally:
+            await store.aclose()
+
+    run(main())
