@@ -1,7 +1,8 @@
 """proxy/runtime/memory.py, observed in glibc itself: after `tune_malloc` an allocation of
 1 MiB is its own mmap (returned to the system when freed) even after glibc's dynamic
 threshold would have been raised past it, PROMACCEL_MMAP_THRESHOLD moves the threshold, 0
-and glibc's own MALLOC_MMAP_THRESHOLD_ leave glibc alone, Arrow allocates with malloc unless
+and glibc's own MALLOC_MMAP_THRESHOLD_ leave glibc alone, threads get at most ARENA_MAX arenas
+(PROMACCEL_MALLOC_ARENAS, MALLOC_ARENA_MAX), Arrow allocates with malloc unless
 ARROW_DEFAULT_MEMORY_POOL says otherwise; `give_back` returns freed heap pages (RSS falls);
 `give_back_soon` runs at once, then at most once per GIVE_BACK_EVERY_S, the last one late.
 
@@ -82,6 +83,31 @@ if "rss" in sys.argv:
     held = rss()
     memory.give_back()
     out["freed_rss"] = held - rss()
+if "arenas" in sys.argv:
+    # Eight threads allocate at once (each holds its block until all have one): glibc gives
+    # each an arena of its own up to its cap; malloc_stats prints one "Arena n:" per arena.
+    import threading
+    barrier = threading.Barrier(8)
+
+    def grab():
+        p = libc.malloc(4096)
+        barrier.wait()
+        libc.free(p)
+
+    threads = [threading.Thread(target=grab) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    sys.stderr.flush()
+    r, w = os.pipe()
+    saved = os.dup(2)
+    os.dup2(w, 2)
+    libc.malloc_stats()
+    os.dup2(saved, 2)
+    os.close(w)
+    text = os.read(r, 1 << 20).decode()
+    out["arenas"] = sum(1 for line in text.splitlines() if line.startswith("Arena "))
 print(json.dumps(out))
 """
 
@@ -96,7 +122,8 @@ def test_the_suite_runs_over_glibc() -> None:
 @functools.cache
 def _run(args: tuple[str, ...], env: tuple[tuple[str, str], ...]) -> dict[str, object]:
     environ = {k: v for k, v in os.environ.items()
-               if k not in ("MALLOC_MMAP_THRESHOLD_", "PROMACCEL_MMAP_THRESHOLD", "ARROW_DEFAULT_MEMORY_POOL")}
+               if k not in ("MALLOC_MMAP_THRESHOLD_", "PROMACCEL_MMAP_THRESHOLD", "ARROW_DEFAULT_MEMORY_POOL",
+                            "MALLOC_ARENA_MAX", "PROMACCEL_MALLOC_ARENAS")}
     environ.update(dict(env), PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=120,
                          env=environ, cwd=ROOT)
@@ -136,6 +163,16 @@ def test_zero_or_glibcs_own_setting_leave_glibc_alone(env: dict[str, str]) -> No
         assert got["1MiB"] is False and got["4MiB"] is True
     else:  # the dynamic threshold, raised by the 8 MiB free
         assert got["1MiB"] is False and got["4MiB"] is False
+
+
+def test_tuned_glibc_gives_threads_at_most_arena_max_arenas() -> None:
+    untuned, tuned = _probe("none", "arenas"), _probe("tune", "arenas")
+    assert isinstance(untuned["arenas"], int) and untuned["arenas"] > memory.ARENA_MAX  # one per thread
+    assert tuned["arenas"] == memory.ARENA_MAX
+    assert _probe("tune", "arenas", PROMACCEL_MALLOC_ARENAS="4")["arenas"] == 4
+    # 0, or glibc's own MALLOC_ARENA_MAX, leave glibc's cap (8 per core) as it is.
+    assert _probe("tune", "arenas", PROMACCEL_MALLOC_ARENAS="0")["arenas"] == untuned["arenas"]
+    assert _probe("tune", "arenas", MALLOC_ARENA_MAX="3")["arenas"] == 3
 
 
 def test_a_bad_threshold_is_ignored_with_the_default_taking_its_place() -> None:
