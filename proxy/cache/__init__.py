@@ -9,6 +9,7 @@
     redis_store.py   the Redis / Redis Cluster store
     redis_invalidation.py  its generation, per-metric invalidation indexes and marker
     redis_reads.py   its batched reads: whole entries, or only the MACs of kept ones
+    redis_writes.py  its batched writes: frames queued with their TTLs and tags
     shared_reads.py  concurrent lookups of the same keys share one read
     redis_client.py  Redis connections (the only importer of `redis`)
     leases.py        fetch leases in Redis (one process of all sharing it fetches a piece)

@@ -7,6 +7,8 @@ outside the URL (cache.redis_password_file, PROMACCEL_REDIS_PASSWORD) is passed 
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -86,6 +88,20 @@ async def raw_connection(client: Any) -> tuple[Any, Any, Any]:
         await conn.disconnect()
         raise RuntimeError("this redis-py's connection has no streams to read")
     return reader, writer, conn.disconnect
+
+
+async def ping_report(client: Any, timeout_s: float) -> dict[str, Any]:
+    """A PING within `timeout_s`: reachable and its round trip, or the error's type (never
+    raised; for the operator page)."""
+    t0 = time.perf_counter()
+    try:
+        async with asyncio.timeout(timeout_s):
+            await client.ping()
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- reported, never raised
+        return {"reachable": False, "ping_error": type(exc).__name__}
+    return {"reachable": True, "ping_ms": round((time.perf_counter() - t0) * 1000, 1)}
 
 
 def redact_url(url: str) -> str:

@@ -34,15 +34,16 @@ from ..primitives.clock import wall_ms
 from .bound import PayloadLimits
 from .breaker import CircuitBreaker
 from .deadline import idle_timeout
-from .frame import DEFAULT_KEY, MAC_SIZE, encode_value, frame_mac
+from .frame import DEFAULT_KEY, MAC_SIZE, frame_mac
 from .keys import CacheItem, CacheKey, Payload
 from .leases import RedisLeases
-from .redis_client import connect, raw_connection, redact_url
+from .redis_client import connect, ping_report, raw_connection, redact_url
 from .redis_invalidation import RedisInvalidation
 from .redis_reads import Probe, fetch_probes, flight_of
+from .redis_writes import queue_frames
 from .shared_reads import SharedReads
 from .store import PieceStore, Tagged, describe
-from .tracking import ABSENT, TagWatch
+from .tracking import TagWatch
 
 __all__ = ["RedisStore"]
 
@@ -230,31 +231,14 @@ class RedisStore(PieceStore):
         if watch is None:
             out = await self._reads.get_many([Probe(k, t) for k, t in zip(keys, known)])
         else:
-            out = await self._tracked(watch, keys, known)
+            watch.start()
+            gen = self._index.known
+            out, ask = watch.answers([k.redis_key(gen).encode() for k in keys], known, _MISS)
+            for i, t in zip(ask, await self._reads.get_many([Probe(keys[i], known[i]) for i in ask])):
+                out[i] = t
         hits = sum(1 for t in out if t.payload is not None or t.same)
         self._count_lookups(hits, len(out) - hits, sum(len(t.payload) if t.payload is not None
                                                        else MAC_SIZE if t.same else 0 for t in out))
-        return out
-
-    async def _tracked(self, watch: TagWatch, keys: Sequence[CacheKey], known: Sequence[bytes | None]) -> list[Tagged]:
-        """`get_tagged` with what tracking trusts answered without a read: a known tag still
-        that frame, a key found absent still absent (tracking.ABSENT)."""
-        watch.start()
-        gen = self._index.known
-        skeys = [k.redis_key(gen).encode() for k in keys]
-        ask = [i for i, (sk, t) in enumerate(zip(skeys, known)) if not watch.trusted(sk, ABSENT if t is None else t)]
-        asked = sum(1 for i in ask if known[i] is not None)
-        trusted = sum(1 for t in known if t is not None) - asked
-        if trusted:
-            METRICS.cache_tag_checks.labels("trusted").inc(trusted)
-        out = [_MISS if t is None else Tagged(None, t) for t in known]
-        if not ask:
-            return out
-        if asked:
-            METRICS.cache_tag_checks.labels("asked").inc(asked)
-        read = await self._reads.get_many([Probe(keys[i], known[i]) for i in ask])
-        for i, t in zip(ask, read):
-            out[i] = t
         return out
 
     async def _read(self, probes: list[Probe]) -> list[Tagged]:
@@ -274,9 +258,8 @@ class RedisStore(PieceStore):
         out = [Tagged(None, p.known) if unchanged else _MISS if payload is None or value is None
                else Tagged(payload, frame_mac(value))
                for p, unchanged, payload, value in zip(probes, same, payloads, values)]
-        if epoch is not None and self._watch is not None:
-            self._watch.trust(epoch, [(sk.encode(), ABSENT if t.tag is None else t.tag)
-                                      for sk, t in zip(skeys, out) if t.tag is not None or t is _MISS])
+        if self._watch is not None:
+            self._watch.learn(epoch, skeys, out, _MISS)
         return out
 
     async def _fetch(self, probes: Sequence[Probe]) -> tuple[list[str], list[bytes | None], list[bool]]:
@@ -310,29 +293,20 @@ class RedisStore(PieceStore):
         """One round trip: [GET marker, index updates, SETs, GET marker]; what raced an
         invalidation is unlinked again (`RedisInvalidation.raced`)."""
         gen = await self._index.current()
-        skeys: list[str] = []
         pipe = self._client.pipeline(transaction=False)
         self._index.write_indexes(pipe, gen, items)
-        written = 0
-        tags: dict[str, bytes] = {}
-        for it in items:
-            skey = it.key.redis_key(gen)
-            value = encode_value(it.key, it.payload, mac_key=self.mac_key, skey=skey)
-            pipe.set(skey, value, px=it.ttl_ms)
-            skeys.append(skey)
-            tags[skey] = frame_mac(value)
-            written += len(value)
+        queued = queue_frames(pipe, gen, items, self.mac_key)
         self._index.read_marker(pipe)
         replies = await pipe.execute()
-        doomed = self._index.raced(replies[0], replies[-1], skeys, items)
+        doomed = self._index.raced(replies[0], replies[-1], queued.skeys, items)
         if doomed:
             await self._unlink(doomed)
             self._count_put("raced", len(doomed))
         stored = len(items) - len(doomed)
         if stored:
-            self._count_put("stored", stored, written * stored // len(items))
+            self._count_put("stored", stored, queued.nbytes * stored // len(items))
         gone = set(doomed)
-        return {it.key.digest: tags[s] for it, s in zip(items, skeys) if s not in gone}
+        return {it.key.digest: queued.tags[s] for it, s in zip(items, queued.skeys) if s not in gone}
 
     # Admin ------------------------------------------------------------------------------
 
@@ -365,16 +339,7 @@ class RedisStore(PieceStore):
         credentials or query parameters."""
         now = time.monotonic()
         if self._ping is None or now - self._ping[0] >= 2.0:
-            t0 = time.perf_counter()
-            try:
-                async with asyncio.timeout(self._admin_timeout_s):
-                    await self._client.ping()
-                ping: dict[str, Any] = {"reachable": True, "ping_ms": round((time.perf_counter() - t0) * 1000, 1)}
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 -- reported, never raised
-                ping = {"reachable": False, "ping_error": type(exc).__name__}
-            self._ping = (now, ping)
+            self._ping = (now, await ping_report(self._client, self._admin_timeout_s))
         parts = urlsplit(self.url)
         return {"kind": self.kind, "address": f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}",
                 "cluster": self.cluster, **self._ping[1], "breaker_open": self.breaker.is_open,

@@ -36,9 +36,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
+from ..observe.metrics import METRICS
 from .redis_invalidation import GENERATION_KEY, INVALIDATED_AT_KEY
+from .store import Tagged
 
 __all__ = ["ABSENT", "CHANNEL", "MAX_AGE_S", "RespError", "TagWatch", "read_reply"]
 
@@ -145,6 +147,27 @@ class TagWatch:
             del self._trusted[skey]
             return False
         return True
+
+    def answers(self, skeys: Sequence[bytes], known: Sequence[bytes | None],
+                miss: Tagged) -> tuple[list[Tagged], list[int]]:
+        """A lookup's keys (storage keys, the tags the reader holds) as trust answers them
+        without a read: a known tag still that frame, a key trusted absent `miss`; and the
+        indexes of the keys left to read (`cache_tag_checks_total` counts the known tags)."""
+        out = [miss if t is None else Tagged(None, t) for t in known]
+        ask = [i for i, (sk, t) in enumerate(zip(skeys, known)) if not self.trusted(sk, ABSENT if t is None else t)]
+        asked = sum(1 for i in ask if known[i] is not None)
+        trusted = sum(1 for t in known if t is not None) - asked
+        if trusted:
+            METRICS.cache_tag_checks.labels("trusted").inc(trusted)
+        if asked:
+            METRICS.cache_tag_checks.labels("asked").inc(asked)
+        return out, ask
+
+    def learn(self, epoch: int | None, skeys: Sequence[str], read: Sequence[Tagged], miss: Tagged) -> None:
+        """What one read sent at `epoch` found -- a frame's tag, or an absence (a result that
+        is `miss` itself: not a failed read's) -- trusted if no message came since."""
+        self.trust(epoch, [(sk.encode(), ABSENT if t.tag is None else t.tag)
+                           for sk, t in zip(skeys, read) if t.tag is not None or t is miss])
 
     def forget_all(self) -> None:
         self._trusted.clear()
