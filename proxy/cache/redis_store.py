@@ -287,6 +287,9 @@ class RedisStore(PieceStore):
             return {}
         tags = await self._guarded("put", self._put_timeout_s, lambda: self._put(keep), idle_deadline=True,
                                    max_wall_s=max(self._max_wait_s, 5 * self._put_timeout_s))
+        if tags is not _FAILED and tags and self._watch is not None:  # trusted before it is asked for (tracking.py)
+            confirm = [Probe(it.key, tags[it.key.digest]) for it in keep if it.key.digest in tags]
+            self._reads.spawn(self._watch.confirm_soon(lambda: self._reads.get_many(confirm)))
         return {} if tags is _FAILED else tags
 
     async def _put(self, items: list[CacheItem]) -> dict[str, bytes]:

@@ -50,6 +50,9 @@ CHANNEL = b"__redis__:invalidate"
 # Keys whose change takes all trust away: a new generation, an invalidation's marker.
 _WHOLESALE = frozenset({GENERATION_KEY.encode(), INVALIDATED_AT_KEY.encode()})
 PREFIX = "promaccel:"
+# What this process wrote is read once more this long after (`confirm_soon`), when Redis's
+# message about its own write has come, so that the read can establish trust.
+CONFIRM_AFTER_S = 0.01
 # The tag trusted for a key that a probe found absent (no frame has an empty tag).
 ABSENT = b""
 # Trust lasts at most this long without a new probe.
@@ -168,6 +171,16 @@ class TagWatch:
         is `miss` itself: not a failed read's) -- trusted if no message came since."""
         self.trust(epoch, [(sk.encode(), ABSENT if t.tag is None else t.tag)
                            for sk, t in zip(skeys, read) if t.tag is not None or t is miss])
+
+    async def confirm_soon(self, read: Callable[[], Awaitable[object]]) -> None:
+        """`read()` the frames this process just wrote, CONFIRM_AFTER_S later: trust cannot
+        come from the write itself (Redis's message about it arrives after the reply, and a
+        message taken for another writer's would be wrong to ignore), but a read sent once
+        that message is in establishes it, so the answer asked again right after a miss is
+        recalled without a read of its own."""
+        await asyncio.sleep(CONFIRM_AFTER_S)
+        if self.listening:
+            await read()
 
     def forget_all(self) -> None:
         self._trusted.clear()

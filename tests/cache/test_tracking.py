@@ -141,6 +141,8 @@ def test_a_store_with_tracking_trusts_unchanged_tags_until_redis_says_otherwise(
                 assert await store.unchanged([k1, k2], tags)
                 return _getranges(r) - before
 
+            # (The put's own confirmation read may have made them trusted already: start over.)
+            watch.forget_all()
             assert await asks() > 0  # asked once more: now trusted ...
             assert await asks() == 0  # ... answered with no round trip
             # Another client writes k2 again: Redis says so, and the answer is asked (a miss).
@@ -250,6 +252,40 @@ def test_a_lookup_trusts_kept_cells_and_absent_keys_until_redis_says_otherwise(
             await _until(lambda: not watch.trusted(k1.redis_key(gen).encode(), tag))
             got, _ = await lookup()
             assert got[0].payload is None and not got[0].same
+        finally:
+            await store.aclose()
+
+    run(main())
+
+
+@pytest.mark.redis
+def test_what_the_store_wrote_is_trusted_soon_after_without_a_lookup_reading_it(
+        server: RedisNode, r: redis.Redis) -> None:
+    """put_many reads its frames once more CONFIRM_AFTER_S later (its own write's message in
+    by then): the first lookup of those tags reads nothing from Redis; a frame another client
+    wrote meanwhile is not trusted."""
+    k1, k2 = key(21), key(22)
+
+    async def main() -> None:
+        store = RedisStore(server.url, tracking=True, generation_refresh_ms=60_000)
+        try:
+            await store.get_tagged([k1], [None])  # starts the watch
+            watch = store._watch
+            assert watch is not None
+            await _until(lambda: watch.listening)
+            tags = await store.put_many([item(k1, b"payload-1"), item(k2, b"payload-2")])
+            known = [tags[k1.digest], tags[k2.digest]]
+            gen = await store.generation()
+            await _until(lambda: watch.trusted(k1.redis_key(gen).encode(), known[0])
+                         and watch.trusted(k2.redis_key(gen).encode(), known[1]))
+            before = _reads(r)
+            got = await store.get_tagged([k1, k2], known)
+            assert all(t.same for t in got) and _reads(r) == before
+            # Written again by another client: Redis's message takes the trust away.
+            r.set(k2.redis_key(gen), b"someone else's")
+            await _until(lambda: not watch.trusted(k2.redis_key(gen).encode(), known[1]))
+            got = await store.get_tagged([k1, k2], known)
+            assert got[0].same and not got[1].same and _reads(r) > before
         finally:
             await store.aclose()
 
