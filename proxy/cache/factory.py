@@ -91,5 +91,5 @@ def make_store(cfg: CacheConfig) -> PieceStore:
         mac_key=frame_key(secret),
         limits=limits_of(cfg),
         password=cfg.redis_password(),
-        tracking=bool(getattr(cfg, "redis_tracking", True)),
+        tracking=cfg.redis_tracking,
     )

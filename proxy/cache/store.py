@@ -138,7 +138,7 @@ class PieceStore(ABC):
 
     async def unchanged(self, keys: Sequence[CacheKey], tags: Sequence[bytes]) -> bool:
         """Whether every entry of `keys` still is the frame of its tag (`get_tagged`); a store
-        that watches its entries may answer without reading them (RedisStore)."""
+        that watches its entries may answer without reading them (RedisStore.get_tagged)."""
         reads = await self.get_tagged(keys, tags)
         return len(reads) == len(tags) and all(t.payload is None and t.tag == tag for t, tag in zip(reads, tags))
 

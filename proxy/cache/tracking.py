@@ -169,6 +169,8 @@ class TagWatch:
     def learn(self, epoch: int | None, skeys: Sequence[str], read: Sequence[Tagged], miss: Tagged) -> None:
         """What one read sent at `epoch` found -- a frame's tag, or an absence (a result that
         is `miss` itself: not a failed read's) -- trusted if no message came since."""
+        if epoch is None:  # not subscribed when the read was sent: nothing to trust
+            return
         self.trust(epoch, [(sk.encode(), ABSENT if t.tag is None else t.tag)
                            for sk, t in zip(skeys, read) if t.tag is not None or t is miss])
 
@@ -256,8 +258,8 @@ class TagWatch:
                 was = self.listening
                 self._lost()
                 if was or failures == 0:
-                    log.warning("redis tracking: %s: %s (answers kept whole are checked with Redis "
-                                "each time until it is back)", type(exc).__name__, str(exc)[:200])
+                    log.warning("redis tracking: %s: %s (cached cells and answers kept whole are checked "
+                                "with Redis each time until it is back)", type(exc).__name__, str(exc)[:200])
                 failures += 1
             finally:
                 self._lost()

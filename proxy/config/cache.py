@@ -53,9 +53,10 @@ class CacheConfig(StrictModel):
     # cache still finds the same cells (pipeline/answer_memo.py). 0: none.
     answer_memo_bytes: int = Field(default=32 * 1024 * 1024, ge=0)
     # Redis's invalidation messages (CLIENT TRACKING, broadcasting, on one connection of
-    # each process) keep the tags of entries found unchanged trusted, so that an answer kept
-    # whole is sent with no round trip until one of its cells is written, deleted or expires
-    # (cache/tracking.py; at most 30 s without asking again). Not for Redis Cluster.
+    # each process) keep what a read found -- an entry's tag, or its absence -- trusted, so
+    # that a lookup or an answer kept whole needs no round trip until the key is written,
+    # deleted or expires (cache/tracking.py; at most 30 s without asking again). Not for
+    # Redis Cluster.
     redis_tracking: bool = True
     max_freshness: DurationMs = 600_000
     recent_ttl: DurationMs = 0
